@@ -1,0 +1,39 @@
+"""tipsito: TIPSv2 + ITO vision-language pretraining in JAX/Flax."""
+import setuptools
+
+# Pinned: the set seen to install and import together (see README).
+INSTALL_REQUIRES = [
+    "jax[cpu]==0.10.2",
+    "jaxlib==0.10.2",
+    "flax==0.12.8",
+    "optax==0.2.8",
+    "orbax-checkpoint==0.12.8",
+    "grain==0.2.18",
+    "tensorflow-datasets==4.9.10",
+    "array_record==0.8.6",
+    "ml_collections==1.1.0",
+    "clu==0.0.12",
+    "chex==0.1.92",
+    "sentencepiece==0.2.3",
+    "tensorflow-cpu==2.21.0",
+    "tensorboard==2.21.0",
+    "numpy==2.4.6",
+    "pillow",
+]
+
+ENTRY_POINTS = [
+    f"tipsito-{name}=tipsito.{name}:run"
+    for name in ("train", "evaluate", "export", "info", "bench")
+]
+
+setuptools.setup(
+    name="tipsito",
+    version="0.1.0",
+    description="TIPSv2 + ITO vision-language encoder pretraining (JAX/Flax)",
+    packages=setuptools.find_packages(include=["tipsito", "tipsito.*"]),
+    package_data={"tipsito": ["data/assets/*"]},
+    python_requires=">=3.11",
+    install_requires=INSTALL_REQUIRES,
+    extras_require={"test": ["pytest", "pytest-xdist"]},
+    entry_points={"console_scripts": ENTRY_POINTS},
+)
