@@ -1,0 +1,308 @@
+"""Random-access, TensorFlow-free readers of the array_record datasets (`open_source`).
+
+Why our own wrapper instead of a bare `tfds.data_source`: (1) TFDS would decode images itself (the
+whole image, with PIL, before any crop, and failing on a bad record) and its generic numpy
+deserializer costs ~0.75 ms per record; we read the raw serialized records, parse the few fields we
+need with protobuf (~25 us) and hand the encoded image bytes to the pipeline, which decodes/crops/skips
+per example; (2) the config names
+which fields are the image, alt-text and synthetic captions, so we check them once, with a clear
+error naming the dataset and the field, and hand the pipeline fixed keys; (3) the dataset directory
+is resolved from files (`builder_from_directory`), so no builder code, registration or TFDS catalogue
+name clash (TFDS ships its own `fashion_mnist`) gets in the way.
+
+Record returned by `source[i]` (python/numpy values only):
+  'image': bytes (encoded JPEG/PNG), 'alt_text': str, one str per caption field under its own name
+  (e.g. 'caption_detailed'), 'captions': tuple[str] in `info.caption_keys` order, 'id': str,
+  'label': int (when `label_key` is set), 'segmentation': bytes (PNG, when the dataset has it and
+  `segmentation_key` is not None).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Mapping, Sequence
+
+from tipsito.data.builders import _common  # noqa: F401  (installs the importlib_resources shim)
+
+@dataclasses.dataclass
+class SourceInfo:
+  """What `open_source` found: resolved names/keys, sizes, label names and the raw tfds info."""
+
+  name: str
+  split: str
+  data_dir: str
+  dataset_dir: str
+  num_examples: int
+  image_key: str
+  alt_text_key: str
+  caption_keys: tuple[str, ...]
+  label_key: str | None
+  label_names: tuple[str, ...] | None
+  segmentation_key: str | None
+  fields: tuple[str, ...]
+  tfds_info: Any = dataclasses.field(repr=False, default=None)
+
+  @property
+  def num_classes(self) -> int | None:
+    """Number of classes of the label field (None without a label)."""
+    return len(self.label_names) if self.label_names is not None else None
+
+
+def _get(cfg: Any, key: str, default: Any = None) -> Any:
+  """Reads a key from a ConfigDict / dict / attribute object, with a default."""
+  if isinstance(cfg, Mapping):
+    return cfg.get(key, default)
+  try:
+    value = cfg[key] if hasattr(cfg, "__getitem__") and not hasattr(cfg, key) else getattr(cfg, key)
+  except (AttributeError, KeyError):
+    return default
+  return default if value is None and default is not None else value
+
+
+def _is_version(name: str) -> bool:
+  """Whether a directory name looks like a TFDS version ('1.0.0')."""
+  parts = name.split(".")
+  return len(parts) == 3 and all(p.isdigit() for p in parts)
+
+
+def _version_key(name: str):
+  """Numeric sort key of a version string."""
+  return tuple(int(p) for p in name.split("."))
+
+
+def resolve_dataset_dir(name: str, data_dir: str) -> str:
+  """Finds `<data_dir>/<name>[/<config>]/<version>` for 'name', 'name/config' or 'name/config:1.0.0'.
+
+  Without a config: the dataset's default config (TFDS' .config/metadata.json), else 'default',
+  else the only config there is. Without a version: the highest one present.
+  """
+  version = None
+  if ":" in name:
+    name, version = name.split(":", 1)
+  parts = name.split("/")
+  base = os.path.join(os.path.expanduser(data_dir), parts[0])
+  if not os.path.isdir(base):
+    present = sorted(d for d in os.listdir(data_dir)) if os.path.isdir(data_dir) else []
+    raise FileNotFoundError(
+        f"dataset {parts[0]!r} not found in data_dir {data_dir!r} (present: {present}); build it with "
+        f"`python -m tipsito.data.convert {parts[0]} --data_dir {data_dir}`")
+  subdirs = [d for d in os.listdir(base) if os.path.isdir(os.path.join(base, d)) and not d.startswith(".")]
+  if len(parts) > 1:
+    cfg_dir = os.path.join(base, parts[1])
+  elif any(_is_version(d) for d in subdirs):
+    cfg_dir = base
+  else:
+    default = None
+    meta = os.path.join(base, ".config", "metadata.json")
+    if os.path.exists(meta):
+      import json  # pylint: disable=g-import-not-at-top
+      with open(meta, encoding="utf-8") as f:
+        default = json.load(f).get("default_config_name")
+    configs = [d for d in subdirs if not d.startswith("incomplete")]
+    if default in configs:
+      cfg_dir = os.path.join(base, default)
+    elif "default" in configs:
+      cfg_dir = os.path.join(base, "default")
+    elif len(configs) == 1:
+      cfg_dir = os.path.join(base, configs[0])
+    else:
+      raise ValueError(f"dataset {name!r} in {data_dir!r} has several configs {sorted(configs)}; "
+                       f"name one as '{name}/<config>'")
+  if not os.path.isdir(cfg_dir):
+    raise FileNotFoundError(f"dataset {name!r}: {cfg_dir!r} does not exist (configs: {sorted(subdirs)})")
+  versions = sorted((d for d in os.listdir(cfg_dir) if _is_version(d)), key=_version_key)
+  if version is not None:
+    if version not in versions:
+      raise FileNotFoundError(f"dataset {name!r}: version {version} not in {versions}")
+    return os.path.join(cfg_dir, version)
+  if not versions:
+    raise FileNotFoundError(f"dataset {name!r}: no prepared version under {cfg_dir!r}")
+  return os.path.join(cfg_dir, versions[-1])
+
+
+def caption_fields(features_or_info: Any) -> tuple[str, ...]:
+  """Names of the synthetic caption fields ('caption_*') of a dataset, sorted (stable across readers).
+
+  Accepts a SourceInfo, a tfds DatasetInfo, a FeaturesDict or a plain mapping of fields.
+  """
+  if isinstance(features_or_info, SourceInfo):
+    return tuple(sorted(f for f in features_or_info.fields if f.startswith("caption_")))
+  feats = getattr(features_or_info, "features", features_or_info)
+  return tuple(sorted(k for k in feats.keys() if k.startswith("caption_")))
+
+
+class RecordSource:
+  """Random-access source over one split: `len(src)`, `src[i]` -> dict (see module docstring).
+
+  Picklable (grain worker processes reopen the files lazily), supports negative indices and
+  `__getitems__` for batched reads.
+  """
+
+  def __init__(self, tfds_source, info: SourceInfo):
+    """Wraps a TFDS raw-bytes array_record source of one split."""
+    self._source = tfds_source
+    self.info = info
+
+  def __len__(self) -> int:
+    """Number of records in the split."""
+    return len(self._source)
+
+  def __repr__(self) -> str:
+    """Dataset/split and size, for logs."""
+    return f"RecordSource({self.info.name}/{self.info.split}, {len(self)} records)"
+
+  def _parse(self, record: bytes) -> dict:
+    """Serialized tf.train.Example -> {field: bytes | int} for the fields we need (protobuf, no TF).
+
+    ~30x faster than TFDS' generic numpy deserializer (measured 25 us vs 0.75 ms per record).
+    """
+    fmap = _example_proto().FromString(record).features.feature
+    out = {}
+    for key in self.info.fields:
+      if key not in fmap:
+        continue
+      feat = fmap[key]
+      kind = feat.WhichOneof("kind")
+      values = getattr(feat, kind).value if kind else ()
+      out[key] = values[0] if len(values) == 1 else list(values)
+    return out
+
+  def _convert(self, record: bytes) -> dict:
+    """Raw record -> output dict; a malformed record raises KeyError naming the dataset."""
+    info = self.info
+    try:
+      raw = self._parse(record)
+      return self._select(raw)
+    except (KeyError, IndexError, TypeError) as e:
+      raise KeyError(f"dataset {info.name!r}/{info.split}: malformed record ({e})") from None
+
+  def _select(self, raw: Mapping[str, Any]) -> dict:
+    """Picks and renames the configured fields (see module docstring)."""
+    info = self.info
+    out = {"image": _as_bytes(raw[info.image_key]), "alt_text": _as_str(raw[info.alt_text_key])}
+    caps = tuple(_as_str(raw[k]) for k in info.caption_keys)
+    for k, v in zip(info.caption_keys, caps):
+      out[k] = v
+    out["captions"] = caps
+    out["id"] = _as_str(raw["id"]) if "id" in raw else ""
+    if info.label_key is not None:
+      out["label"] = int(raw[info.label_key])
+    if info.segmentation_key is not None:
+      out["segmentation"] = _as_bytes(raw[info.segmentation_key])
+    return out
+
+  def __getitem__(self, index) -> dict:
+    """Record `index` (negative counts from the end); IndexError names the dataset."""
+    index = int(index)
+    n = len(self)
+    if index < 0:
+      index += n
+    if not 0 <= index < n:
+      raise IndexError(f"{self.info.name}/{self.info.split}: index {index} out of range ({n} records)")
+    return self._convert(self._source[index])
+
+  def __getitems__(self, indices: Sequence[int]) -> list[dict]:
+    """Batched read (array_record reads the positions in one call)."""
+    return [self._convert(r) for r in self._source.__getitems__([int(i) for i in indices])]
+
+
+_EXAMPLE_PROTO = None
+
+
+def _example_proto():
+  """tf.train.Example message class from TFDS' own generated protos (no TensorFlow import)."""
+  global _EXAMPLE_PROTO
+  if _EXAMPLE_PROTO is None:
+    from tensorflow_datasets.core import example_parser  # pylint: disable=g-import-not-at-top
+    _EXAMPLE_PROTO = example_parser.tf_example_pb2.Example
+  return _EXAMPLE_PROTO
+
+
+def _as_str(value: Any) -> str:
+  """Caption value -> str (bytes decoded as UTF-8; converters only write valid UTF-8)."""
+  if isinstance(value, bytes):
+    return value.decode("utf-8", errors="replace")
+  if hasattr(value, "item"):
+    value = value.item()
+    if isinstance(value, bytes):
+      return value.decode("utf-8", errors="replace")
+  return str(value)
+
+
+def _as_bytes(value: Any) -> bytes:
+  """Encoded image/mask value -> bytes."""
+  if isinstance(value, bytes):
+    return value
+  if hasattr(value, "item"):
+    return bytes(value.item())
+  return bytes(value)
+
+
+def open_source(data_config: Any, *, split: str | None = None) -> tuple[RecordSource, SourceInfo]:
+  """Opens the split named by a data config; returns (RecordSource, SourceInfo).
+
+  Config keys (ConfigDict, dict or object; contract `config.data`): name ('shapes', 'tuxpaint',
+  'fashion_mnist', 'table/mycaps', 'shapes/tiny:1.0.0', ...), split, data_dir, image_key='image',
+  alt_text_key='alt_text', caption_keys (tuple; None or () = every 'caption_*' field of the dataset),
+  label_key=None ('label' to return labels), segmentation_key ('segmentation' by default when the
+  dataset has it; None to drop). `split` overrides the config's split.
+  Raises FileNotFoundError / KeyError / ValueError naming the dataset and the missing item.
+  """
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
+  name = _get(data_config, "name")
+  data_dir = _get(data_config, "data_dir")
+  split = split or _get(data_config, "split", "train")
+  if not name:
+    raise ValueError("data config has no dataset 'name'")
+  if not data_dir:
+    data_dir = os.environ.get("TFDS_DATA_DIR", os.path.expanduser("~/tensorflow_datasets"))
+  dataset_dir = resolve_dataset_dir(name, data_dir)
+  builder = tfds.builder_from_directory(dataset_dir)
+  tinfo = builder.info
+  feats = tinfo.features
+  fields = tuple(feats.keys())
+  if split not in tinfo.splits:
+    raise KeyError(f"dataset {name!r} has no split {split!r} (splits: {sorted(tinfo.splits)}) in {dataset_dir}")
+
+  def need(key: str, role: str) -> str:
+    """Checks that a configured field exists; the error names the dataset, the field and its role."""
+    if key not in fields:
+      raise KeyError(f"dataset {name!r} ({dataset_dir}) has no field {key!r} for {role}; fields: {list(fields)}")
+    return key
+
+  image_key = need(_get(data_config, "image_key", "image"), "the image")
+  alt_text_key = need(_get(data_config, "alt_text_key", "alt_text"), "the alt-text")
+  cap_cfg = _get(data_config, "caption_keys", None)
+  if isinstance(cap_cfg, str):
+    cap_cfg = (cap_cfg,)
+  caption_keys = tuple(need(k, "a synthetic caption") for k in cap_cfg) if cap_cfg else caption_fields(feats)
+  label_key = _get(data_config, "label_key", None)
+  label_names = None
+  if label_key:
+    need(label_key, "the label")
+    label_names = tuple(getattr(feats[label_key], "names", None) or ()) or None
+  else:
+    label_key = None
+  seg_default = "segmentation" if "segmentation" in fields else None
+  seg_key = _get(data_config, "segmentation_key", seg_default) if _has(data_config, "segmentation_key") else seg_default
+  if seg_key:
+    need(seg_key, "the segmentation mask")
+  # Raw serialized records: we parse the few fields we need ourselves (see RecordSource._parse) and
+  # leave image decoding to the pipeline.
+  tsource = builder.as_data_source(split=split, deserialize_method=tfds.decode.DeserializeMethod.RAW_BYTES)
+  info = SourceInfo(name=name, split=split, data_dir=data_dir, dataset_dir=dataset_dir,
+                    num_examples=len(tsource), image_key=image_key, alt_text_key=alt_text_key,
+                    caption_keys=caption_keys, label_key=label_key, label_names=label_names,
+                    segmentation_key=seg_key or None, fields=fields, tfds_info=tinfo)
+  return RecordSource(tsource, info), info
+
+
+def _has(cfg: Any, key: str) -> bool:
+  """Whether the config explicitly sets `key` (so an explicit None can mean 'drop this field')."""
+  if isinstance(cfg, Mapping):
+    return key in cfg
+  try:
+    return key in cfg  # ConfigDict supports `in`
+  except TypeError:
+    return hasattr(cfg, key)

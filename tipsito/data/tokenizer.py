@@ -1,0 +1,100 @@
+"""SentencePiece text tokenizer with the contract's conventions (pad id 0, no BOS/EOS, fixed length).
+
+Why a wrapper: the text encoder derives its attention mask from `ids != 0`, so id 0 must be padding
+and nothing else; captions are lower-cased (the paper's tokenization; also halves the vocabulary a
+small demo model needs); every batch has the same (B, max_len) int32 shape so XLA compiles once.
+
+The shipped demo model (`DEFAULT_TOKENIZER`, trained by `tipsito/data/train_tokenizer.py`) reserves
+pad=0, unk=1 and has no BOS/EOS pieces, so real pieces are ids >= 2. Any other SentencePiece model
+can be configured; if its pad id is not 0 (e.g. a stock model with unk=0), ids are shifted by one so
+that 0 stays free for padding, and `vocab_size` grows by one accordingly.
+"""
+from __future__ import annotations
+
+import os
+from typing import Iterable, Sequence
+
+import numpy as np
+
+ASSETS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets")
+DEFAULT_TOKENIZER = os.path.join(ASSETS_DIR, "demo_sp.model")
+PAD_ID = 0
+
+
+class Tokenizer:
+  """`Tokenizer(model_path=None, max_len=64, lowercase=True)`; None = the shipped demo model.
+
+  `tokenize(texts) -> np.int32 (B, max_len)`: lower-cased, no BOS/EOS, truncated to max_len, padded
+  with 0. `detokenize(ids) -> list[str]` ignores padding. `vocab_size` is the embedding table size
+  the text encoder needs (all ids are < vocab_size).
+  """
+
+  def __init__(self, model_path: str | None = None, max_len: int = 64, lowercase: bool = True):
+    """Loads the model; FileNotFoundError names the configured path."""
+    import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+
+    path = os.path.expanduser(model_path) if model_path else DEFAULT_TOKENIZER
+    if not os.path.isfile(path):
+      raise FileNotFoundError(
+          f"tokenizer model {path!r} not found (config.tokenizer); use None for the shipped demo model "
+          f"{DEFAULT_TOKENIZER!r} or train one with `python -m tipsito.data.train_tokenizer`")
+    if max_len <= 0:
+      raise ValueError(f"max_len must be positive, got {max_len}")
+    self.model_path = path
+    self.max_len = int(max_len)
+    self.lowercase = lowercase
+    self._sp = spm.SentencePieceProcessor(model_file=path)
+    # Offset so that no real piece lands on 0: none needed when the model's own pad is 0.
+    self._offset = 0 if self._sp.pad_id() == PAD_ID else 1
+    self._bos, self._eos = self._sp.bos_id(), self._sp.eos_id()
+
+  @property
+  def vocab_size(self) -> int:
+    """Size of the id space (max id + 1), including the pad id 0."""
+    return self._sp.get_piece_size() + self._offset
+
+  def __getstate__(self):
+    """Pickles by path (grain workers rebuild the SentencePiece processor)."""
+    return {"model_path": self.model_path, "max_len": self.max_len, "lowercase": self.lowercase}
+
+  def __setstate__(self, state):
+    """Rebuilds from the pickled path/max_len/lowercase."""
+    self.__init__(**state)
+
+  def encode(self, text: str) -> list[int]:
+    """Ids of one text (no padding, no truncation, no BOS/EOS)."""
+    if isinstance(text, bytes):
+      text = text.decode("utf-8", errors="replace")
+    text = text.lower() if self.lowercase else text
+    ids = self._sp.encode(text, out_type=int)
+    if self._offset or self._bos >= 0 or self._eos >= 0:
+      ids = [i + self._offset for i in ids if i not in (self._bos, self._eos)]
+    return ids
+
+  def tokenize(self, texts: str | Sequence[str] | Iterable[str]) -> np.ndarray:
+    """(B, max_len) int32 ids, 0-padded and truncated; a single string gives B = 1."""
+    if isinstance(texts, (str, bytes)):
+      texts = [texts]
+    texts = list(texts)
+    out = np.zeros((len(texts), self.max_len), np.int32)
+    for row, text in enumerate(texts):
+      ids = self.encode(text)[: self.max_len]
+      out[row, : len(ids)] = ids
+    return out
+
+  __call__ = tokenize
+
+  def detokenize(self, ids: np.ndarray | Sequence[Sequence[int]]) -> list[str]:
+    """Texts of a (B, L) id array; padding (0) is dropped."""
+    arr = np.asarray(ids)
+    if arr.ndim == 1:
+      arr = arr[None]
+    out = []
+    for row in arr:
+      pieces = [int(i) - self._offset for i in row if int(i) != PAD_ID]
+      out.append(self._sp.decode([p for p in pieces if 0 <= p < self._sp.get_piece_size()]))
+    return out
+
+  def __repr__(self) -> str:
+    """Model path, max_len and vocab size, for logs."""
+    return f"Tokenizer({self.model_path!r}, max_len={self.max_len}, vocab_size={self.vocab_size})"
