@@ -19,6 +19,8 @@ INSTALL_REQUIRES = [
     "tensorboard==2.21.0",
     "numpy==2.4.6",
     "pillow",
+    # tfds 4.9.10 imports importlib_resources.abc when building datasets but only declares it for py<3.9.
+    "importlib_resources==7.1.0",
 ]
 
 ENTRY_POINTS = [
