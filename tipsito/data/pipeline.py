@@ -1,0 +1,731 @@
+"""Per-host grain input pipelines for training and evaluation.
+
+Why it is built this way (see DESIGN.md "Data flow"):
+
+  range(N) -> shuffle(shuffle_seed, reseeded per epoch) -> repeat -> tag (epoch, record)
+    -> shard by JAX process (strided slice of the global stream: disjoint and covering)
+    -> per-example transform, RNG = f(seed, epoch, record)  [decode, captions, views, mask, tokens]
+    -> to_iter_dataset -> skip-and-count batcher (drops bad records, counts them per reason)
+    -> grain multiprocessing workers (optional) -> thread prefetch -> skip accounting (parent)
+
+* Augmentations and the CLS2 caption draw depend only on (seed, epoch, record index): the same
+  example gets the same views whatever the worker or process count; a new epoch redraws them.
+* Bad records never crash a worker. The transform returns a small skip marker instead of an
+  example; the batcher, which runs inside each worker, drops markers and attaches per-reason counts
+  to the batch it emits (so counting survives multiprocessing); the outermost iterator, in the
+  training process, pops the counts into `iterator.stats`, keeps them in its checkpointable state,
+  and raises `TooManySkippedError` naming the dataset when the skipped fraction passes
+  `config.data.max_skip_fraction` after a minimum number of records.
+* The returned object is a grain `DatasetIterator`: `get_state()` is JSON-serialisable, so the
+  training checkpoint (grain's PyGrainCheckpointHandler or our own JSON) stores it; `set_state()`
+  resumes exactly (same next batches), with or without workers (same worker count).
+* Per-host batches are numpy dicts (contract); `to_global_batch` assembles them into global jax
+  arrays with `jax.make_array_from_process_local_data`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from typing import Any, Callable, Mapping, Sequence
+
+import grain.python as grain
+from grain import experimental as grain_exp
+import numpy as np
+
+from tipsito.data import masking
+from tipsito.data import transforms as T
+
+__all__ = [
+    'TooManySkippedError', 'ExampleSpec', 'TrainExampleFn', 'EvalExampleFn', 'make_train_iterator',
+    'make_eval_iterator', 'to_global_batch', 'open_source', 'VIEWS', 'AUGMENTS',
+]
+
+VIEWS = ('single', 'two_views', 'multicrop', 'multicrop_two_views')
+AUGMENTS = ('ito', 'tips', 'none')
+_REASON_INDEX = {r: i for i, r in enumerate(T.SKIP_REASONS)}
+_SKIP = '_skip'          # key of the skip marker returned by the per-example function
+_SKIPS = '_skips'        # per-batch per-reason skip counts (popped by the accounting iterator)
+_SEEN = '_seen'          # per-batch number of records consumed (good + skipped)
+DEFAULT_MIN_RECORDS_FOR_SKIP_CHECK = 256
+
+log = logging.getLogger(__name__)
+
+
+class TooManySkippedError(RuntimeError):
+  """The skipped fraction of a dataset passed `config.data.max_skip_fraction`."""
+
+
+def _get(cfg, key, default=None):
+  """`cfg.get(key, default)` for ConfigDict / dict / None alike."""
+  if cfg is None:
+    return default
+  try:
+    return cfg.get(key, default)
+  except AttributeError:
+    return getattr(cfg, key, default)
+
+
+def _process_info(process_index, process_count):
+  """Defaults to the JAX process; importing JAX only when the caller did not say."""
+  if process_index is None or process_count is None:
+    import jax  # pylint: disable=g-import-not-at-top
+    process_index = jax.process_index() if process_index is None else process_index
+    process_count = jax.process_count() if process_count is None else process_count
+  if not 0 <= process_index < process_count:
+    raise ValueError(f'process_index={process_index} not in [0, {process_count})')
+  return int(process_index), int(process_count)
+
+
+def open_source(data_config, split: str | None = None):
+  """Opens config.data through the builders' `sources.open_source`.
+
+  Returns (source, key overrides): that reader renames the configured fields to fixed keys
+  ('image', 'alt_text', 'label', 'segmentation'; captions keep their names, and caption_keys=()
+  there means every 'caption_*' field), so the spec must read those keys."""
+  from tipsito.data import sources  # pylint: disable=g-import-not-at-top
+  src, info = sources.open_source(data_config, split=split)
+  keys = dict(image_key='image', alt_text_key='alt_text',
+              caption_keys=tuple(getattr(info, 'caption_keys', ()) or ()),
+              label_key='label' if getattr(info, 'label_key', None) else None)
+  return src, keys
+
+
+# --------------------------------------------------------------------------------------------
+# Example specification and per-example functions
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ExampleSpec:
+  """Everything the per-example function needs, resolved once from the config (picklable)."""
+  views: str = 'two_views'
+  augment: str = 'ito'
+  global_size: int = 224
+  local_size: int = 98
+  num_local: int = 0
+  global_scale: tuple[float, float] = (0.5, 1.0)
+  local_scale: tuple[float, float] = (0.05, 0.32)
+  ratio: tuple[float, float] = (3 / 4, 4 / 3)
+  mask_ratio: float = 0.0
+  mask_type: str = 'random'
+  mask_prob: float = 1.0
+  patch_size: int = 16
+  image_key: str = 'image'
+  alt_text_key: str | None = 'alt_text'
+  caption_keys: tuple[str, ...] = ()
+  label_key: str | None = None
+  limits: T.ImageLimits = T.DEFAULT_LIMITS
+
+  @classmethod
+  def from_config(cls, config) -> 'ExampleSpec':
+    """Reads config.input / config.data / config.model.image.patch_size (see module docs)."""
+    inp, data = config.input, config.data
+    views = _get(inp, 'views', 'two_views')
+    augment = _get(inp, 'augment', 'ito')
+    if views not in VIEWS:
+      raise ValueError(f'config.input.views={views!r}; valid values: {list(VIEWS)}')
+    if augment not in AUGMENTS:
+      raise ValueError(f'config.input.augment={augment!r}; valid values: {list(AUGMENTS)}')
+    mask_type = _get(inp, 'mask_type', 'random')
+    if mask_type not in masking.MASK_TYPES:
+      raise ValueError(f'config.input.mask_type={mask_type!r}; valid: {list(masking.MASK_TYPES)}')
+    default_global = (0.5, 1.0) if augment == 'ito' else (0.32, 1.0)
+    model_image = _get(_get(config, 'model'), 'image')
+    limits = T.ImageLimits(
+        max_pixels=int(_get(data, 'max_pixels', T.DEFAULT_LIMITS.max_pixels)),
+        hard_max_pixels=int(_get(data, 'hard_max_pixels', T.DEFAULT_LIMITS.hard_max_pixels)),
+        min_side=int(_get(data, 'min_side', T.DEFAULT_LIMITS.min_side)),
+        max_aspect=float(_get(data, 'max_aspect', T.DEFAULT_LIMITS.max_aspect)),
+        background=tuple(_get(data, 'background', T.DEFAULT_LIMITS.background)))
+    return cls(
+        views=views, augment=augment,
+        global_size=int(_get(inp, 'global_size', 224)),
+        local_size=int(_get(inp, 'local_size', 98)),
+        num_local=int(_get(inp, 'num_local', 0) or 0) if 'multicrop' in views else 0,
+        global_scale=tuple(_get(inp, 'global_crop_scale', None) or default_global),
+        local_scale=tuple(_get(inp, 'local_crop_scale', None) or (0.05, 0.32)),
+        ratio=tuple(_get(inp, 'crop_ratio', None) or (3 / 4, 4 / 3)),
+        mask_ratio=float(_get(inp, 'mask_ratio', 0.0) or 0.0),
+        mask_type=mask_type,
+        mask_prob=float(_get(inp, 'mask_prob', 1.0)),
+        patch_size=int(_get(model_image, 'patch_size', 16) or 16),
+        image_key=_get(data, 'image_key', 'image') or 'image',
+        alt_text_key=_get(data, 'alt_text_key', 'alt_text'),
+        caption_keys=tuple(_get(data, 'caption_keys', ()) or ()),
+        label_key=_get(data, 'label_key', None),
+        limits=limits)
+
+  def view_transform(self):
+    """The grain RandomMapTransform producing the image fields for these views/augment."""
+    two = 'two_views' in self.views
+    if 'multicrop' in self.views:
+      return T.MultiCrop(self.global_size, self.local_size, self.num_local, self.global_scale,
+                         self.local_scale, self.ratio, num_global=2 if two else 1,
+                         photometric=self.augment == 'ito', limits=self.limits)
+    if self.augment == 'none':
+      return None  # deterministic eval-style resize (see TrainExampleFn)
+    return T.ITOTwoViews(self.global_size, self.global_scale, self.ratio, self.limits,
+                         photometric=self.augment == 'ito', num_views=2 if two else 1)
+
+  @property
+  def mask_grid(self) -> int:
+    """Side of the patch grid of the global crop (ceil: the ViT zero-pads)."""
+    return masking.grid_size(self.global_size, self.patch_size)
+
+
+class _Tokenizer:
+  """Picklable lazy handle: an injected tokenizer object, or (path, max_len) built on first use in
+  whichever process needs it (sentencepiece processors are not reliably picklable)."""
+
+  def __init__(self, tokenizer=None, path=None, max_len=64):
+    self._tok, self.path, self.max_len = tokenizer, path, int(max_len)
+    self._injected = tokenizer is not None
+
+  def __getstate__(self):
+    state = dict(self.__dict__)
+    if not self._injected:
+      state['_tok'] = None
+    return state
+
+  def get(self):
+    """The tokenizer, constructed on first use in this process."""
+    if self._tok is None:
+      from tipsito.data import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
+      self._tok = tok_lib.Tokenizer(self.path, max_len=self.max_len)
+    return self._tok
+
+  def __call__(self, texts: Sequence[str]) -> np.ndarray:
+    return np.asarray(self.get().tokenize(list(texts)), dtype=np.int32)
+
+
+def _skip_marker(reason: str) -> dict:
+  """The tiny dict that travels in place of a bad example (reason index only)."""
+  return {_SKIP: np.int32(_REASON_INDEX.get(reason, _REASON_INDEX['other']))}
+
+
+def _example_rngs(seed: int, epoch: int, record: int, n: int):
+  """Independent per-example generators keyed only by (seed, epoch, record)."""
+  ss = np.random.SeedSequence([int(seed) & 0xFFFFFFFF, int(epoch), int(record)])
+  return [np.random.Generator(np.random.Philox(s)) for s in ss.spawn(n)]
+
+
+class _ExampleFnBase:
+  """Shared record reading / guarding for the train and eval per-example functions."""
+
+  _warned = 0
+
+  def __init__(self, source, spec: ExampleSpec, tokenizer: _Tokenizer | None):
+    self.source, self.spec, self.tokenizer = source, spec, tokenizer
+
+  def _read(self, index: int) -> Mapping:
+    """source[index] with read failures turned into a counted skip."""
+    try:
+      record = self.source[index]
+    except Exception as e:  # pylint: disable=broad-except
+      raise T.SkipExample('read_error', f'{type(e).__name__}: {e}') from None
+    if not isinstance(record, Mapping):
+      raise T.SkipExample('read_error', f'record is {type(record).__name__}, not a mapping')
+    return record
+
+  def _label(self, record) -> np.int32:
+    """The configured label as int32; a missing/non-int label is a counted skip."""
+    v = record.get(self.spec.label_key)
+    try:
+      return np.int32(int(np.asarray(v).item()))
+    except Exception:  # pylint: disable=broad-except
+      raise T.SkipExample('missing_label', repr(v)[:50]) from None
+
+  def _guard(self, fn, *args):
+    """Runs fn; a SkipExample or any other error becomes a skip marker (never a crash)."""
+    try:
+      return fn(*args)
+    except T.SkipExample as e:
+      return _skip_marker(e.reason)
+    except Exception as e:  # pylint: disable=broad-except
+      if _ExampleFnBase._warned < 5:  # a bug guard: count it, say it loudly a few times
+        _ExampleFnBase._warned += 1
+        log.warning('tipsito.data: unexpected error in example transform (counted as skip '
+                    "'other'): %s: %s", type(e).__name__, e, exc_info=True)
+      return _skip_marker('other')
+
+
+class TrainExampleFn(_ExampleFnBase):
+  """(epoch, record index) -> training example dict, or a skip marker for bad records.
+
+  Output fields (per example): 'image' (S,S,3) uint8, 'image2' (two-view modes), 'local_crops'
+  (M,s,s,3) uint8 (multicrop, M>0), 'mask' (gh,gw) bool (mask_ratio>0), 'text' / 'text2' (L,)
+  int32, 'label' () int32 (label_key set)."""
+
+  def __init__(self, source, spec: ExampleSpec, tokenizer: _Tokenizer | None, seed: int):
+    super().__init__(source, spec, tokenizer)
+    self.seed = int(seed)
+    self.views = spec.view_transform()
+    self.captions = T.ChooseCaptions(spec.alt_text_key, spec.caption_keys)
+
+  def __call__(self, item) -> dict:
+    return self._guard(self._process, int(item[0]), int(item[1]))
+
+  def _process(self, epoch: int, index: int) -> dict:
+    """The actual per-example work; raises SkipExample for bad records."""
+    spec = self.spec
+    rng_img, rng_cap, rng_mask = _example_rngs(self.seed, epoch, index, 3)
+    record = self._read(index)
+    out = {}
+    if spec.label_key:
+      out['label'] = self._label(record)
+    if self.tokenizer is not None and (spec.alt_text_key or spec.caption_keys):
+      if spec.alt_text_key:
+        txt = self.captions.random_map(record, rng_cap)
+        pair = [txt['text'], txt['text2']]
+      else:
+        _, cap = T.choose_caption(rng_cap, record, spec.caption_keys)
+        if cap is None:
+          raise T.SkipExample('missing_text', 'no usable caption field')
+        pair = [cap, cap]
+      ids = self.tokenizer(pair)
+      out['text'], out['text2'] = ids[0], ids[1]
+    img = T.open_image(record.get(spec.image_key), spec.limits)
+    if self.views is None:
+      out['image'] = T.eval_image(img, spec.global_size, 'center_crop', spec.limits)
+      if 'two_views' in spec.views:
+        out['image2'] = out['image']
+    else:
+      out.update((k, v) for k, v in self.views.random_map({'image': img}, rng_img).items())
+    if spec.mask_ratio > 0:
+      g = spec.mask_grid
+      if spec.mask_prob >= 1.0 or rng_mask.random() < spec.mask_prob:
+        out['mask'] = masking.make_mask(rng_mask, g, g, spec.mask_ratio, spec.mask_type)
+      else:
+        out['mask'] = np.zeros((g, g), bool)
+    return out
+
+
+class EvalExampleFn(_ExampleFnBase):
+  """Padded-stream position -> deterministic eval example; padding and bad records come back as
+  zero examples with '_valid' False (and bad ones as counted skips), so a padded final batch lets
+  every real example count exactly once."""
+
+  def __init__(self, source, spec: ExampleSpec, tokenizer: _Tokenizer | None, num_records: int,
+               image_size: int, resize: str, with_text: bool, with_segmentation: bool,
+               segmentation_key: str = 'segmentation'):
+    super().__init__(source, spec, tokenizer)
+    self.n, self.size, self.resize = int(num_records), int(image_size), resize
+    self.with_text, self.with_seg, self.seg_key = with_text, with_segmentation, segmentation_key
+    self.max_len = tokenizer.max_len if tokenizer is not None else 0
+
+  def _blank(self, index: int) -> dict:
+    """An all-zero, invalid example (padding / skipped eval record)."""
+    out = {'image': np.zeros((self.size, self.size, 3), np.uint8), '_valid': np.bool_(False),
+           'index': np.int32(index)}
+    if self.spec.label_key:
+      out['label'] = np.int32(-1)
+    if self.with_text:
+      out['text'] = np.zeros((self.max_len,), np.int32)
+    if self.with_seg:
+      out['segmentation'] = np.zeros((self.size, self.size), np.uint8)
+    return out
+
+  def __call__(self, position) -> dict:
+    position = int(position)
+    if position >= self.n:
+      out = self._blank(-1)
+      out[_SEEN] = 0
+      return out
+    res = self._guard(self._process, position)
+    if _SKIP in res:
+      out = self._blank(position)
+      out[_SKIP] = res[_SKIP]
+      res = out
+    res[_SEEN] = 1
+    return res
+
+  def _process(self, index: int) -> dict:
+    """The actual per-example work; raises SkipExample for bad records."""
+    spec = self.spec
+    record = self._read(index)
+    out = {'_valid': np.bool_(True), 'index': np.int32(index)}
+    if spec.label_key:
+      out['label'] = self._label(record)
+    if self.with_text:
+      txt = T.decode_text(record.get(spec.alt_text_key)) if spec.alt_text_key else None
+      out['text'] = (self.tokenizer([txt])[0] if txt is not None
+                     else np.zeros((self.max_len,), np.int32))
+    el = {'image': T.open_image(record.get(spec.image_key), spec.limits)}
+    if self.with_seg:
+      if record.get(self.seg_key) is None:
+        raise T.SkipExample('other', f'missing {self.seg_key}')
+      el['segmentation'] = record[self.seg_key]
+    el = T.EvalResize(self.size, self.resize, spec.limits).map(el)
+    out['image'] = el['image']
+    if self.with_seg:
+      out['segmentation'] = el['segmentation']
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# grain plumbing: epoch tagging, skip-and-count batching, accounting
+# --------------------------------------------------------------------------------------------
+
+
+class _EpochTag:
+  """map_with_index over the repeated global stream: (position, record) -> [epoch, record]."""
+
+  def __init__(self, num_records: int):
+    self.n = int(num_records)
+
+  def __call__(self, position, record):
+    return np.array([int(position) // self.n, int(record)], np.int64)
+
+
+def _stack(examples: Sequence[dict]) -> dict:
+  """Stacks example dicts field-wise (all examples share the same fields and shapes)."""
+  return {k: np.stack([np.asarray(e[k]) for e in examples]) for k in examples[0]}
+
+
+def _skip_error(name, skipped, seen, limit, counts) -> TooManySkippedError:
+  """The error raised when too many records are skipped; names the dataset."""
+  reasons = {r: int(c) for r, c in zip(T.SKIP_REASONS, counts) if c}
+  return TooManySkippedError(
+      f'dataset {name!r}: skipped {int(skipped)} of {int(seen)} records '
+      f'({skipped / max(seen, 1):.1%}) > config.data.max_skip_fraction={limit}; '
+      f'by reason: {reasons}. Check the data (or raise the limit).')
+
+
+class _SkipBatchIterDataset(grain.IterDataset):
+  """Batches good examples, dropping skip markers and counting them per reason.
+
+  Runs inside each grain worker (before mp_prefetch), so both the batching and the counting
+  happen where the data is. Each batch carries `_skips` (len(SKIP_REASONS),) int64 and `_seen`
+  (records consumed for it). State is the parent's state at a batch boundary, so resuming is exact.
+  A whole batch's worth of consecutive failures beyond the limit raises here (all-bad datasets
+  would otherwise spin forever)."""
+
+  def __init__(self, parent, batch_size: int, name: str, max_skip_fraction: float,
+               min_records: int, drop_remainder: bool = True):
+    super().__init__(parent)
+    self.batch_size, self.name = int(batch_size), name
+    self.max_skip_fraction, self.min_records = float(max_skip_fraction), int(min_records)
+    self.drop_remainder = drop_remainder
+
+  def __iter__(self):
+    return _SkipBatchIterator(self._parent.__iter__(), self)
+
+  def __str__(self):
+    return f'SkipBatchIterDataset(batch_size={self.batch_size})'
+
+
+class _SkipBatchIterator(grain.DatasetIterator):
+  """Iterator of `_SkipBatchIterDataset`."""
+
+  def __init__(self, parent, cfg: _SkipBatchIterDataset):
+    super().__init__(parent)
+    self._cfg = cfg
+
+  def __next__(self):
+    cfg = self._cfg
+    good, counts, seen = [], np.zeros(len(T.SKIP_REASONS), np.int64), 0
+    guard = max(cfg.min_records, 4 * cfg.batch_size)
+    while len(good) < cfg.batch_size:
+      try:
+        ex = next(self._parent)
+      except StopIteration:
+        if good and not cfg.drop_remainder:
+          break
+        raise
+      seen += 1
+      if _SKIP in ex:
+        counts[int(ex[_SKIP])] += 1
+        skipped = int(counts.sum())
+        if skipped >= guard and skipped / seen > cfg.max_skip_fraction:
+          raise _skip_error(cfg.name, skipped, seen, cfg.max_skip_fraction, counts)
+        continue
+      good.append(ex)
+    batch = _stack(good)
+    batch[_SKIPS] = counts
+    batch[_SEEN] = np.int64(seen)
+    return batch
+
+  def get_state(self):
+    """JSON-serialisable state at a batch boundary."""
+    return self._parent.get_state()
+
+  def set_state(self, state):
+    """Restores a state from get_state (exact resume)."""
+    self._parent.set_state(state)
+
+
+class _AccountingIterDataset(grain.IterDataset):
+  """Outermost stage (training process): pops per-batch skip counts into running totals that are
+  part of the checkpointed state, exposes them as `iterator.stats`, enforces max_skip_fraction."""
+
+  def __init__(self, parent, name: str, max_skip_fraction: float, min_records: int):
+    super().__init__(parent)
+    self.name, self.max_skip_fraction, self.min_records = name, max_skip_fraction, min_records
+
+  def __iter__(self):
+    return PipelineIterator(self._parent.__iter__(), self)
+
+  def __str__(self):
+    return f'SkipAccountingIterDataset(name={self.name!r})'
+
+
+class PipelineIterator(grain.DatasetIterator):
+  """The iterator returned by make_train_iterator / make_eval_iterator.
+
+  `stats` -> {'seen', 'skipped', 'skip_fraction', 'skipped_by_reason'} (cumulative over the run,
+  restored with the state); `get_state()` / `set_state()` for exact resume (JSON-serialisable);
+  `close()` stops worker processes."""
+
+  def __init__(self, parent, cfg: _AccountingIterDataset):
+    super().__init__(parent)
+    self._cfg = cfg
+    self._counts = np.zeros(len(T.SKIP_REASONS), np.int64)
+    self._seen = 0
+
+  def __next__(self):
+    batch = next(self._parent)
+    counts = batch.pop(_SKIPS, None)
+    seen = batch.pop(_SEEN, None)
+    if counts is not None:
+      self._counts += np.asarray(counts, np.int64).reshape(-1, len(T.SKIP_REASONS)).sum(0)
+      self._seen += int(np.sum(seen))
+      skipped = int(self._counts.sum())
+      if (self._seen >= self._cfg.min_records and
+          skipped > self._cfg.max_skip_fraction * self._seen):
+        raise _skip_error(self._cfg.name, skipped, self._seen, self._cfg.max_skip_fraction,
+                          self._counts)
+    return batch
+
+  @property
+  def stats(self) -> dict:
+    """Cumulative skip accounting (restored with the state)."""
+    skipped = int(self._counts.sum())
+    return {'seen': int(self._seen), 'skipped': skipped,
+            'skip_fraction': skipped / max(self._seen, 1),
+            'skipped_by_reason': {r: int(c) for r, c in zip(T.SKIP_REASONS, self._counts) if c}}
+
+  def get_state(self):
+    """JSON-serialisable state at a batch boundary."""
+    return {'pipeline': self._parent.get_state(), 'seen': int(self._seen),
+            'skipped': [int(c) for c in self._counts]}
+
+  def set_state(self, state):
+    """Restores a state from get_state (exact resume)."""
+    self._parent.set_state(state['pipeline'])
+    self._seen = int(state.get('seen', 0))
+    counts = state.get('skipped', [0] * len(T.SKIP_REASONS))
+    self._counts = np.asarray(list(counts) + [0] * (len(T.SKIP_REASONS) - len(counts)), np.int64)
+
+  def close(self):
+    """Stops prefetch threads / worker processes held by the parents."""
+    stack = [self]
+    while stack:
+      it = stack.pop()
+      if it is not self and hasattr(it, 'close'):
+        try:
+          it.close()
+        except Exception:  # pylint: disable=broad-except
+          pass
+      stack.extend(getattr(it, '_parents', ()))
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
+
+
+# --------------------------------------------------------------------------------------------
+# Public constructors
+# --------------------------------------------------------------------------------------------
+
+
+def _read_options(num_workers: int, config_input, per_host_batch: int) -> grain.ReadOptions:
+  """Threads per process for reading+transforming: PIL releases the GIL in decode and resize, so
+  a few threads help in-process; inside worker processes one thread avoids oversubscription."""
+  default = 1 if num_workers > 0 else min(4, os.cpu_count() or 1)
+  threads = int(_get(config_input, 'read_threads', None) or default)
+  return grain.ReadOptions(num_threads=threads,
+                           prefetch_buffer_size=max(2 * threads, min(per_host_batch, 256)))
+
+
+def _ensure_absl_flags_parsed():
+  """grain's multiprocessing reads absl flags; outside an absl app (tests, notebooks) they are
+  unparsed and reading them raises, so use their defaults."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  if not flags.FLAGS.is_parsed():
+    flags.FLAGS.mark_as_parsed()
+
+
+def _finish(ds: grain.MapDataset, *, batch: Callable | None, name: str, num_workers: int,
+            prefetch: int, max_skip: float, min_records: int, read_options) -> PipelineIterator:
+  """Shared tail: to_iter_dataset -> batcher -> workers -> thread prefetch -> accounting."""
+  it = ds.to_iter_dataset(read_options)
+  if batch is not None:
+    it = batch(it)
+  if num_workers > 0:
+    _ensure_absl_flags_parsed()
+    it = it.mp_prefetch(grain.MultiprocessingOptions(
+        num_workers=num_workers, per_worker_buffer_size=max(1, prefetch)))
+  if prefetch > 0:
+    it = grain_exp.ThreadPrefetchIterDataset(it, prefetch_buffer_size=prefetch)
+  return iter(_AccountingIterDataset(it, name, max_skip, min_records))
+
+
+def _tokenizer_for(config, tokenizer) -> _Tokenizer:
+  """Wraps an injected tokenizer, or config.tokenizer/max_len, in a picklable handle."""
+  if isinstance(tokenizer, _Tokenizer):
+    return tokenizer
+  return _Tokenizer(tokenizer, _get(config, 'tokenizer', None), _get(config, 'max_len', 64))
+
+
+def _skip_settings(data):
+  """(max_skip_fraction, min records before the fraction is checked) from config.data."""
+  return (float(_get(data, 'max_skip_fraction', 0.05)),
+          int(_get(data, 'min_records_for_skip_check', DEFAULT_MIN_RECORDS_FOR_SKIP_CHECK)))
+
+
+def make_train_iterator(config, *, source=None, process_index: int | None = None,
+                        process_count: int | None = None, tokenizer=None) -> PipelineIterator:
+  """The per-host training iterator (contract batch format), a grain DatasetIterator.
+
+  Args:
+    config: the experiment ConfigDict (reads config.seed, .tokenizer, .max_len, .data.*, .input.*,
+      .model.image.patch_size; see `ExampleSpec.from_config` and the module docstring).
+    source: random-access source (len + getitem -> record dict); default opens config.data via
+      `tipsito.data.sources.open_source`.
+    process_index, process_count: JAX process layout (default: from jax).
+    tokenizer: object with `.tokenize(list[str]) -> (n, L) int32`; default
+      `tipsito.data.tokenizer.Tokenizer(config.tokenizer, max_len=config.max_len)`.
+
+  Yields dicts of per-host numpy arrays with leading dim config.input.batch_size // process_count.
+  """
+  pi, pc = _process_info(process_index, process_count)
+  inp, data = config.input, config.data
+  global_bs = int(inp.batch_size)
+  if global_bs % pc:
+    raise ValueError(f'config.input.batch_size={global_bs} is not divisible by the process '
+                     f'count {pc}')
+  per_host = global_bs // pc
+  name = str(_get(data, 'name', 'dataset'))
+  spec = ExampleSpec.from_config(config)
+  if source is None:
+    source, keys = open_source(data)
+    spec = dataclasses.replace(spec, **keys)
+  n = len(source)
+  if n == 0:
+    raise ValueError(f'dataset {name!r} (split {_get(data, "split", None)!r}) is empty')
+  seed = int(_get(config, 'seed', 0) or 0)
+  shuffle_seed = _get(inp, 'shuffle_seed', None)
+  shuffle_seed = seed if shuffle_seed is None else int(shuffle_seed)
+  num_workers = int(_get(inp, 'num_workers', 0) or 0)
+  prefetch = int(_get(inp, 'prefetch', 2) or 0)
+  max_skip, min_records = _skip_settings(data)
+
+  ds = grain.MapDataset.range(n)
+  if _get(inp, 'shuffle', True):
+    ds = ds.shuffle(seed=shuffle_seed)
+  ds = ds.repeat(_get(inp, 'num_epochs', None))  # reshuffled every epoch
+  ds = ds.map_with_index(_EpochTag(n))            # epoch feeds augmentation + caption RNG
+  ds = ds.slice(slice(pi, None, pc))              # disjoint, covering per-process shards
+  ds = ds.map(TrainExampleFn(source, spec, _tokenizer_for(config, tokenizer), seed))
+  return _finish(
+      ds, batch=lambda it: _SkipBatchIterDataset(it, per_host, name, max_skip, min_records),
+      name=name, num_workers=num_workers, prefetch=prefetch, max_skip=max_skip,
+      min_records=min_records, read_options=_read_options(num_workers, inp, per_host))
+
+
+def make_eval_iterator(config, *, eval_name: str | None = None, source=None,
+                       batch_size: int | None = None, image_size: int | None = None,
+                       resize: str | None = None, with_text: bool | None = None,
+                       with_segmentation: bool | None = None, process_index: int | None = None,
+                       process_count: int | None = None, tokenizer=None,
+                       num_workers: int | None = None) -> PipelineIterator:
+  """Deterministic, sharded, padded eval iterator: one pass, every example exactly once.
+
+  Fields: 'image' (b,S,S,3) uint8, '_valid' (b,) bool (False on padding and skipped records),
+  'index' (b,) int32 record index (-1 on padding), 'label' (b,) int32 when data.label_key,
+  'text' (b,L) int32 alt-text tokens when `with_text`, 'segmentation' (b,S,S) uint8 when
+  `with_segmentation`. All processes yield the same number of batches (global-array friendly).
+  Settings come from keywords, else `config.evals[eval_name]` (batch_size, image_size, resize,
+  dataset/split/data_dir override config.data), else config.input / config.data.
+  """
+  pi, pc = _process_info(process_index, process_count)
+  ev = config.evals[eval_name] if eval_name is not None else None
+  data = config.data
+  if ev is not None and _get(ev, 'dataset', None):
+    data = dict(data.to_dict() if hasattr(data, 'to_dict') else data)
+    data.update(name=ev.dataset, split=_get(ev, 'split', data.get('split')),
+                data_dir=_get(ev, 'data_dir', data.get('data_dir')))
+    for k in ('image_key', 'alt_text_key', 'label_key', 'caption_keys', 'segmentation_key'):
+      if _get(ev, k, None) is not None:
+        data[k] = _get(ev, k)
+    if _get(ev, 'type', '') in ('zeroshot', 'knn') and not data.get('label_key'):
+      data['label_key'] = 'label'  # classification evals need the (schema-named) label
+  global_bs = int(batch_size or _get(ev, 'batch_size', None) or config.input.batch_size)
+  if global_bs % pc:
+    raise ValueError(f'eval batch_size={global_bs} is not divisible by the process count {pc}')
+  per_host = global_bs // pc
+  size = int(image_size or _get(ev, 'image_size', None) or _get(config.input, 'global_size', 224))
+  resize = resize or _get(ev, 'resize', None) or 'center_crop'
+  name = str(_get(data, 'name', 'dataset'))
+  spec = dataclasses.replace(
+      ExampleSpec.from_config(config), image_key=_get(data, 'image_key', 'image') or 'image',
+      alt_text_key=_get(data, 'alt_text_key', 'alt_text'), label_key=_get(data, 'label_key', None))
+  seg_key = _get(data, 'segmentation_key', None) or 'segmentation'
+  if source is None:
+    source, keys = open_source(data)
+    spec = dataclasses.replace(spec, **keys)
+    seg_key = 'segmentation'  # the builders' reader renames the mask field to this
+  n = len(source)
+  if with_text is None:
+    with_text = bool(spec.alt_text_key) and (tokenizer is not None or eval_name is None or
+                                             _get(ev, 'type', '') == 'retrieval')
+  with_segmentation = bool(with_segmentation if with_segmentation is not None
+                           else _get(ev, 'type', '') == 'segmentation')
+  tok = _tokenizer_for(config, tokenizer) if with_text else None
+  steps = -(-n // (per_host * pc))
+  total = steps * per_host * pc
+  workers = int(num_workers if num_workers is not None else _get(config.input, 'num_workers', 0))
+  max_skip, min_records = _skip_settings(data)
+  fn = EvalExampleFn(source, spec, tok, n, size, resize, with_text, with_segmentation, seg_key)
+  ds = grain.MapDataset.range(total).slice(slice(pi, None, pc)).map(fn)
+  ds = ds.batch(per_host, drop_remainder=False, batch_fn=_eval_batch)
+  return _finish(ds, batch=None, name=name, num_workers=workers,
+                 prefetch=int(_get(config.input, 'prefetch', 2) or 0), max_skip=max_skip,
+                 min_records=min_records, read_options=_read_options(workers, config.input, 1))
+
+
+def _eval_batch(examples: Sequence[dict]) -> dict:
+  """Stacks eval examples and turns per-example skip markers into the batch's `_skips` counts."""
+  counts = np.zeros(len(T.SKIP_REASONS), np.int64)
+  for e in examples:
+    if _SKIP in e:
+      counts[int(e[_SKIP])] += 1
+  keys = [k for k in examples[0] if k not in (_SKIP, _SEEN)]
+  batch = {k: np.stack([np.asarray(e[k]) for e in examples]) for k in keys}
+  batch[_SKIPS] = counts
+  batch[_SEEN] = np.int64(sum(int(e[_SEEN]) for e in examples))
+  return batch
+
+
+def to_global_batch(batch: Mapping[str, Any], mesh, spec=None) -> dict:
+  """Per-host numpy batch -> global jax.Arrays via `jax.make_array_from_process_local_data`.
+
+  `spec`: a PartitionSpec for the leading (batch) dim of every field, or a mapping field -> spec;
+  default shards the batch dim over the mesh's ('data', 'fsdp') axes that exist. Trailing dims
+  are replicated. Non-array entries are dropped."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from jax.sharding import NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
+  axes = tuple(a for a in ('data', 'fsdp') if a in mesh.axis_names)
+  default = PartitionSpec(axes if axes else None)
+  spec = default if spec is None else spec
+  out = {}
+  for k, v in batch.items():
+    if not isinstance(v, (np.ndarray, np.generic)) or np.ndim(v) == 0:
+      continue
+    s = spec.get(k, default) if isinstance(spec, Mapping) else spec
+    out[k] = jax.make_array_from_process_local_data(NamedSharding(mesh, s), np.asarray(v))
+  return out

@@ -1,0 +1,610 @@
+"""Per-example image/text transforms for tipsito, as grain operations (numpy + PIL only, no TF).
+
+Why this shape:
+* Every random decision is drawn from a numpy Generator handed in by the caller (grain's
+  `random_map`, or the pipeline's per-(seed, epoch, record) generator), so an example's output
+  depends only on (seed, epoch, record index) -- never on worker count or read order.
+* Samplers (`sample_resized_crop`, `sample_color_jitter`, ...) are pure functions returning the
+  drawn parameters so tests can check their ranges over many draws; the view transforms accept a
+  `trace` list that receives the parameters actually used.
+* Work stays in uint8 PIL images: crop-before-resize via `Image.resize(box=...)`, JPEG draft
+  decoding when every crop allows a >=2x downscale, no float images on the host. Outputs are uint8.
+* Bad input raises `SkipExample(reason)`; the pipeline turns it into a counted skip, never a crash.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import math
+from typing import Any, Sequence
+
+import grain.python as grain
+import numpy as np
+from PIL import Image, ImageEnhance, ImageFilter
+
+__all__ = [
+    'SkipExample', 'SKIP_REASONS', 'ImageLimits', 'open_image', 'load_rgb', 'decode_rgb',
+    'CropParams', 'JitterParams', 'sample_resized_crop', 'sample_color_jitter',
+    'apply_color_jitter', 'adjust_hue', 'gaussian_blur', 'ITOViewParams', 'sample_ito_view',
+    'apply_view',
+    'DecodeImage', 'ITOTwoViews', 'MultiCrop', 'ResizedCropFlip', 'EvalResize', 'eval_geometry',
+    'eval_image', 'eval_mask', 'decode_text', 'choose_caption', 'ChooseCaptions',
+]
+
+# PIL refuses images over ~179M pixels with DecompressionBombError (and warns above ~89M); we
+# apply our own header-level limits (ImageLimits) instead, so its global guard is lifted here.
+# Truncated files raise on load (PIL's default ImageFile.LOAD_TRUNCATED_IMAGES = False) and are
+# skipped as 'corrupt_image'.
+Image.MAX_IMAGE_PIXELS = None
+
+BICUBIC = Image.Resampling.BICUBIC
+
+#: Reasons a record can be skipped; the pipeline counts each separately.
+SKIP_REASONS = (
+    'read_error',      # the source raised while reading the record
+    'missing_image',   # no image field / None
+    'empty_image',     # zero-byte payload or zero-size array
+    'corrupt_image',   # undecodable or truncated bytes, unsupported array
+    'tiny_image',      # a side < ImageLimits.min_side
+    'huge_image',      # more pixels than ImageLimits.hard_max_pixels
+    'extreme_aspect',  # long/short side > ImageLimits.max_aspect
+    'missing_text',    # alt-text field absent
+    'bad_text',        # alt-text empty, or not valid UTF-8
+    'missing_label',   # label configured but absent / not an int
+    'other',           # any other exception inside a transform (bug guard)
+)
+
+
+class SkipExample(Exception):
+  """Raised by a transform when a record must be skipped; `reason` is one of SKIP_REASONS."""
+
+  def __init__(self, reason: str, detail: str = ''):
+    super().__init__(reason, detail)
+    self.reason = reason if reason in SKIP_REASONS else 'other'
+    self.detail = detail
+
+  def __str__(self):
+    return f'{self.reason}: {self.detail}' if self.detail else self.reason
+
+
+# --------------------------------------------------------------------------------------------
+# Decoding
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageLimits:
+  """What counts as a usable image.
+
+  max_pixels: images above this are decoded downscaled (JPEG draft) or reduced after decoding,
+  so one 100-megapixel web image cannot stall a worker; hard_max_pixels: above this the record is
+  skipped outright (decompression-bomb guard); min_side: shorter side below this is skipped;
+  max_aspect: long/short side ratio above this is skipped (banners, 1-px lines).
+  """
+  max_pixels: int = 4096 * 4096
+  hard_max_pixels: int = 16384 * 16384
+  min_side: int = 2
+  max_aspect: float = 20.0
+  background: tuple[int, int, int] = (255, 255, 255)
+
+
+DEFAULT_LIMITS = ImageLimits()
+
+
+def _check_size(width: int, height: int, limits: ImageLimits):
+  """Header-level checks, before any pixel is decoded (cheap rejection of bad records)."""
+  if width <= 0 or height <= 0:
+    raise SkipExample('empty_image', f'{width}x{height}')
+  if min(width, height) < limits.min_side:
+    raise SkipExample('tiny_image', f'{width}x{height}')
+  if max(width, height) / min(width, height) > limits.max_aspect:
+    raise SkipExample('extreme_aspect', f'{width}x{height}')
+  if width * height > limits.hard_max_pixels:
+    raise SkipExample('huge_image', f'{width}x{height}')
+
+
+def _array_to_pil(arr: np.ndarray) -> Image.Image:
+  """Converts a decoded array (HW, HW1, HW3, HW4; uint8/uint16/float/bool) to an 8-bit PIL image."""
+  if arr.ndim == 3 and arr.shape[-1] == 1:
+    arr = arr[..., 0]
+  if arr.ndim not in (2, 3) or (arr.ndim == 3 and arr.shape[-1] not in (3, 4)):
+    raise SkipExample('corrupt_image', f'unsupported array shape {arr.shape}')
+  if arr.size == 0:
+    raise SkipExample('empty_image', f'array shape {arr.shape}')
+  if arr.dtype == np.uint8:
+    pass
+  elif arr.dtype == np.bool_:
+    arr = arr.astype(np.uint8) * 255
+  elif arr.dtype in (np.uint16, np.int32, np.uint32, np.int64):
+    arr = (np.clip(arr, 0, 65535).astype(np.uint32) >> 8).astype(np.uint8)
+  elif np.issubdtype(arr.dtype, np.floating):
+    top = 1.0 if float(np.nanmax(arr)) <= 1.0 else 255.0
+    arr = np.clip(np.nan_to_num(arr) * (255.0 / top), 0, 255).round().astype(np.uint8)
+  else:
+    raise SkipExample('corrupt_image', f'unsupported dtype {arr.dtype}')
+  return Image.fromarray(np.ascontiguousarray(arr))  # mode inferred: L / RGB / RGBA
+
+
+def open_image(value: Any, limits: ImageLimits = DEFAULT_LIMITS) -> Image.Image:
+  """Opens an image lazily (header only for encoded bytes) and validates its size.
+
+  Accepts encoded bytes (PNG/JPEG/... anything PIL reads), numpy arrays as tfds decodes them, or
+  PIL images. Pixel data of encoded images is decoded later by `load_rgb`, which can then use
+  JPEG draft mode sized to the crops actually needed.
+  """
+  if value is None:
+    raise SkipExample('missing_image')
+  if isinstance(value, Image.Image):
+    img = value
+  elif isinstance(value, np.ndarray) and value.dtype != object and value.dtype.kind not in 'SV':
+    img = _array_to_pil(value)
+  else:
+    if isinstance(value, np.ndarray):  # object / bytes scalar array
+      value = value.item() if value.size == 1 else b''
+    if isinstance(value, memoryview):
+      value = value.tobytes()
+    if not isinstance(value, (bytes, bytearray)):
+      raise SkipExample('corrupt_image', f'unsupported image value {type(value).__name__}')
+    if len(value) == 0:
+      raise SkipExample('empty_image', 'zero bytes')
+    try:
+      img = Image.open(io.BytesIO(value))
+    except Exception as e:  # pylint: disable=broad-except
+      raise SkipExample('corrupt_image', f'{type(e).__name__}: {e}') from None
+  _check_size(*img.size, limits)
+  return img
+
+
+def _to_rgb(img: Image.Image, background: tuple[int, int, int]) -> Image.Image:
+  """Any PIL mode -> 8-bit RGB; transparency composited on `background`, 16-bit scaled down."""
+  mode = img.mode
+  if mode == 'RGB':
+    return img
+  if mode in ('I;16', 'I;16B', 'I;16L', 'I;16N', 'I', 'F'):
+    arr = np.asarray(img)
+    if mode == 'F':
+      arr = np.clip(np.nan_to_num(arr), 0, 255).astype(np.uint8)
+    else:
+      arr = (np.clip(arr, 0, 65535).astype(np.uint32) >> 8).astype(np.uint8)
+    return Image.fromarray(arr, 'L').convert('RGB')
+  if mode == 'P':
+    img = img.convert('RGBA' if 'transparency' in img.info else 'RGB')
+  elif mode in ('LA', 'La', 'PA', 'RGBa') or (mode == 'L' and 'transparency' in img.info):
+    img = img.convert('RGBA')
+  elif mode == '1':
+    img = img.convert('L')
+  if img.mode == 'RGBA':
+    base = Image.new('RGB', img.size, background)
+    base.paste(img, mask=img.getchannel('A'))
+    return base
+  return img.convert('RGB')  # L, CMYK (Adobe inversion handled by PIL), YCbCr, LAB, HSV, ...
+
+
+def load_rgb(img: Image.Image, max_reduce: float = 1.0,
+             limits: ImageLimits = DEFAULT_LIMITS) -> tuple[Image.Image, float]:
+  """Decodes `img` to RGB uint8, allowing a downscale by up to `max_reduce`.
+
+  Returns (rgb, factor) where factor = original width / returned width (>= 1): callers scale their
+  crop boxes by 1/factor. JPEGs use draft mode (DCT-domain 1/2, 1/4, 1/8 decoding) when the
+  crops permit; any image above `limits.max_pixels` is reduced to fit regardless.
+  """
+  w0, h0 = img.size
+  need = max(1.0, math.sqrt(w0 * h0 / limits.max_pixels))  # forced by the pixel cap
+  allow = max(need, float(max_reduce))
+  try:
+    if getattr(img, 'format', None) == 'JPEG' and allow >= 2.0 and img.mode in ('RGB', 'L', 'CMYK'):
+      img.draft(img.mode, (max(1, int(w0 / allow)), max(1, int(h0 / allow))))
+    img.load()
+    if img.width * img.height > limits.max_pixels:
+      f = int(math.ceil(math.sqrt(img.width * img.height / limits.max_pixels)))
+      img = img.reduce(f)
+    rgb = _to_rgb(img, limits.background)
+  except SkipExample:
+    raise
+  except Exception as e:  # pylint: disable=broad-except
+    raise SkipExample('corrupt_image', f'{type(e).__name__}: {e}') from None
+  return rgb, w0 / rgb.width
+
+
+def decode_rgb(value: Any, limits: ImageLimits = DEFAULT_LIMITS) -> np.ndarray:
+  """Convenience: any supported image value -> (H, W, 3) uint8 at full resolution (up to caps)."""
+  rgb, _ = load_rgb(open_image(value, limits), 1.0, limits)
+  return np.asarray(rgb)
+
+
+# --------------------------------------------------------------------------------------------
+# Samplers (pure; instrumented by tests)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class CropParams:
+  """A crop box in source pixels (top, left, height, width) plus what was drawn to get it."""
+  top: int
+  left: int
+  height: int
+  width: int
+  scale: float      # drawn target area fraction (NaN for the fallback)
+  log_ratio: float  # drawn log aspect ratio (NaN for the fallback)
+  fallback: bool
+
+
+def sample_resized_crop(rng: np.random.Generator, height: int, width: int,
+                        scale: Sequence[float] = (0.08, 1.0),
+                        ratio: Sequence[float] = (3 / 4, 4 / 3)) -> CropParams:
+  """torchvision `RandomResizedCrop.get_params`: 10 tries of (area ~ U(scale), log-ratio ~ U),
+  then a centre crop with the ratio clamped into range. Same rounding and integer ranges."""
+  area = height * width
+  log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
+  for _ in range(10):
+    s = float(rng.uniform(scale[0], scale[1]))
+    lr = float(rng.uniform(log_lo, log_hi))
+    aspect = math.exp(lr)
+    w = int(round(math.sqrt(area * s * aspect)))
+    h = int(round(math.sqrt(area * s / aspect)))
+    if 0 < w <= width and 0 < h <= height:
+      top = int(rng.integers(0, height - h + 1))
+      left = int(rng.integers(0, width - w + 1))
+      return CropParams(top, left, h, w, s, lr, False)
+  in_ratio = width / height
+  if in_ratio < min(ratio):
+    w = width
+    h = int(round(w / min(ratio)))
+  elif in_ratio > max(ratio):
+    h = height
+    w = int(round(h * max(ratio)))
+  else:
+    w, h = width, height
+  return CropParams((height - h) // 2, (width - w) // 2, h, w, math.nan, math.nan, True)
+
+
+@dataclasses.dataclass(frozen=True)
+class JitterParams:
+  """torchvision ColorJitter draw: application order (0=brightness,1=contrast,2=saturation,
+  3=hue) and the factors; `applied` is the RandomApply(p) coin."""
+  applied: bool
+  order: tuple[int, ...]
+  brightness: float
+  contrast: float
+  saturation: float
+  hue: float
+
+
+def sample_color_jitter(rng: np.random.Generator, brightness=0.4, contrast=0.4, saturation=0.4,
+                        hue=0.1, p: float = 0.8) -> JitterParams:
+  """Draws like `RandomApply([ColorJitter(b, c, s, h)], p)`: factors U(max(0,1-x), 1+x), hue
+  U(-h, h), and a random permutation of the four ops. All values are drawn even when not
+  applied, so RNG consumption (hence downstream draws) does not depend on the coin."""
+  applied = bool(rng.random() < p)
+  order = tuple(int(i) for i in rng.permutation(4))
+  b = float(rng.uniform(max(0.0, 1 - brightness), 1 + brightness))
+  c = float(rng.uniform(max(0.0, 1 - contrast), 1 + contrast))
+  s = float(rng.uniform(max(0.0, 1 - saturation), 1 + saturation))
+  h = float(rng.uniform(-hue, hue))
+  return JitterParams(applied, order, b, c, s, h)
+
+
+def adjust_hue(img: Image.Image, hue_factor: float) -> Image.Image:
+  """torchvision's PIL `adjust_hue`: shift the 8-bit HSV hue channel with wrap-around."""
+  if abs(hue_factor) < 1e-9:
+    return img
+  hsv = np.array(img.convert('HSV'))  # (H, W, 3) uint8, writable copy
+  shift = np.uint8(int(np.int64(hue_factor * 255)) % 256)  # np.uint8(hue_factor*255) in torchvision
+  hsv[..., 0] += shift  # uint8 arithmetic wraps around like torchvision's
+  return Image.fromarray(hsv, 'HSV').convert('RGB')
+
+
+def gaussian_blur(img: Image.Image, sigma: float) -> Image.Image:
+  """Gaussian blur with standard deviation `sigma` output pixels (torchvision GaussianBlur's
+  sigma). PIL's extended-box approximation (3 box passes, exact variance) is used: measured in CPU
+  time it is ~2-3x cheaper here than an exact separable float32 kernel in numpy, and differs from
+  the truncated Gaussian by a few grey levels at most."""
+  return img.filter(ImageFilter.GaussianBlur(float(sigma)))
+
+
+def apply_color_jitter(img: Image.Image, jp: JitterParams) -> Image.Image:
+  """Applies a JitterParams draw with torchvision's PIL functional ops (ImageEnhance blends)."""
+  if not jp.applied:
+    return img
+  for op in jp.order:
+    if op == 0:
+      img = ImageEnhance.Brightness(img).enhance(jp.brightness)
+    elif op == 1:
+      img = ImageEnhance.Contrast(img).enhance(jp.contrast)
+    elif op == 2:
+      img = ImageEnhance.Color(img).enhance(jp.saturation)
+    else:
+      img = adjust_hue(img, jp.hue)
+  return img
+
+
+@dataclasses.dataclass(frozen=True)
+class ITOViewParams:
+  """Everything drawn for one augmented view (ITO or crop-only)."""
+  crop: CropParams
+  flip: bool
+  jitter: JitterParams | None
+  grayscale: bool
+  blur: bool
+  sigma: float
+
+
+def sample_ito_view(rng: np.random.Generator, height: int, width: int, *,
+                    scale=(0.5, 1.0), ratio=(3 / 4, 4 / 3), photometric: bool = True,
+                    jitter=(0.4, 0.4, 0.4, 0.1), jitter_p=0.8, gray_p=0.2, blur_p=0.5,
+                    sigma=(0.1, 2.0), flip_p=0.5) -> ITOViewParams:
+  """Draws one view of METHOD §4: RandomResizedCrop, then (ITO only) ColorJitter p=0.8,
+  grayscale p=0.2, Gaussian blur sigma~U(0.1,2) p=0.5, and horizontal flip p=0.5."""
+  crop = sample_resized_crop(rng, height, width, scale, ratio)
+  if photometric:
+    jp = sample_color_jitter(rng, *jitter, p=jitter_p)
+    gray = bool(rng.random() < gray_p)
+    blur = bool(rng.random() < blur_p)
+    sig = float(rng.uniform(*sigma))
+  else:
+    jp, gray, blur, sig = None, False, False, 0.0
+  flip = bool(rng.random() < flip_p)
+  return ITOViewParams(crop, flip, jp, gray, blur, sig)
+
+
+def _resize_box(img: Image.Image, crop: CropParams, factor, size: int) -> Image.Image:
+  """Crop-before-resize in one PIL call. `factor` (scalar or (fx, fy)) maps source coordinates to
+  the decoded image (> 1 after JPEG draft / pixel-cap reduction); the box is clamped to it."""
+  fx, fy = (factor, factor) if np.isscalar(factor) else factor
+  box = (max(0.0, crop.left / fx), max(0.0, crop.top / fy),
+         min(float(img.width), (crop.left + crop.width) / fx),
+         min(float(img.height), (crop.top + crop.height) / fy))
+  down = min(box[2] - box[0], box[3] - box[1]) / size
+  return img.resize((size, size), BICUBIC, box=box, reducing_gap=3.0 if down > 3.0 else None)
+
+
+def apply_view(img: Image.Image, vp: ITOViewParams, factor, size: int) -> np.ndarray:
+  """Renders a sampled view to a (size, size, 3) uint8 array."""
+  out = _resize_box(img, vp.crop, factor, size)
+  if vp.flip:
+    out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+  if vp.jitter is not None:
+    out = apply_color_jitter(out, vp.jitter)
+  if vp.grayscale:
+    out = out.convert('L').convert('RGB')
+  if vp.blur:
+    out = gaussian_blur(out, vp.sigma)
+  return np.asarray(out)
+
+
+def _max_reduce(views: Sequence[tuple[ITOViewParams, int]]) -> float:
+  """Largest source downscale every crop tolerates (crop side / output side), for JPEG draft."""
+  return min(min(v.crop.width, v.crop.height) / size for v, size in views)
+
+
+# --------------------------------------------------------------------------------------------
+# grain transforms
+# --------------------------------------------------------------------------------------------
+
+
+class DecodeImage(grain.MapTransform):
+  """element[key] (bytes / array) -> element['image'] as a lazily decoded PIL image (validated).
+
+  Pixel decoding is deferred to the view transform so JPEG draft mode can match the crops."""
+
+  def __init__(self, key: str = 'image', limits: ImageLimits = DEFAULT_LIMITS):
+    self.key = key
+    self.limits = limits
+
+  def map(self, element):
+    """grain MapTransform entry point (see the class docstring)."""
+    element = dict(element)
+    element['image'] = open_image(element.get(self.key), self.limits)
+    return element
+
+
+class ITOTwoViews(grain.RandomMapTransform):
+  """ITO two views (METHOD §4): element['image'] (PIL) -> 'image', 'image2' (S, S, 3) uint8."""
+
+  def __init__(self, size: int = 224, scale=(0.5, 1.0), ratio=(3 / 4, 4 / 3),
+               limits: ImageLimits = DEFAULT_LIMITS, photometric: bool = True,
+               num_views: int = 2):
+    self.size, self.scale, self.ratio = size, tuple(scale), tuple(ratio)
+    self.limits, self.photometric, self.num_views = limits, photometric, num_views
+
+  def random_map(self, element, rng, trace: list | None = None):
+    """grain RandomMapTransform entry point; `trace` (tests) receives the drawn params."""
+    img = element['image']
+    w, h = img.size
+    views = [sample_ito_view(rng, h, w, scale=self.scale, ratio=self.ratio,
+                             photometric=self.photometric) for _ in range(self.num_views)]
+    rgb, _ = load_rgb(img, _max_reduce([(v, self.size) for v in views]), self.limits)
+    factor = (w / rgb.width, h / rgb.height)
+    out = dict(element)
+    for i, v in enumerate(views):
+      out['image' if i == 0 else f'image{i + 1}'] = apply_view(rgb, v, factor, self.size)
+    if trace is not None:
+      trace.extend(views)
+    return out
+
+
+class ResizedCropFlip(ITOTwoViews):
+  """TIPS-style single view: RandomResizedCrop + flip only (no photometric ops)."""
+
+  def __init__(self, size: int = 224, scale=(0.32, 1.0), ratio=(3 / 4, 4 / 3),
+               limits: ImageLimits = DEFAULT_LIMITS, num_views: int = 1):
+    super().__init__(size, scale, ratio, limits, photometric=False, num_views=num_views)
+
+
+class MultiCrop(grain.RandomMapTransform):
+  """TIPSv2 / DINOv2 multi-crop: `num_global` global crops at `global_size` (scale
+  `global_scale`) -> 'image' (and 'image2'), plus `num_local` local crops at `local_size`
+  (scale `local_scale`) -> 'local_crops' (M, s, s, 3). Crop + flip only unless `photometric`
+  (then every crop gets the ITO photometric ops). The global crop is the teacher's unmasked view.
+  """
+
+  def __init__(self, global_size: int = 224, local_size: int = 98, num_local: int = 6,
+               global_scale=(0.32, 1.0), local_scale=(0.05, 0.32), ratio=(3 / 4, 4 / 3),
+               num_global: int = 1, photometric: bool = False,
+               limits: ImageLimits = DEFAULT_LIMITS):
+    self.global_size, self.local_size, self.num_local = global_size, local_size, num_local
+    self.global_scale, self.local_scale = tuple(global_scale), tuple(local_scale)
+    self.ratio, self.num_global = tuple(ratio), num_global
+    self.photometric, self.limits = photometric, limits
+
+  def random_map(self, element, rng, trace: list | None = None):
+    """grain RandomMapTransform entry point; `trace` (tests) receives the drawn params."""
+    img = element['image']
+    w, h = img.size
+    glob = [sample_ito_view(rng, h, w, scale=self.global_scale, ratio=self.ratio,
+                            photometric=self.photometric) for _ in range(self.num_global)]
+    loc = [sample_ito_view(rng, h, w, scale=self.local_scale, ratio=self.ratio,
+                           photometric=self.photometric) for _ in range(self.num_local)]
+    plan = [(v, self.global_size) for v in glob] + [(v, self.local_size) for v in loc]
+    rgb, _ = load_rgb(img, _max_reduce(plan), self.limits)
+    factor = (w / rgb.width, h / rgb.height)
+    out = dict(element)
+    for i, v in enumerate(glob):
+      out['image' if i == 0 else f'image{i + 1}'] = apply_view(rgb, v, factor, self.global_size)
+    if self.num_local:
+      crops = np.empty((self.num_local, self.local_size, self.local_size, 3), np.uint8)
+      for i, v in enumerate(loc):
+        crops[i] = apply_view(rgb, v, factor, self.local_size)
+      out['local_crops'] = crops
+    if trace is not None:
+      trace.extend(glob + loc)
+    return out
+
+
+def eval_geometry(width: int, height: int, size: int, mode: str = 'center_crop'):
+  """Deterministic eval geometry: ('center_crop') resize the shorter side to `size` then take the
+  centre size x size; ('pad') resize the longer side to `size` and pad bottom/right with zeros.
+  Returns (resized (w, h), crop box in resized coords or None, paste offset or None)."""
+  if mode == 'center_crop':
+    r = size / min(width, height)
+    rw, rh = max(size, int(round(width * r))), max(size, int(round(height * r)))
+    left, top = (rw - size) // 2, (rh - size) // 2
+    return (rw, rh), (left, top, left + size, top + size)
+  if mode == 'pad':
+    r = size / max(width, height)
+    rw, rh = max(1, min(size, int(round(width * r)))), max(1, min(size, int(round(height * r))))
+    return (rw, rh), None
+  raise ValueError(f"eval resize mode must be 'center_crop' or 'pad', got {mode!r}")
+
+
+def eval_image(img: Image.Image, size: int, mode: str = 'center_crop',
+               limits: ImageLimits = DEFAULT_LIMITS) -> np.ndarray:
+  """Deterministic eval preprocessing of a (lazily opened) image -> (size, size, 3) uint8."""
+  w, h = img.size
+  (rw, rh), box = eval_geometry(w, h, size, mode)
+  rgb, factor = load_rgb(img, min(w / rw, h / rh), limits)
+  if box is not None:  # crop-before-resize: map the centre box back to decoded pixels
+    sx, sy = rgb.width / rw, rgb.height / rh
+    src = (box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy)
+    return np.asarray(rgb.resize((size, size), BICUBIC, box=src, reducing_gap=3.0))
+  out = np.zeros((size, size, 3), np.uint8)
+  out[:rh, :rw] = np.asarray(rgb.resize((rw, rh), BICUBIC, reducing_gap=3.0))
+  return out
+
+
+def eval_mask(mask: np.ndarray, size: int, mode: str = 'center_crop',
+              fill: int = 0) -> np.ndarray:
+  """Same geometry as `eval_image` for a per-pixel label map (nearest neighbour)."""
+  mask = np.asarray(mask)
+  if mask.ndim == 3:
+    mask = mask[..., 0]
+  h, w = mask.shape
+  (rw, rh), box = eval_geometry(w, h, size, mode)
+  pil = Image.fromarray(mask.astype(np.uint8)).resize((rw, rh), Image.Resampling.NEAREST)
+  arr = np.asarray(pil)
+  if box is not None:
+    return np.ascontiguousarray(arr[box[1]:box[3], box[0]:box[2]])
+  out = np.full((size, size), fill, np.uint8)
+  out[:rh, :rw] = arr
+  return out
+
+
+class EvalResize(grain.MapTransform):
+  """grain op: element['image'] (lazy PIL or raw value) -> uint8 (size, size, 3); also resizes
+  element['segmentation'] identically when present."""
+
+  def __init__(self, size: int = 224, mode: str = 'center_crop',
+               limits: ImageLimits = DEFAULT_LIMITS):
+    self.size, self.mode, self.limits = size, mode, limits
+
+  def map(self, element):
+    """grain MapTransform entry point (see the class docstring)."""
+    out = dict(element)
+    img = out['image']
+    if not isinstance(img, Image.Image):
+      img = open_image(img, self.limits)
+    out['image'] = eval_image(img, self.size, self.mode, self.limits)
+    if out.get('segmentation') is not None:
+      seg = out['segmentation']
+      if not isinstance(seg, np.ndarray) or seg.dtype.kind in 'SVO':
+        seg = np.asarray(Image.open(io.BytesIO(seg if isinstance(seg, bytes) else seg.item())))
+      out['segmentation'] = eval_mask(seg, self.size, self.mode)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Text
+# --------------------------------------------------------------------------------------------
+
+
+def decode_text(value: Any) -> str | None:
+  """A caption field -> stripped str, or None when missing / empty / not valid UTF-8."""
+  if value is None:
+    return None
+  if isinstance(value, np.ndarray):
+    if value.size != 1:
+      return None
+    value = value.item()
+  if isinstance(value, (bytes, bytearray, np.bytes_)):
+    try:
+      value = bytes(value).decode('utf-8')
+    except UnicodeDecodeError:
+      return None
+  if not isinstance(value, str):
+    return None
+  value = value.strip()
+  return value or None
+
+
+def choose_caption(rng: np.random.Generator, record: dict,
+                   caption_keys: Sequence[str]) -> tuple[str | None, str | None]:
+  """CLS2 caption: uniform over the configured synthetic fields that hold usable text.
+
+  Returns (key, text); (None, None) when no field is usable (caller falls back to alt-text).
+  One uniform draw is always consumed so later draws do not depend on data content."""
+  u = rng.random()
+  usable = []
+  for k in caption_keys:
+    t = decode_text(record.get(k))
+    if t is not None:
+      usable.append((k, t))
+  if not usable:
+    return None, None
+  return usable[min(int(u * len(usable)), len(usable) - 1)]
+
+
+class ChooseCaptions(grain.RandomMapTransform):
+  """grain op: 'text' <- alt-text (required), 'text2' <- a synthetic caption drawn uniformly per
+  example (per epoch, via the per-epoch RNG), falling back to the alt-text. Strings only; the
+  pipeline tokenises them in one call per example."""
+
+  def __init__(self, alt_text_key: str | None = 'alt_text', caption_keys: Sequence[str] = ()):
+    self.alt_text_key = alt_text_key
+    self.caption_keys = tuple(caption_keys or ())
+
+  def random_map(self, element, rng):
+    """grain RandomMapTransform entry point; `trace` (tests) receives the drawn params."""
+    out = dict(element)
+    alt = None
+    if self.alt_text_key:
+      if self.alt_text_key not in element or element[self.alt_text_key] is None:
+        raise SkipExample('missing_text', self.alt_text_key)
+      alt = decode_text(element[self.alt_text_key])
+      if alt is None:
+        raise SkipExample('bad_text', f'{self.alt_text_key} empty or not UTF-8')
+      out['text'] = alt
+    key, cap = choose_caption(rng, element, self.caption_keys)
+    out['text2'] = cap if cap is not None else alt
+    out['text2_key'] = key
+    return out
