@@ -70,17 +70,22 @@ def test_picklable(tok):
   np.testing.assert_array_equal(clone.tokenize(["a star"]), tok.tokenize(["a star"]))
 
 
-def test_model_with_other_pad_is_shifted(tmp_path):
-  """A stock model (unk=0, bos/eos present, no pad) gets ids shifted so that 0 stays padding."""
+def test_model_with_other_pad_is_shifted_on_request(tmp_path):
+  """A stock model (unk=0, bos/eos present, no pad): ids as SentencePiece gives them by default (the
+  official TIPS convention released weights depend on), shifted by one with shift_ids=True."""
   import sentencepiece as spm
   corpus = tmp_path / "c.txt"
   corpus.write_text("\n".join(f"a red circle number {i} and a blue square" for i in range(200)))
   spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(tmp_path / "m"), vocab_size=40,
                                  minloglevel=2)
-  t = tok_lib.Tokenizer(str(tmp_path / "m.model"), max_len=32)
+  plain = tok_lib.Tokenizer(str(tmp_path / "m.model"), max_len=32)
+  raw = plain._sp.encode("a red circle")
+  assert list(plain.tokenize(["A red circle"])[0, : len(raw)]) == raw
+  assert plain.vocab_size == plain._sp.get_piece_size()
+  t = tok_lib.Tokenizer(str(tmp_path / "m.model"), max_len=32, shift_ids=True)
   ids = t.tokenize(["A red circle", "zzzz"])
-  raw = t._sp.encode("a red circle")
   assert list(ids[0, : len(raw)]) == [i + 1 for i in raw]
   assert (ids[1] != 0).sum() > 0  # unknown pieces map to unk+1, not to padding
   assert t.vocab_size == t._sp.get_piece_size() + 1
   assert t.detokenize(ids[:1]) == ["a red circle"]
+  assert pickle.loads(pickle.dumps(t)).tokenize(["a red circle"]).tolist() == ids[:1].tolist()

@@ -6,8 +6,11 @@ small demo model needs); every batch has the same (B, max_len) int32 shape so XL
 
 The shipped demo model (`DEFAULT_TOKENIZER`, trained by `tipsito/data/train_tokenizer.py`) reserves
 pad=0, unk=1 and has no BOS/EOS pieces, so real pieces are ids >= 2. Any other SentencePiece model
-can be configured; if its pad id is not 0 (e.g. a stock model with unk=0), ids are shifted by one so
-that 0 stays free for padding, and `vocab_size` grows by one accordingly.
+can be configured. Its ids are used exactly as SentencePiece returns them, because that is what the
+official TIPS tokenizer does and released text weights are indexed by those ids (a model whose unk is 0
+then shares id 0 with padding, as in the official code). For a stock model trained from scratch,
+`shift_ids=True` moves every piece up by one so that 0 stays free for padding (`vocab_size` grows by
+one accordingly).
 """
 from __future__ import annotations
 
@@ -29,8 +32,13 @@ class Tokenizer:
   the text encoder needs (all ids are < vocab_size).
   """
 
-  def __init__(self, model_path: str | None = None, max_len: int = 64, lowercase: bool = True):
-    """Loads the model; FileNotFoundError names the configured path."""
+  def __init__(self, model_path: str | None = None, max_len: int = 64, lowercase: bool = True,
+               shift_ids: bool = False):
+    """Loads the model; FileNotFoundError names the configured path.
+
+    shift_ids: add 1 to every id of a model whose own pad id is not 0 (see the module docstring);
+      off by default so that ids match the official TIPS tokenizer and released weights.
+    """
     import sentencepiece as spm  # pylint: disable=g-import-not-at-top
 
     path = os.path.expanduser(model_path) if model_path else DEFAULT_TOKENIZER
@@ -45,7 +53,8 @@ class Tokenizer:
     self.lowercase = lowercase
     self._sp = spm.SentencePieceProcessor(model_file=path)
     # Offset so that no real piece lands on 0: none needed when the model's own pad is 0.
-    self._offset = 0 if self._sp.pad_id() == PAD_ID else 1
+    self.shift_ids = bool(shift_ids)
+    self._offset = 1 if (shift_ids and self._sp.pad_id() != PAD_ID) else 0
     self._bos, self._eos = self._sp.bos_id(), self._sp.eos_id()
 
   @property
@@ -55,7 +64,8 @@ class Tokenizer:
 
   def __getstate__(self):
     """Pickles by path (grain workers rebuild the SentencePiece processor)."""
-    return {"model_path": self.model_path, "max_len": self.max_len, "lowercase": self.lowercase}
+    return {"model_path": self.model_path, "max_len": self.max_len, "lowercase": self.lowercase,
+            "shift_ids": self.shift_ids}
 
   def __setstate__(self, state):
     """Rebuilds from the pickled path/max_len/lowercase."""

@@ -1,0 +1,202 @@
+"""Transformer building blocks shared by the image, text and fusion towers.
+
+Why one module: the ViT, the TIPS/CLIP text towers and the ITO fusion module
+are all pre-LN transformers that differ only in the FFN (GELU MLP, masked ReLU
+MLP, SwiGLU) and in the attention mask. Keeping one Block keeps the parameter
+naming uniform, which the TIPS importer relies on (checkpoint.py).
+
+Conventions: LayerNorm eps 1e-6; attention uses separate query/key/value
+DenseGeneral projections with bias (kernel (D,H,D/H)) and an output projection
+(kernel (H,D/H,D)), like flax MultiHeadDotProductAttention, but the core goes
+through `jax.nn.dot_product_attention` so that fused kernels are used where the
+platform has them.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from tipsito.models import presets
+
+Dtype = Any
+LN_EPS = 1e-6
+
+
+def layer_norm(name: str, dtype: Dtype, param_dtype: Dtype) -> nn.LayerNorm:
+  """The LayerNorm used everywhere (eps 1e-6 as in the official release)."""
+  return nn.LayerNorm(epsilon=LN_EPS, dtype=dtype, param_dtype=param_dtype,
+                      name=name)
+
+
+def drop_path(x: jax.Array, rate: float, rng: jax.Array) -> jax.Array:
+  """Stochastic depth: zeroes a residual branch per example, rescales the rest.
+
+  Used instead of dropout on whole blocks because it regularises deep ViTs
+  without changing the expected activation (scaled by 1/keep).
+  """
+  keep = 1.0 - rate
+  shape = (x.shape[0],) + (1,) * (x.ndim - 1)
+  mask = jax.random.bernoulli(rng, keep, shape)
+  return jnp.where(mask, x / keep, jnp.zeros_like(x))
+
+
+class Attention(nn.Module):
+  """Multi-head self-attention with q/k/v/out projections (all with bias).
+
+  `values_only=True` returns `out(value(x))` without any token mixing: the
+  MaskCLIP "value trick" used for zero-shot segmentation (METHOD §1).
+  """
+  num_heads: int
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+  kernel_init: Callable = nn.initializers.xavier_uniform()
+
+  @nn.compact
+  def __call__(self, x: jax.Array, mask: Optional[jax.Array] = None,
+               is_causal: bool = False, values_only: bool = False) -> jax.Array:
+    d = x.shape[-1]
+    if d % self.num_heads:
+      raise ValueError(f'width {d} not divisible by num_heads {self.num_heads}')
+    hd = d // self.num_heads
+
+    def proj(name):
+      return nn.DenseGeneral(features=(self.num_heads, hd), axis=-1,
+                             dtype=self.dtype, param_dtype=self.param_dtype,
+                             kernel_init=self.kernel_init, name=name)
+
+    out = nn.DenseGeneral(features=d, axis=(-2, -1), dtype=self.dtype,
+                          param_dtype=self.param_dtype,
+                          kernel_init=self.kernel_init, name='out')
+    v = proj('value')(x)
+    if values_only:
+      return out(v)
+    q = proj('query')(x)
+    k = proj('key')(x)
+    y = jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=is_causal,
+                                     scale=1.0 / (hd ** 0.5))
+    return out(y)
+
+
+class Mlp(nn.Module):
+  """Two-layer FFN (Dense_0 -> act -> Dense_1), optionally masked.
+
+  `activation`: 'gelu' (flax's tanh approximation, as the official vision
+  tower), 'gelu_exact' or 'relu' (official TIPS text tower). When `valid` is
+  given, the hidden and output activations are multiplied by it, exactly as
+  the official TIPS text MLP does (keeps padded positions at zero FFN output).
+  """
+  mlp_dim: int
+  activation: str = 'gelu'
+  dropout: float = 0.0
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array, valid: Optional[jax.Array] = None,
+               train: bool = False) -> jax.Array:
+    d = x.shape[-1]
+    act = {'gelu': nn.gelu,
+           'gelu_exact': lambda t: nn.gelu(t, approximate=False),
+           'relu': nn.relu}[self.activation]
+    h = nn.Dense(self.mlp_dim, dtype=self.dtype, param_dtype=self.param_dtype,
+                 kernel_init=nn.initializers.xavier_uniform(),
+                 bias_init=nn.initializers.normal(1e-6), name='Dense_0')(x)
+    h = act(h)
+    if valid is not None:
+      h = h * valid[..., None].astype(h.dtype)
+    h = nn.Dropout(self.dropout)(h, deterministic=not train)
+    y = nn.Dense(d, dtype=self.dtype, param_dtype=self.param_dtype,
+                 kernel_init=nn.initializers.xavier_uniform(),
+                 bias_init=nn.initializers.normal(1e-6), name='Dense_1')(h)
+    if valid is not None:
+      y = y * valid[..., None].astype(y.dtype)
+    return y
+
+
+class SwiGlu(nn.Module):
+  """SwiGLU FFN of ViT-g: Dense_2(silu(Dense_0 x) * Dense_1 x), all with bias.
+
+  Hidden size (int(mlp_dim*2/3)+7)//8*8, as the official release.
+  """
+  mlp_dim: int
+  dropout: float = 0.0
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array, valid: Optional[jax.Array] = None,
+               train: bool = False) -> jax.Array:
+    del valid
+    d = x.shape[-1]
+    hidden = presets.swiglu_hidden_dim(self.mlp_dim)
+    dense = lambda n, name: nn.Dense(  # noqa: E731
+        n, dtype=self.dtype, param_dtype=self.param_dtype,
+        kernel_init=nn.initializers.xavier_uniform(), name=name)
+    h = nn.silu(dense(hidden, 'Dense_0')(x)) * dense(hidden, 'Dense_1')(x)
+    h = nn.Dropout(self.dropout)(h, deterministic=not train)
+    return dense(d, 'Dense_2')(h)
+
+
+class Block(nn.Module):
+  """Pre-LN transformer block: x += Attn(LN x); x += FFN(LN x).
+
+  Positional args only (x, mask, valid, train, values_only) so that the block
+  can be wrapped by `nn.remat` with `train`/`values_only` static.
+  `mask` is a boolean attention mask broadcastable to (B, heads, T, T);
+  `valid` (B,T) multiplies the FFN activations (TIPS text tower only).
+  """
+  num_heads: int
+  mlp_dim: int
+  ffn: str = 'mlp'  # 'mlp' | 'swiglu'
+  activation: str = 'gelu'
+  mask_ffn: bool = False
+  is_causal: bool = False
+  dropout: float = 0.0
+  drop_path: float = 0.0
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x, mask=None, valid=None, train=False, values_only=False):
+    kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
+    attn = Attention(self.num_heads, name='attn', **kw)
+    y = attn(layer_norm('norm1', **kw)(x), mask, self.is_causal, values_only)
+    x = x + self._residual(y, train)
+    if self.ffn == 'mlp':
+      ffn = Mlp(self.mlp_dim, self.activation, self.dropout, name='mlp', **kw)
+    elif self.ffn == 'swiglu':
+      ffn = SwiGlu(self.mlp_dim, self.dropout, name='mlp', **kw)
+    else:
+      raise ValueError(f'Unknown ffn {self.ffn!r}')
+    y = ffn(layer_norm('norm2', **kw)(x),
+            valid if self.mask_ffn else None, train)
+    return x + self._residual(y, train)
+
+  def _residual(self, y, train):
+    """Dropout and stochastic depth on a residual branch (train only)."""
+    y = nn.Dropout(self.dropout)(y, deterministic=not train)
+    if train and self.drop_path > 0.0:
+      y = drop_path(y, self.drop_path, self.make_rng('dropout'))
+    return y
+
+
+def make_block_cls(remat: bool):
+  """Block class, wrapped in nn.remat (train/values_only static) if asked.
+
+  Rematerialisation trades compute for memory on big towers; outputs are
+  bit-identical (tested).
+  """
+  if remat:
+    # Argument indices count `self` as 0: x=1, mask=2, valid=3, train=4, vo=5.
+    return nn.remat(Block, static_argnums=(4, 5))
+  return Block
+
+
+def l2_normalize(x: jax.Array, axis: int = -1, eps: float = 1e-12) -> jax.Array:
+  """x / max(||x||, sqrt(eps)): safe L2 normalisation in fp32."""
+  x32 = x.astype(jnp.float32)
+  n = jnp.sum(x32 * x32, axis=axis, keepdims=True)
+  return (x32 * jax.lax.rsqrt(jnp.maximum(n, eps))).astype(x.dtype)

@@ -1,0 +1,115 @@
+"""Text encoders: the official TIPS tower and the CLIP/ITO tower.
+
+Why two flavours in one module: TIPS recipes must reproduce the released
+TIPS text tower bit-for-bit in semantics (sqrt(D)-scaled embedding, fixed
+sinusoidal positions, key-padding mask, ReLU MLP multiplied by the valid mask,
+final LN, masked mean), while CLIP/ITO baselines use the OpenCLIP-style tower
+(learned positions, GELU, causal mask, EOT pooling, projection). Both share the
+pre-LN Block of layers.py.
+
+Input convention (contract): int32 ids (B,L), pad id 0, valid = ids != 0.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tipsito.models import layers
+
+Dtype = Any
+
+
+def sinusoidal_posemb(length: int, dim: int) -> np.ndarray:
+  """Fixed [sin | cos] position embedding of the official TIPS text tower.
+
+  Timescales from 1 to 1e4 with log increment ln(1e4)/max(dim/2 - 1, 1);
+  odd widths get one zero column. Computed in numpy (static at trace time).
+  """
+  n = dim // 2
+  inc = math.log(1e4) / max(n - 1, 1)
+  inv = np.exp(np.arange(n, dtype=np.float32) * -np.float32(inc))
+  t = np.arange(length, dtype=np.float32)[:, None] * inv[None, :]
+  sig = np.concatenate([np.sin(t), np.cos(t)], axis=1)
+  if dim % 2:
+    sig = np.pad(sig, ((0, 0), (0, 1)))
+  return sig.astype(np.float32)
+
+
+class TextEncoder(nn.Module):
+  """Transformer text tower ('tips' or 'clip' flavour).
+
+  Param tree: token_emb/embedding (V,D), [posemb (max_len,D) for 'clip'],
+  block_{i}/..., norm, [proj/kernel (D,out_dim) when out_dim].
+  """
+  flavour: str = 'tips'  # 'tips' | 'clip'
+  vocab_size: int = 32000
+  max_len: int = 64
+  width: int = 768
+  depth: int = 12
+  num_heads: int = 12
+  mlp_dim: int = 3072
+  out_dim: Optional[int] = None
+  dropout: float = 0.0
+  remat: bool = False
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, ids: jax.Array, *, train: bool = False
+               ) -> dict[str, jax.Array]:
+    """Encodes (B,L) token ids.
+
+    Returns {'pooled': (B,D_out), 'tokens': (B,L,width) after final LN,
+    'valid': (B,L) bool}. 'pooled' is the masked mean (tips) or the last
+    valid token (clip), then the optional projection.
+    """
+    if self.flavour not in ('tips', 'clip'):
+      raise ValueError(f'Unknown text flavour {self.flavour!r}')
+    kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
+    ids = jnp.asarray(ids).astype(jnp.int32)
+    b, length = ids.shape
+    valid = ids != 0
+    emb = nn.Embed(self.vocab_size, self.width,
+                   embedding_init=nn.initializers.normal(
+                       1.0 if self.flavour == 'tips' else 0.02),
+                   name='token_emb', **kw)
+    x = emb(ids)
+    if self.flavour == 'tips':
+      x = x * jnp.asarray(math.sqrt(self.width), x.dtype)
+      x = x + jnp.asarray(sinusoidal_posemb(length, self.width), x.dtype)
+      is_causal, activation, mask_ffn = False, 'relu', True
+    else:
+      if length > self.max_len:
+        raise ValueError(f'sequence length {length} > max_len {self.max_len}')
+      pos = self.param('posemb', nn.initializers.normal(0.01),
+                       (self.max_len, self.width), self.param_dtype)
+      x = x + pos[:length].astype(x.dtype)
+      is_causal, activation, mask_ffn = True, 'gelu', False
+    x = nn.Dropout(self.dropout)(x, deterministic=not train)
+
+    attn_mask = valid[:, None, None, :]  # keys only: (B,1,1,L)
+    block_cls = layers.make_block_cls(self.remat)
+    for i in range(self.depth):
+      x = block_cls(num_heads=self.num_heads, mlp_dim=self.mlp_dim, ffn='mlp',
+                    activation=activation, mask_ffn=mask_ffn,
+                    is_causal=is_causal, dropout=self.dropout,
+                    name=f'block_{i}', **kw)(x, attn_mask, valid, train, False)
+    x = layers.layer_norm('norm', **kw)(x)
+
+    if self.flavour == 'tips':
+      v = valid[..., None].astype(jnp.float32)
+      pooled = (jnp.sum(x.astype(jnp.float32) * v, axis=1)
+                / (jnp.sum(v, axis=1) + 1e-8)).astype(x.dtype)
+    else:
+      last = jnp.maximum(jnp.sum(valid, axis=1) - 1, 0)
+      pooled = jnp.take_along_axis(x, last[:, None, None], axis=1)[:, 0]
+    if self.out_dim is not None:
+      pooled = nn.Dense(self.out_dim, use_bias=False, name='proj',
+                        kernel_init=nn.initializers.normal(self.width ** -0.5),
+                        **kw)(pooled)
+    return {'pooled': pooled, 'tokens': x, 'valid': valid}

@@ -1,0 +1,166 @@
+"""Image encoder: the pre-LN ViT of the official TIPS release (METHOD.md §1).
+
+Why this shape: released TIPS/TIPSv2 weights must load and reproduce official
+outputs (tests/test_models_conformance.py), and the same module trains every
+recipe (TIPSv2 with 2 CLS tokens and an iBOT mask token, CLIP/ITO with 1 CLS
+and CLIP pixel statistics). Semantics that matter for conformance:
+  * inputs not a multiple of the patch size are centre zero-padded;
+  * learned posemb on a fixed grid (32x32), resized with
+    `jax.image.resize(..., 'bilinear')` (antialiased) to the actual grid, and
+    added to the patch tokens *before* the CLS tokens are prepended;
+  * token order [cls_0 .. cls_{n-1}, patches row-major];
+  * the MaskCLIP value trick reuses the last block's parameters.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence, Union
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from tipsito.models import layers
+
+Dtype = Any
+
+
+def center_pad(x: jax.Array, patch_size: int) -> jax.Array:
+  """Zero-pads (B,H,W,C) so H and W are multiples of the patch, centred.
+
+  Same split as the official `maybe_center_pad`: top = pad // 2, bottom = the
+  rest (likewise left/right), so 200x300 at patch 14 -> 210x308 (5/5, 4/4).
+  """
+  h, w = x.shape[1:3]
+  ph = (-h) % patch_size
+  pw = (-w) % patch_size
+  if ph == 0 and pw == 0:
+    return x
+  return jnp.pad(x, ((0, 0), (ph // 2, ph - ph // 2), (pw // 2, pw - pw // 2),
+                     (0, 0)))
+
+
+def resize_posemb(posemb: jax.Array, grid: tuple[int, int]) -> jax.Array:
+  """Bilinear (antialiased, jax.image.resize default) resize of (1,gh,gw,D).
+
+  Antialiasing matters when downsampling 32x32 -> 16x16 (0.117 max abs
+  difference on the conformance model without it), so this is the exact
+  official call.
+  """
+  if posemb.shape[1:3] == tuple(grid):
+    return posemb
+  return jax.image.resize(posemb, (1, grid[0], grid[1], posemb.shape[-1]),
+                          method='bilinear')
+
+
+class VisionTransformer(nn.Module):
+  """Pre-LN ViT returning CLS tokens, patch tokens and (optionally) values.
+
+  Param tree: patch_embed/{kernel,bias}, posemb (1,G,G,D), cls (1,n,D),
+  [mask_token (D,)], block_{i}/{norm1,attn/{query,key,value,out},norm2,mlp},
+  norm. `mask_token` only exists when `use_mask_token` (training only).
+  """
+  patch_size: int = 14
+  width: int = 768
+  depth: int = 12
+  num_heads: int = 12
+  mlp_dim: int = 3072
+  ffn: str = 'mlp'  # 'mlp' (tanh GELU) | 'swiglu'
+  num_cls_tokens: int = 1
+  posemb_grid: Union[int, Sequence[int]] = 32
+  use_mask_token: bool = False
+  dropout: float = 0.0
+  stochastic_depth: float = 0.0
+  remat: bool = False
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+  pixel_mean: Sequence[float] = (0.0, 0.0, 0.0)
+  pixel_std: Sequence[float] = (1.0, 1.0, 1.0)
+
+  def _grid(self) -> tuple[int, int]:
+    """The stored posemb grid as (gh, gw)."""
+    g = self.posemb_grid
+    return (g, g) if isinstance(g, int) else (int(g[0]), int(g[1]))
+
+  def preprocess(self, images: jax.Array) -> jax.Array:
+    """uint8 -> /255, then (x - mean)/std, then centre zero-pad; float32.
+
+    Normalisation lives in the model so that the data pipeline can ship cheap
+    uint8 batches and exported encoders carry their own pixel statistics.
+    Padding is applied after normalisation, i.e. in model-input space, which
+    is what the official release does (it pads its [0,1] model inputs).
+    """
+    x = images
+    if x.dtype == jnp.uint8:
+      x = x.astype(jnp.float32) / 255.0
+    else:
+      x = x.astype(jnp.float32)
+    mean = tuple(float(m) for m in self.pixel_mean)
+    std = tuple(float(s) for s in self.pixel_std)
+    if mean != (0.0, 0.0, 0.0) or std != (1.0, 1.0, 1.0):
+      x = (x - jnp.asarray(mean, jnp.float32)) / jnp.asarray(std, jnp.float32)
+    return center_pad(x, self.patch_size)
+
+  @nn.compact
+  def __call__(self, images: jax.Array, *, mask: Optional[jax.Array] = None,
+               train: bool = False, return_values: bool = False
+               ) -> dict[str, jax.Array]:
+    """Encodes (B,H,W,3) images.
+
+    Args:
+      images: uint8 in [0,255] or float in [0,1], any H, W.
+      mask: optional bool (B,gh,gw); True patches are replaced by the mask
+        token before the posemb is added (iBOT student view).
+      train: enables dropout / stochastic depth ('dropout' rng stream).
+      return_values: also return the MaskCLIP value-trick patch embeddings.
+    Returns:
+      {'cls': (B,n_cls,D), 'patches': (B,gh,gw,D)[, 'values': (B,gh,gw,D)]},
+      all after the final LayerNorm, in `dtype`.
+    """
+    kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
+    x = self.preprocess(images).astype(self.dtype)
+    x = nn.Conv(self.width, (self.patch_size, self.patch_size),
+                strides=(self.patch_size, self.patch_size), padding='VALID',
+                kernel_init=nn.initializers.lecun_normal(),
+                name='patch_embed', **kw)(x)
+    b, gh, gw, d = x.shape
+
+    if self.use_mask_token:
+      mask_token = self.param('mask_token', nn.initializers.zeros, (d,),
+                              self.param_dtype)
+    if mask is not None:
+      if not self.use_mask_token:
+        raise ValueError('mask given but use_mask_token=False')
+      if mask.shape != (b, gh, gw):
+        raise ValueError(f'mask shape {mask.shape} != patch grid {(b, gh, gw)}')
+      x = jnp.where(mask[..., None], mask_token.astype(x.dtype), x)
+
+    posemb = self.param('posemb', nn.initializers.normal(0.02),
+                        (1, *self._grid(), d), self.param_dtype)
+    x = x + resize_posemb(posemb, (gh, gw)).astype(x.dtype)
+    x = x.reshape(b, gh * gw, d)
+
+    cls = self.param('cls', nn.initializers.zeros,
+                     (1, self.num_cls_tokens, d), self.param_dtype)
+    x = jnp.concatenate([jnp.broadcast_to(cls.astype(x.dtype),
+                                          (b, self.num_cls_tokens, d)), x], 1)
+    x = nn.Dropout(self.dropout)(x, deterministic=not train)
+
+    block_cls = layers.make_block_cls(self.remat)
+    values = None
+    for i in range(self.depth):
+      blk = block_cls(
+          num_heads=self.num_heads, mlp_dim=self.mlp_dim, ffn=self.ffn,
+          activation='gelu', dropout=self.dropout,
+          drop_path=self.stochastic_depth * i / max(self.depth - 1, 1),
+          name=f'block_{i}', **kw)
+      if return_values and i == self.depth - 1:
+        values = blk(x, None, None, train, True)
+      x = blk(x, None, None, train, False)
+
+    norm = layers.layer_norm('norm', **kw)
+    x = norm(x)
+    n = self.num_cls_tokens
+    out = {'cls': x[:, :n], 'patches': x[:, n:].reshape(b, gh, gw, d)}
+    if return_values:
+      out['values'] = norm(values)[:, n:].reshape(b, gh, gw, d)
+    return out
