@@ -1,0 +1,30 @@
+"""tipsito losses: contrastive (CLIP, SigLIP, ITO NT-Xent) and self-distillation (DINO, iBOT(++), KoLeo).
+
+Why a package of plain functions: the recipes in tipsito/recipes compose these terms freely under one
+jitted train step on globally sharded arrays; no loss keeps state (centres are explicit inputs/outputs).
+"""
+
+from tipsito.losses.contrastive import clip_logits
+from tipsito.losses.contrastive import clip_loss
+from tipsito.losses.contrastive import ntxent_logits
+from tipsito.losses.contrastive import ntxent_loss
+from tipsito.losses.contrastive import siglip_loss
+from tipsito.losses.self_distill import dino_loss
+from tipsito.losses.self_distill import dino_loss_from_probs
+from tipsito.losses.self_distill import ibot_loss
+from tipsito.losses.self_distill import ibot_loss_from_probs
+from tipsito.losses.self_distill import ibot_teacher_probs
+from tipsito.losses.self_distill import koleo_loss
+from tipsito.losses.self_distill import koleo_neighbors
+from tipsito.losses.self_distill import sinkhorn_knopp
+from tipsito.losses.self_distill import teacher_probs
+from tipsito.losses.self_distill import teacher_probs_centered
+from tipsito.losses.self_distill import update_center
+from tipsito.losses.self_distill import update_patch_center
+
+__all__ = [
+    "clip_logits", "clip_loss", "siglip_loss", "ntxent_logits", "ntxent_loss",
+    "teacher_probs_centered", "sinkhorn_knopp", "teacher_probs", "dino_loss", "dino_loss_from_probs",
+    "update_center", "ibot_teacher_probs", "ibot_loss", "ibot_loss_from_probs", "update_patch_center",
+    "koleo_loss", "koleo_neighbors",
+]
