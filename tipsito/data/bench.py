@@ -4,7 +4,9 @@ Why: a TPU host must feed its chips; the target is >= 100 images/s per CPU core 
 two-view (2 x 224) and the TIPSv2 1+6 multi-crop (224 + 6 x 98) transforms from ~400 px sources.
 This measures (1) the per-example transforms in one process, one thread (= images/s per worker),
 on synthetic ~400 px JPEG and PNG sources, and (2) the end-to-end grain pipeline (decode, captions,
-tokens, views, masks, batching) with W worker processes. Prints a table and one JSON line.
+tokens, views, masks, batching) with W worker processes. Prints a table, a per-op CPU breakdown of
+each transform (open, decode, crop+resize, flip, each jitter op, grayscale, blur, to-array; via the
+transforms' `timings` hook, so a regression in one op is visible), and one JSON line.
 `run_data_bench()` returns the numbers (used by `python -m tipsito.bench --data`).
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import math
 import os
 import sys
 import time
@@ -76,6 +79,52 @@ def _transform_rate(source: Sequence[dict], transform, min_seconds: float) -> tu
       return n / dt, n / max(time.thread_time() - c0, 1e-9)
 
 
+#: Per-op rows of the breakdown, in pipeline order ('open' = header parse, `T.open_image`).
+OPS = ('open', 'decode', 'crop_resize', 'flip', 'jitter_brightness', 'jitter_contrast',
+       'jitter_saturation', 'jitter_hue', 'grayscale', 'blur', 'to_array')
+
+
+def op_breakdown(source: Sequence[dict], transform, passes: int = 2) -> dict:
+  """CPU time per op of open_image + transform, via the transforms' `timings` hook.
+
+  Returns {op: (ms per image, ms per call, calls per image)} plus 'other' (sampling, dicts,
+  timer overhead: total minus the ops) and 'total' (ms per image). One thread, CPU clock."""
+  rng = np.random.default_rng(1)
+  timings: dict = {}
+  n = 0
+  c0 = time.process_time()
+  for _ in range(passes):
+    for r in source:
+      t0 = time.process_time()
+      img = T.open_image(r['image'])
+      timings['open'] = timings.get('open', 0.0) + time.process_time() - t0
+      timings['open#n'] = timings.get('open#n', 0) + 1
+      transform.random_map({'image': img}, rng, timings=timings)
+      n += 1
+  total = time.process_time() - c0
+  out = {}
+  for op in OPS:
+    if op in timings:
+      calls = timings[op + '#n']
+      out[op] = (1e3 * timings[op] / n, 1e3 * timings[op] / calls, calls / n)
+  other = total - sum(timings[op] for op in OPS if op in timings)
+  out['other'] = (1e3 * other / n, math.nan, math.nan)
+  out['total'] = (1e3 * total / n, math.nan, math.nan)
+  return out
+
+
+def format_breakdown(name: str, bd: dict) -> str:
+  """Text table of `op_breakdown`."""
+  lines = [f'{name}: CPU ms per op (per image = per record, all its views)',
+           f'  {"op":<18} {"ms/image":>9} {"ms/call":>8} {"calls/image":>11} {"share":>6}']
+  tot = bd['total'][0]
+  for op, (per_img, per_call, calls) in bd.items():
+    pc = '' if per_call is None or math.isnan(per_call) else f'{per_call:8.3f}'
+    cl = '' if calls is None or math.isnan(calls) else f'{calls:11.2f}'
+    lines.append(f'  {op:<18} {per_img:9.3f} {pc:>8} {cl:>11} {100 * per_img / tot:5.1f}%')
+  return '\n'.join(lines)
+
+
 class _WordTokenizer:
   """Fallback when the SentencePiece demo model is unavailable (keeps the bench runnable)."""
   max_len = 64
@@ -134,8 +183,10 @@ def _pipeline_rate(source, mode: str, workers: int, batch_size: int, min_seconds
 
 def run_data_bench(num_images: int = 48, workers: Sequence[int] = (0,), batch_size: int = 32,
                    seconds: float = 3.0, size: int = 400, formats: Sequence[str] = ('JPEG', 'PNG'),
-                   pipeline_bench: bool = True) -> dict:
-  """Measures the transforms (per worker) and the pipeline (per W); returns a flat result dict."""
+                   pipeline_bench: bool = True, breakdown: bool = True) -> dict:
+  """Measures the transforms (per worker) and the pipeline (per W); returns a flat result dict
+  (plus 'breakdown': {transform_format: {op: [CPU ms per image, ms per call, calls per image]}}
+  when `breakdown`, see `op_breakdown`)."""
   res = {'cpu_count': os.cpu_count(), 'load_avg_1m': os.getloadavg()[0], 'source_px': size,
          'num_images': num_images}
   ito = T.ITOTwoViews(size=224)
@@ -146,6 +197,10 @@ def run_data_bench(num_images: int = 48, workers: Sequence[int] = (0,), batch_si
       wall, cpu = _transform_rate(src, tr, seconds)
       res[f'{name}_{fmt.lower()}_img_s'] = wall
       res[f'{name}_{fmt.lower()}_img_per_cpu_s'] = cpu
+      if breakdown:
+        res.setdefault('breakdown', {})[f'{name}_{fmt.lower()}'] = {
+            op: [None if math.isnan(x) else round(x, 4) for x in v]
+            for op, v in op_breakdown(src, tr).items()}
   if pipeline_bench:
     tok, tok_name = _tokenizer()
     res['tokenizer'] = tok_name
@@ -162,6 +217,8 @@ def _table(res: dict) -> str:
   """Two-column text table of the results."""
   rows = [('metric', 'value')]
   for k, v in res.items():
+    if k == 'breakdown':
+      continue
     rows.append((k, f'{v:.1f}' if isinstance(v, float) else str(v)))
   width = max(len(r[0]) for r in rows)
   return '\n'.join(f'{a:<{width}}  {b:>10}' for a, b in rows)
@@ -177,14 +234,17 @@ def main(argv: Sequence[str] | None = None) -> dict:
   ap.add_argument('--seconds', type=float, default=3.0, help='minimum timing window per number')
   ap.add_argument('--size', type=int, default=400, help='source image side in pixels')
   ap.add_argument('--no_pipeline', action='store_true', help='transforms only')
+  ap.add_argument('--no_breakdown', action='store_true', help='skip the per-op CPU breakdown')
   args = ap.parse_args(argv)
   workers = [int(w) for w in str(args.workers).split(',') if w.strip() != '']
   res = run_data_bench(args.num_images, workers, args.batch_size, args.seconds, args.size,
-                       pipeline_bench=not args.no_pipeline)
+                       pipeline_bench=not args.no_pipeline, breakdown=not args.no_breakdown)
   print('Input pipeline throughput. Transforms: one process, one thread = images/s per worker '
         '(*_img_s wall clock, *_img_per_cpu_s per CPU-second of that thread); pipeline_*: end to '
         'end with W grain workers (wall clock).')
   print(_table(res))
+  for name, bd in res.get('breakdown', {}).items():
+    print(format_breakdown(name, bd))
   print(json.dumps({'data_bench': res}, sort_keys=True))
   sys.stdout.flush()
   return res
