@@ -54,8 +54,13 @@ def export_tips_npz(image_npz: str, text_npz: str, output: str,
 # PLACEHOLDER — owned by the training helper, who replaces this function.
 # ---------------------------------------------------------------------------
 def export_from_workdir(workdir: str, output: str) -> str:
-  """Exports the encoders of a training workdir (owned by training)."""
-  raise NotImplementedError('owned by training')
+  """Exports the encoders of a training workdir's latest checkpoint (owned by training).
+
+  Why: any checkpoint of a run (not only the final one) can become an inference model; the training
+  code knows the state layout, so it restores the student params and keeps image/text (+ image_proj).
+  """
+  from tipsito.train import loop  # pylint: disable=g-import-not-at-top
+  return loop.export_from_workdir(workdir, output)
 
 
 def main(argv: Sequence[str]) -> None:

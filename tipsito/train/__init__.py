@@ -1,0 +1,20 @@
+"""Training system: explicit TrainState, optimisers, mesh/sharding rules, the jitted step, the loop and
+Orbax checkpointing.
+
+`python -m tipsito.train` (this package's __main__) and the `tipsito-train` console script both call
+`run()`; the package is imported lazily so `import tipsito.train.state` stays light.
+Note: the design sketch lists a module `tipsito/train.py`; a module and a package cannot share the name,
+so the entry point lives in `tipsito/train/cli.py` and is re-exported here.
+"""
+
+
+def run() -> None:
+  """Console-script entry point (tipsito-train): see tipsito.train.cli."""
+  from tipsito.train import cli  # pylint: disable=import-outside-toplevel
+  cli.run()
+
+
+def train_and_evaluate(config, workdir, **kwargs):
+  """See tipsito.train.loop.train_and_evaluate."""
+  from tipsito.train import loop  # pylint: disable=import-outside-toplevel
+  return loop.train_and_evaluate(config, workdir, **kwargs)

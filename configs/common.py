@@ -1,0 +1,169 @@
+"""Shared config building blocks: big_vision-style arg parsing, model/data presets, the full default config.
+
+Why: every experiment file (demo.py, tipsv2_g14.py, ...) is a short `get_config(arg)` that starts from
+`base_config(recipe, variant)` and overrides what the paper says; all keys exist here with their defaults,
+so `tipsito.config_validation` can reject unknown keys and wrong values before anything compiles.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import ml_collections as mlc
+
+from tipsito import recipes
+from tipsito.models import presets
+
+
+def parse_arg(arg: str | None, **defaults: Any) -> mlc.ConfigDict:
+  """big_vision-style 'k=v,k2=v2' config argument; values are cast to the type of the default.
+
+  Unknown keys fail naming the key and the known ones (the same rule as every other config key).
+  """
+  out = dict(defaults)
+  for kv in (arg or "").split(","):
+    if not kv.strip():
+      continue
+    if "=" not in kv:
+      raise ValueError(f"config arg {kv!r}: expected k=v; known keys: {sorted(defaults)}")
+    k, v = (s.strip() for s in kv.split("=", 1))
+    if k not in defaults:
+      raise ValueError(f"config arg key {k!r} unknown; known keys: {sorted(defaults)}")
+    d = defaults[k]
+    if isinstance(d, bool):
+      v = v.lower() in ("1", "true", "yes")
+    elif isinstance(d, int):
+      v = int(v)
+    elif isinstance(d, float):
+      v = float(v)
+    out[k] = v
+  return mlc.ConfigDict(out)
+
+
+def check_choice(name: str, value: Any, allowed) -> Any:
+  """Config-arg enumerations fail with the allowed values (e.g. `student=B|L|So400m`)."""
+  if value not in allowed:
+    raise ValueError(f"config arg {name}={value!r} not allowed; valid values: {list(allowed)}")
+  return value
+
+
+# Paper data mixtures: TFDS names/data dirs are placeholders the user points at their prepared copies
+# (converted with `python -m tipsito.data.convert`); field names follow the shared record schema.
+DATA_PRESETS = {
+    "shapes": dict(name="shapes", caption_keys=("caption_detailed",)),
+    "webli": dict(name="webli", caption_keys=("caption_paligemma", "caption_gemini")),
+    "cc3m": dict(name="cc3m", caption_keys=()),
+    "cc12m": dict(name="cc12m", caption_keys=()),
+    "yfcc15m": dict(name="yfcc15m", caption_keys=()),
+    "laion100m": dict(name="laion100m", caption_keys=()),
+    "datacomp1b": dict(name="datacomp1b", caption_keys=()),
+}
+
+
+def data_config(preset: str, **overrides: Any) -> mlc.ConfigDict:
+  """`config.data` for a named preset (see DATA_PRESETS)."""
+  check_choice("data", preset, DATA_PRESETS)
+  d = dict(name=preset, split="train", data_dir=None, image_key="image", alt_text_key="alt_text",
+           caption_keys=(), label_key=None, max_skip_fraction=0.05, build_if_missing=False,
+           build_options=None)
+  d.update(DATA_PRESETS[preset])
+  d.update(overrides)
+  return mlc.ConfigDict(d)
+
+
+def base_config(recipe_name: str, variant: str, *, text_variant: str | None = None,
+                total_steps: int = 1000, batch_size: int = 1024) -> mlc.ConfigDict:
+  """The complete default config for `recipe_name` with image tower `variant` (e.g. 'B/14').
+
+  Recipe defaults (loss weights, views, CLS count, EMA mode, mask ratio, optimizer, pixel statistics)
+  come from the recipe registry; everything is overridable afterwards.
+  """
+  r = recipes.get_recipe(recipe_name)
+  c = mlc.ConfigDict()
+  c.seed = 0
+  c.recipe = recipe_name
+  c.tokenizer = None
+  c.max_len = 64
+  c.total_steps = total_steps
+
+  tips_px = r.pixel == "tips"
+  mean = presets.TIPS_PIXEL_MEAN if tips_px else presets.CLIP_PIXEL_MEAN
+  std = presets.TIPS_PIXEL_STD if tips_px else presets.CLIP_PIXEL_STD
+  c.model = mlc.ConfigDict()
+  c.model.image = presets.vit_config(
+      variant, num_cls_tokens=r.num_cls, posemb_grid=32, use_mask_token=r.mask_ratio > 0,
+      dropout=0.0, stochastic_depth=0.0, remat=False, dtype="float32", param_dtype="float32",
+      pixel_mean=tuple(mean), pixel_std=tuple(std))
+  width = c.model.image.width
+  clip_style = "image_proj" in r.parts
+  c.model.text = presets.text_config(
+      text_variant or variant, flavour="clip" if clip_style else "tips", vocab_size=32000, max_len=64,
+      out_dim=None, dropout=0.0, remat=False, dtype="float32", param_dtype="float32")
+  # CLIP/ITO: both towers project to embed_dim; TIPS: shared width, no projection.
+  c.model.embed_dim = width if clip_style else None
+  if clip_style:
+    c.model.text.out_dim = width
+  c.model.heads = mlc.ConfigDict(dict(num_prototypes=32768, hidden_dim=2048, bottleneck_dim=256,
+                                      num_layers=3))
+  c.model.fusion = mlc.ConfigDict(dict(width=512, depth=2, num_heads=8))
+  c.model.logit_scale_init = math.log(10.0) if recipe_name == "siglip" else math.log(1 / 0.07)
+  c.model.logit_scale_max = math.log(100.0) if clip_style else None
+  c.model.logit_bias_init = -10.0
+
+  c.loss = mlc.ConfigDict(dict(r.loss))
+  c.loss_opts = mlc.ConfigDict(dict(
+      student_temp=0.1, teacher_temp=0.07, warmup_teacher_temp=0.04, teacher_temp_warmup_steps=0,
+      center_momentum=0.9, ibot_all_patches=recipe_name != "tips", ibot_token_norm="masked",
+      teacher_method="centering", fusion_cls=0))
+  c.ema = mlc.ConfigDict(dict(mode=r.ema_mode, momentum=0.996))
+
+  if r.optimizer == "adafactor":
+    c.optim = mlc.ConfigDict(dict(
+        name="adafactor", lr=1e-3, warmup_steps=min(10000, total_steps // 10), schedule="cosine",
+        min_lr_ratio=0.0, weight_decay=1e-4, clip_norm=1.0, momentum=0.9, momentum_dtype="float32",
+        decay_rate=0.8, min_dim_size_to_factor=128, eps=1e-30, clip_block_rms=None,
+        b1=0.9, b2=0.999, lr_mults={}, frozen=()))
+  else:
+    c.optim = mlc.ConfigDict(dict(
+        name="adamw", lr=5e-4, warmup_steps=min(2000, total_steps // 10), schedule="cosine",
+        min_lr_ratio=0.0, weight_decay=0.1, clip_norm=1.0, b1=0.9, b2=0.98, eps=1e-6,
+        momentum=None, momentum_dtype="float32", decay_rate=0.8, min_dim_size_to_factor=128,
+        clip_block_rms=None, lr_mults={}, frozen=()))
+
+  c.mesh = mlc.ConfigDict(dict(data=1, fsdp=-1, model=1))
+  c.sharding = mlc.ConfigDict(dict(rules=(), min_size=2 ** 12))
+
+  c.data = data_config("shapes")
+  c.input = mlc.ConfigDict(dict(
+      batch_size=batch_size, views=r.views, global_size=224, local_size=98,
+      num_local=6 if "multicrop" in r.views else 0, mask_ratio=r.mask_ratio, mask_type="random",
+      augment="tips" if tips_px else "ito", num_workers=0, prefetch=2, shuffle_seed=0))
+  c.evals = mlc.ConfigDict()
+
+  c.ckpt = mlc.ConfigDict(dict(every_steps=1000, keep=3, async_save=True))
+  c.log_every_steps = 50
+  c.export = mlc.ConfigDict(dict(enabled=True, dir=None))
+  c.init_from = None
+  c.distill = mlc.ConfigDict(dict(teacher=None, teacher_image_npz=None, teacher_text_npz=None,
+                                  init_text=False))
+  return c
+
+
+def tiny_config(recipe_name: str, *, batch_size: int = 8, total_steps: int = 10,
+                image_size: int = 32, num_local: int = 2) -> mlc.ConfigDict:
+  """A CPU-sized config of any recipe (tests, `bench` smoke runs): tiny/16 towers, small heads."""
+  c = base_config(recipe_name, "tiny/16", total_steps=total_steps, batch_size=batch_size)
+  c.model.text.vocab_size = 100
+  c.max_len = 8
+  c.model.text.max_len = 8
+  c.model.heads.update(dict(num_prototypes=64, hidden_dim=32, bottleneck_dim=16))
+  c.model.fusion.update(dict(width=32, depth=1, num_heads=2))
+  c.input.update(dict(global_size=image_size, local_size=image_size // 2))
+  if c.input.num_local:
+    c.input.num_local = num_local
+  c.optim.warmup_steps = 0
+  c.optim.lr = 1e-3
+  c.optim.min_dim_size_to_factor = 32
+  c.ckpt.update(dict(every_steps=5, keep=2, async_save=False))
+  c.log_every_steps = 1
+  return c

@@ -1,0 +1,48 @@
+"""Standalone evaluation config: the built-in eval suites (default: `shapes`, all four evals).
+
+Why: `python -m tipsito.evaluate --config configs/eval_shapes.py --checkpoint EXPORT` needs only
+`config.evals` (and `config.tokenizer` for exports without one); the suites come from
+`tipsito.evals.registry.builtin_evals`, the same definition training configs use.
+
+Arg (big_vision style, comma-separated k=v): datasets ('shapes'; '+'-joined, e.g.
+'shapes+tuxpaint+fashion_mnist'; a config name such as 'shapes/tiny' is allowed), data_dir ('' = TFDS
+default), image_size (224), batch_size (32), max_examples (0 = all), num_pictures (4), cls_index (0),
+tokenizer ('' = shipped demo model).
+  python -m tipsito.evaluate --config configs/eval_shapes.py:image_size=56,max_examples=64 --checkpoint D
+"""
+import ml_collections as mlc
+
+_DEFAULTS = dict(datasets="shapes", data_dir="", image_size=224, batch_size=32, max_examples=0,
+                 num_pictures=4, cls_index=0, tokenizer="")
+
+
+def _parse(arg):
+  """'k=v,...' -> dict over _DEFAULTS, values cast to the default's type; unknown keys fail."""
+  out = dict(_DEFAULTS)
+  for kv in (arg or "").split(","):
+    if not kv.strip():
+      continue
+    if "=" not in kv:
+      raise ValueError(f"config arg {kv!r}: expected k=v; known keys: {sorted(_DEFAULTS)}")
+    k, v = (x.strip() for x in kv.split("=", 1))
+    if k not in _DEFAULTS:
+      raise ValueError(f"config arg key {k!r} unknown; known keys: {sorted(_DEFAULTS)}")
+    out[k] = type(_DEFAULTS[k])(v)
+  return out
+
+
+def get_config(arg=None):
+  """Eval-only config (see module docstring)."""
+  from tipsito.evals import registry  # pylint: disable=g-import-not-at-top
+
+  a = _parse(arg)
+  c = mlc.ConfigDict()
+  c.tokenizer = a["tokenizer"] or None
+  evals = {}
+  for ds in a["datasets"].split("+"):
+    evals.update(registry.builtin_evals(
+        ds, data_dir=a["data_dir"] or None, image_size=a["image_size"], batch_size=a["batch_size"],
+        max_examples=a["max_examples"] or None, num_pictures=a["num_pictures"],
+        cls_index=a["cls_index"]))
+  c.evals = mlc.ConfigDict(evals)
+  return c

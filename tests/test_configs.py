@@ -1,0 +1,119 @@
+"""Every shipped config loads and validates; wrong keys/values fail before compiling, naming the key and
+what is allowed.
+
+Why: config mistakes must cost seconds on a laptop, never a pod allocation.
+"""
+import importlib.util
+import pathlib
+
+import pytest
+
+from tipsito import config_validation
+from tipsito.config_validation import ConfigError
+
+CONFIGS = pathlib.Path(__file__).resolve().parent.parent / "configs"
+PAPER = {
+    "demo.py": [None, "recipe=tipsv2", "recipe=clip"],
+    "tipsv2_g14.py": [None, "variant=B/14", "variant=B/14,ema=full"],
+    "tipsv2_g14_hires.py": [None, "init=/tmp/stage1"],
+    "tipsv2_distill.py": ["student=B", "student=L", "student=So400m"],
+    "ito_b16.py": [f"data={d}" for d in ("cc3m", "cc12m", "yfcc15m", "laion100m", "datacomp1b")],
+    "ito_l16.py": [None],
+    "clip_b16.py": [None],
+    "siglip_b16.py": [None],
+    "tipsito_b16.py": [None],
+}
+
+
+def load(name, arg=None):
+  spec = importlib.util.spec_from_file_location(f"cfg_{name[:-3]}", CONFIGS / name)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod.get_config(arg)
+
+
+@pytest.mark.parametrize("name,arg", [(n, a) for n, args in PAPER.items() for a in args])
+def test_config_validates(name, arg):
+  c = load(name, arg)
+  config_validation.validate(c)
+
+
+def test_paper_settings():
+  c = load("tipsv2_g14.py")
+  assert c.recipe == "tipsv2" and c.ema.mode == "head" and c.optim.name == "adafactor"
+  assert dict(c.loss) == {"clip": 1.0, "dino": 1.0, "ibot": 2.0, "koleo": 0.0}
+  assert c.loss_opts.ibot_all_patches and c.input.mask_ratio == 0.75
+  assert (c.input.global_size, c.input.local_size, c.input.num_local) == (224, 98, 6)
+  assert (c.total_steps, c.input.batch_size) == (90000, 8192)
+  assert c.model.image.num_cls_tokens == 2 and c.model.image.ffn == "swiglu"
+  h = load("tipsv2_g14_hires.py", "init=/x")
+  assert (h.input.global_size, h.input.local_size, h.total_steps, h.input.batch_size) == (448, 140, 9000, 4096)
+  assert h.init_from == "/x"
+  i = load("ito_b16.py", "data=cc3m")
+  assert dict(i.loss) == {"clip": 0.5, "clip_view2": 0.5, "fusion": 2.0} and i.optim.name == "adamw"
+  assert (i.optim.b1, i.optim.b2, i.optim.eps, i.optim.weight_decay) == (0.9, 0.98, 1e-6, 0.1)
+  d = load("tipsv2_distill.py", "student=L")
+  assert d.input.mask_ratio == 0.0 and d.model.image.width == 1024
+
+
+def test_wrong_key_names_key_and_valid_keys():
+  c = load("demo.py")
+  c.unlock()
+  c.loss_typo = 1
+  with pytest.raises(ConfigError, match=r"loss_typo.*valid keys.*recipe"):
+    config_validation.validate(c)
+  c = load("demo.py")
+  c.optim.unlock()
+  c.optim.learning_rate = 1.0
+  with pytest.raises(ConfigError, match=r"optim\.learning_rate.*valid keys.*'lr'"):
+    config_validation.validate(c)
+
+
+@pytest.mark.parametrize("key,value,match", [
+    ("recipe", "tipsv3", r"config\.recipe='tipsv3'.*valid values.*'tipsv2'"),
+    ("input.views", "multicrops", r"config\.input\.views='multicrops'.*'multicrop_two_views'"),
+    ("ema.mode", "encoder", r"config\.ema\.mode='encoder'.*\['head', 'full', 'none'\]"),
+    ("optim.name", "lamb", r"config\.optim\.name='lamb'.*'adafactor'"),
+    ("input.mask_type", "grid", r"mask_type='grid'.*\['random', 'block'\]"),
+    ("model.image.ffn", "geglu", r"ffn='geglu'.*\['mlp', 'swiglu'\]"),
+])
+def test_wrong_value_names_key_and_allowed(key, value, match):
+  c = load("demo.py")
+  node = c
+  *path, last = key.split(".")
+  for p in path:
+    node = node[p]
+  with node.ignore_type():
+    node[last] = value
+  with pytest.raises(ConfigError, match=match):
+    config_validation.validate(c)
+
+
+def test_loss_term_not_in_recipe():
+  c = load("demo.py", "recipe=clip")
+  c.loss.unlock()
+  c.loss.ibot = 1.0
+  with pytest.raises(ConfigError, match=r"loss\.ibot.*recipe 'clip'.*\['clip'\]"):
+    config_validation.validate(c)
+
+
+def test_two_view_terms_need_two_views():
+  c = load("demo.py")
+  c.input.views = "multicrop"
+  with pytest.raises(ConfigError, match=r"views='multicrop'.*second view"):
+    config_validation.validate(c)
+
+
+def test_mesh_and_batch_checked():
+  c = load("demo.py")
+  c.input.batch_size = 30
+  c.mesh.update(dict(data=1, fsdp=-1))
+  with pytest.raises(ConfigError, match=r"batch_size=30.*divisible"):
+    config_validation.validate(c, num_devices=8)
+
+
+def test_config_arg_errors():
+  with pytest.raises(ValueError, match=r"student='H'.*\['B', 'L', 'So400m'\]"):
+    load("tipsv2_distill.py", "student=H")
+  with pytest.raises(ValueError, match=r"key 'stepz' unknown.*'steps'"):
+    load("demo.py", "stepz=3")

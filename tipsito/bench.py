@@ -1,0 +1,153 @@
+"""`python -m tipsito.bench --config F[:args] [--recipes a,b] [--steps N] [--batch B]` — step benchmark;
+`python -m tipsito.bench --data [data-bench flags]` — input pipeline benchmark (tipsito.data.bench).
+
+Why: the cost of a recipe (e.g. tipsito's extra view + fusion over TIPSv2, or head-only vs full EMA) is
+measured, not guessed: the same config is built per recipe in one process, on synthetic batches (no data
+needed), and step time, throughput, FLOPs (XLA cost analysis), FLOP utilisation against an optional
+`--peak_tflops`, and peak device memory (where the platform reports it) are printed as a table plus one
+JSON line. Ratios between recipes come from the same run, so machine load affects them alike.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+from absl import app
+from absl import flags
+
+FLAGS = flags.FLAGS
+
+
+def _define_flags() -> None:
+  if "recipes" in FLAGS:
+    return
+  from ml_collections import config_flags  # pylint: disable=import-outside-toplevel
+  config_flags.DEFINE_config_file("config", None, "Experiment config (configs/*.py[:args]).")
+  flags.DEFINE_list("recipes", [], "Recipes to compare (default: the config's own).")
+  flags.DEFINE_list("ema", [], "EMA modes to compare for self-distillation recipes (head,full).")
+  flags.DEFINE_integer("steps", 5, "Timed steps per entry (after one compile+warmup step).")
+  flags.DEFINE_integer("batch", 0, "Global batch override (0 = config).")
+  flags.DEFINE_float("peak_tflops", 0.0, "Peak TFLOP/s of all devices (for utilisation); 0 = skip.")
+  flags.DEFINE_bool("data", False, "Run the input-pipeline benchmark (tipsito.data.bench) instead.")
+
+
+def bench_one(config, *, steps: int = 5, peak_tflops: float = 0.0) -> dict[str, Any]:
+  """Builds `config`, compiles its step, times `steps` steps on a synthetic batch."""
+  from tipsito import config_validation  # pylint: disable=import-outside-toplevel
+  from tipsito.train import sharding, step as step_lib  # pylint: disable=import-outside-toplevel
+  config_validation.validate(config, num_devices=jax.device_count())
+  setup = step_lib.build(config)
+  state = setup.init_state()
+  vocab = setup.model.text_cfg.get("vocab_size", 100) if setup.model.text_cfg else 100
+  host = step_lib.synthetic_batch(config, vocab_size=int(vocab))
+  batch = sharding.global_batch(host, setup.mesh)
+  frozen = setup.frozen()
+  fn = step_lib.jit_train_step(setup)
+  t0 = time.perf_counter()
+  compiled = fn.lower(state, batch, frozen).compile()
+  compile_s = time.perf_counter() - t0
+  flops = None
+  try:
+    ca = compiled.cost_analysis()
+    ca = ca[0] if isinstance(ca, (list, tuple)) else ca
+    flops = float(ca.get("flops", 0.0)) or None
+  except Exception:  # pylint: disable=broad-except
+    pass
+  state, m = compiled(state, batch, frozen)
+  jax.block_until_ready(m)
+  times = []
+  for _ in range(steps):
+    t = time.perf_counter()
+    state, m = compiled(state, batch, frozen)
+    jax.block_until_ready(m)
+    times.append(time.perf_counter() - t)
+  step_s = float(np.median(times))
+  b = int(config.input.batch_size)
+  out = {"recipe": config.recipe, "ema": config.ema.mode, "batch": b, "compile_s": round(compile_s, 2),
+         "step_s": round(step_s, 4), "images_per_s": round(b / step_s, 1),
+         "step_tflop": None if flops is None else round(flops / 1e12, 4)}
+  if flops and peak_tflops:
+    out["flop_utilisation"] = round(flops / step_s / (peak_tflops * 1e12), 4)
+  try:
+    stats = jax.devices()[0].memory_stats() or {}
+    if "peak_bytes_in_use" in stats:
+      out["peak_mem_GiB"] = round(stats["peak_bytes_in_use"] / 2 ** 30, 3)
+  except Exception:  # pylint: disable=broad-except
+    pass
+  return out
+
+
+def run_bench(config, recipes: Sequence[str] = (), ema_modes: Sequence[str] = (), *, steps: int = 5,
+              batch: int = 0, peak_tflops: float = 0.0) -> list[dict]:
+  """Benchmarks the config for each requested recipe x EMA mode; adds ratios to the first entry."""
+  import ml_collections as mlc  # pylint: disable=import-outside-toplevel
+  from tipsito import config_validation  # pylint: disable=import-outside-toplevel
+  common = config_validation.load_common()
+  rows = []
+  for r in (recipes or [config.recipe]):
+    for e in (ema_modes or [None]):
+      c = mlc.ConfigDict(config.to_dict())
+      if r != config.recipe:  # same model sizes, the other recipe's losses/parts/views.
+        ref = common.base_config(r, "tiny/16")
+        for k in ("loss", "ema"):
+          c[k] = ref[k]
+        c.input.views = ref.input.views
+        c.input.mask_ratio = ref.input.mask_ratio
+        c.input.num_local = c.input.num_local or ref.input.num_local
+        c.model.image.use_mask_token = ref.model.image.use_mask_token
+        c.model.image.num_cls_tokens = ref.model.image.num_cls_tokens
+        c.model.embed_dim = c.model.image.width if ref.model.embed_dim else None
+        c.model.text.out_dim = c.model.embed_dim
+        c.model.text.flavour = ref.model.text.flavour
+        c.model.logit_scale_max = ref.model.logit_scale_max
+        c.recipe = r
+      if e is not None:
+        if not {"dino", "ibot"} & set(k for k, v in c.loss.items() if v):
+          continue
+        c.ema.mode = e
+      if batch:
+        c.input.batch_size = batch
+      rows.append(bench_one(c, steps=steps, peak_tflops=peak_tflops))
+  if rows:
+    base = rows[0]["step_s"]
+    for row in rows:
+      row["step_time_vs_first"] = round(row["step_s"] / base, 3)
+  return rows
+
+
+def main(argv: Sequence[str]) -> None:
+  """Prints a table and one JSON line."""
+  jax.config.update("jax_threefry_partitionable", True)
+  if FLAGS.data:
+    from tipsito.data import bench as data_bench  # pylint: disable=import-outside-toplevel
+    data_bench.main(list(argv[1:]))
+    return
+  if FLAGS.config is None:
+    raise app.UsageError("--config is required (or --data)")
+  rows = run_bench(FLAGS.config, FLAGS.recipes, FLAGS.ema, steps=FLAGS.steps, batch=FLAGS.batch,
+                   peak_tflops=FLAGS.peak_tflops)
+  keys = list(dict.fromkeys(k for r in rows for k in r))
+  print(" | ".join(keys))
+  for r in rows:
+    print(" | ".join(str(r.get(k, "")) for k in keys))
+  print(json.dumps({"bench": rows}))
+  sys.stdout.flush()
+
+
+def run() -> None:
+  """Console-script entry point (tipsito-bench)."""
+  _define_flags()
+  if "--data" in sys.argv:
+    # Pass the data-bench flags through untouched (they belong to tipsito.data.bench's argparse).
+    from tipsito.data import bench as data_bench  # pylint: disable=import-outside-toplevel
+    data_bench.main([a for a in sys.argv[1:] if a != "--data"])
+    return
+  app.run(main)
+
+
+if __name__ == "__main__":
+  run()

@@ -1,0 +1,178 @@
+"""Config validation: every wrong key or value fails before anything compiles, naming the key and what is
+allowed.
+
+Why: a typo in `--config.loss.ibot=...` or `--config.input.views=multicrops` must cost seconds on a laptop,
+not a pod allocation and a 20-minute compile. The allowed key set is the reference config of the same
+recipe (`configs/common.base_config`), the allowed module kwargs are the dataclass fields of the modules.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import pathlib
+from typing import Any, Iterable
+
+import ml_collections as mlc
+
+from tipsito import recipes as recipes_lib
+
+VIEWS = ("single", "two_views", "multicrop", "multicrop_two_views")
+MASK_TYPES = ("random", "block")
+AUGMENTS = ("ito", "tips", "none")
+DTYPES = ("float32", "bfloat16", "float16")
+OPTIMIZERS = ("adafactor", "adamw", "sgd")
+SCHEDULES = ("cosine", "linear", "constant")
+TEACHER_METHODS = ("centering", "sinkhorn")
+TOKEN_NORMS = ("masked", "patches")
+FFNS = ("mlp", "swiglu")
+FLAVOURS = ("tips", "clip")
+# Sub-dicts whose keys are free-form (user-named).
+FREE_FORM = ("evals", "optim.lr_mults")
+
+
+class ConfigError(ValueError):
+  """A config key or value is wrong; the message names the key and the allowed keys/values."""
+
+
+def _repo_configs_dir() -> pathlib.Path:
+  return pathlib.Path(__file__).resolve().parent.parent / "configs"
+
+
+def load_common():
+  """Imports configs/common.py by path (configs/ is not a package; config files do the same)."""
+  path = _repo_configs_dir() / "common.py"
+  spec = importlib.util.spec_from_file_location("tipsito_configs_common", path)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
+def _choice(key: str, value: Any, allowed: Iterable) -> None:
+  allowed = tuple(allowed)
+  if value not in allowed:
+    raise ConfigError(f"config.{key}={value!r} is not allowed; valid values: {list(allowed)}")
+
+
+def _check_keys(key: str, got: Any, allowed: Iterable[str]) -> None:
+  allowed = sorted(allowed)
+  for k in got.keys():
+    if k not in allowed:
+      raise ConfigError(f"config.{key + '.' if key else ''}{k} is not a known key; valid keys under "
+                        f"config{'.' + key if key else ''}: {allowed}")
+
+
+def _module_fields(cls) -> list[str]:
+  return [f.name for f in dataclasses.fields(cls) if f.name not in ("parent", "name")]
+
+
+def _compare_tree(key: str, got: mlc.ConfigDict, ref: mlc.ConfigDict) -> None:
+  """Unknown keys anywhere under `got` (relative to the reference config) are errors."""
+  _check_keys(key, got, ref.keys())
+  for k in got.keys():
+    sub = f"{key}.{k}" if key else k
+    if sub in FREE_FORM or sub in ("model.image", "model.text", "model.heads", "model.fusion", "loss"):
+      continue
+    if isinstance(got[k], mlc.ConfigDict) and isinstance(ref.get(k), mlc.ConfigDict):
+      _compare_tree(sub, got[k], ref[k])
+
+
+def validate(config: mlc.ConfigDict, *, num_devices: int | None = None, process_count: int = 1) -> None:
+  """Raises ConfigError naming the first wrong key/value. Cheap: no model is built.
+
+  Args:
+    config: the full training config.
+    num_devices: when given, also checks the mesh and that the global batch splits over (data, fsdp).
+    process_count: number of JAX processes (the batch must split over hosts too).
+  """
+  from tipsito import models  # Local import: keeps `import tipsito.config_validation` light.
+  if "recipe" not in config:
+    raise ConfigError(f"config.recipe is missing; valid values: {sorted(recipes_lib.RECIPES)}")
+  _choice("recipe", config.recipe, recipes_lib.RECIPES)
+  recipe = recipes_lib.get_recipe(config.recipe)
+  common = load_common()
+  variant = "tiny/16"
+  ref = common.base_config(config.recipe, variant)
+  _compare_tree("", config, ref)
+
+  m = config.model
+  _check_keys("model.image", m.image, _module_fields(models.VisionTransformer))
+  _check_keys("model.text", m.text, _module_fields(models.TextEncoder))
+  _check_keys("model.heads", m.heads, _module_fields(models.DINOHead))
+  _check_keys("model.fusion", m.fusion, _module_fields(models.FusionTransformer))
+  for req in ("patch_size", "width", "depth", "num_heads", "mlp_dim"):
+    if req not in m.image:
+      raise ConfigError(f"config.model.image.{req} is missing")
+  _choice("model.image.ffn", m.image.get("ffn", "mlp"), FFNS)
+  _choice("model.image.num_cls_tokens", m.image.get("num_cls_tokens", 1), (1, 2))
+  _choice("model.text.flavour", m.text.get("flavour", "tips"), FLAVOURS)
+  for tower in ("image", "text"):
+    for dk in ("dtype", "param_dtype"):
+      if dk in m[tower]:
+        _choice(f"model.{tower}.{dk}", str(m[tower][dk]), DTYPES)
+  if "image_proj" in recipe.parts and not m.embed_dim:
+    raise ConfigError(f"config.model.embed_dim must be a positive int for recipe {recipe.name!r} "
+                      "(it has an image projection)")
+  if "image_proj" not in recipe.parts and m.embed_dim is not None:
+    if m.text.width != m.image.width:
+      raise ConfigError(f"config.model.embed_dim must be None for recipe {recipe.name!r} and "
+                        f"model.text.width ({m.text.width}) must equal model.image.width "
+                        f"({m.image.width}) (TIPS: shared width, no projection)")
+
+  # Loss terms: keys restricted to the recipe's terms.
+  for k, v in config.loss.items():
+    if k not in recipe.terms:
+      raise ConfigError(f"config.loss.{k} is not a loss term of recipe {recipe.name!r}; valid keys: "
+                        f"{list(recipe.terms)}")
+    if not isinstance(v, (int, float)) or v < 0:
+      raise ConfigError(f"config.loss.{k}={v!r}: must be a float >= 0")
+  weights = {k: float(v) for k, v in config.loss.items() if v}
+  if not weights:
+    raise ConfigError(f"config.loss: every weight is 0; set at least one of {list(recipe.terms)}")
+  lo = config.loss_opts
+  _choice("loss_opts.teacher_method", lo.teacher_method, TEACHER_METHODS)
+  _choice("loss_opts.ibot_token_norm", lo.ibot_token_norm, TOKEN_NORMS)
+  _choice("loss_opts.fusion_cls", lo.fusion_cls, tuple(range(m.image.get("num_cls_tokens", 1))))
+  _choice("ema.mode", config.ema.mode, recipes_lib.EMA_MODES)
+  if not 0.0 <= float(config.ema.momentum) <= 1.0:
+    raise ConfigError(f"config.ema.momentum={config.ema.momentum}: must be in [0, 1]")
+  if recipe.teacher == "frozen" and config.ema.mode == "full":
+    raise ConfigError("config.ema.mode='full' is not allowed for recipe 'distill' (the teacher encoder is "
+                      "frozen); valid values: ['head', 'none']")
+
+  o = config.optim
+  _choice("optim.name", o.name, OPTIMIZERS)
+  _choice("optim.schedule", o.schedule, SCHEDULES)
+  if not float(o.lr) > 0:
+    raise ConfigError(f"config.optim.lr={o.lr}: must be > 0")
+  if int(config.total_steps) <= 0:
+    raise ConfigError(f"config.total_steps={config.total_steps}: must be > 0")
+
+  inp = config.input
+  _choice("input.views", inp.views, VIEWS)
+  _choice("input.mask_type", inp.mask_type, MASK_TYPES)
+  _choice("input.augment", inp.augment, AUGMENTS)
+  if not 0.0 <= float(inp.mask_ratio) < 1.0:
+    raise ConfigError(f"config.input.mask_ratio={inp.mask_ratio}: must be in [0, 1)")
+  if int(inp.batch_size) <= 0:
+    raise ConfigError(f"config.input.batch_size={inp.batch_size}: must be > 0")
+  if ("clip_view2" in weights or "fusion" in weights) and "two_views" not in inp.views:
+    raise ConfigError(f"config.input.views={inp.views!r}: loss terms {sorted(set(weights) & {'clip_view2', 'fusion'})} "
+                      "need a second view; valid values: ['two_views', 'multicrop_two_views']")
+  if "ibot" in weights and inp.mask_ratio > 0 and not m.image.get("use_mask_token"):
+    raise ConfigError("config.model.image.use_mask_token must be True when config.loss.ibot > 0 and "
+                      "config.input.mask_ratio > 0")
+  if recipe.teacher == "frozen" and not (config.distill.teacher or config.distill.teacher_image_npz):
+    raise ConfigError("config.distill.teacher (an export dir) or config.distill.teacher_image_npz "
+                      "(official TIPS weights) is required for recipe 'distill'")
+
+  if num_devices is not None:
+    from tipsito.train import sharding
+    try:
+      shape = sharding.mesh_shape(config.mesh, num_devices)
+    except ValueError as e:
+      raise ConfigError(str(e)) from None
+    split = shape[0] * shape[1]
+    if inp.batch_size % split or inp.batch_size % process_count:
+      raise ConfigError(f"config.input.batch_size={inp.batch_size} must be divisible by mesh data*fsdp="
+                        f"{split} and the process count {process_count}")
+  _check_keys("mesh", config.mesh, ("data", "fsdp", "model"))

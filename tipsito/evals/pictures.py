@@ -1,0 +1,162 @@
+"""Pictures of what an encoder sees: PCA maps of patch features and zero-shot segmentation overlays.
+
+Why: numbers say how good dense features are; pictures say *why* (TIPSv2 Fig. 5 judges feature maps by
+their first three PCA components as RGB, Fig. 6 shows zero-shot segmentation maps). Everything here
+returns uint8 (H, W, 3) arrays, so one writer path serves TensorBoard (clu `write_images`) and PNG files.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Mapping
+
+import numpy as np
+from PIL import Image
+
+
+def _robust_minmax(x: np.ndarray, lo_q: float = 1.0, hi_q: float = 99.0) -> np.ndarray:
+  """Scales each last-axis channel to [0, 1] by its 1st/99th percentiles (outlier patches saturate)."""
+  flat = x.reshape(-1, x.shape[-1])
+  lo = np.percentile(flat, lo_q, axis=0)
+  hi = np.percentile(flat, hi_q, axis=0)
+  return np.clip((x - lo) / np.maximum(hi - lo, 1e-8), 0.0, 1.0)
+
+
+def pca_components(features: np.ndarray, n_components: int = 3) -> np.ndarray:
+  """Projects (N, D) features on their first n principal components -> (N, n), deterministic signs.
+
+  SVD of the centred matrix; each component's sign is chosen so that its largest-magnitude loading is
+  positive, so the same features always give the same colours. Missing components (D or N < n) are 0.
+  """
+  x = np.asarray(features, np.float64)
+  x = x - x.mean(axis=0, keepdims=True)
+  _, _, vt = np.linalg.svd(x, full_matrices=False)
+  vt = vt[:n_components]
+  signs = np.sign(vt[np.arange(vt.shape[0]), np.argmax(np.abs(vt), axis=1)])
+  signs[signs == 0] = 1.0
+  proj = x @ (vt * signs[:, None]).T
+  if proj.shape[1] < n_components:
+    proj = np.concatenate([proj, np.zeros((proj.shape[0], n_components - proj.shape[1]))], axis=1)
+  return proj
+
+
+def pca_rgb(patches: np.ndarray, *, joint: bool = False) -> np.ndarray:
+  """First 3 PCA components of patch features as RGB: (B, h, w, D) -> uint8 (B, h, w, 3).
+
+  joint=False fits one PCA per image (TIPSv2 Fig. 5); joint=True fits one PCA over all images so that
+  colours are comparable across them.
+  """
+  p = np.asarray(patches, np.float32)
+  if p.ndim == 3:
+    p = p[None]
+  b, h, w, d = p.shape
+  if joint:
+    comp = pca_components(p.reshape(-1, d)).reshape(b, h, w, 3)
+    rgb = _robust_minmax(comp)
+  else:
+    rgb = np.stack([_robust_minmax(pca_components(p[i].reshape(-1, d)).reshape(h, w, 3))
+                    for i in range(b)])
+  return np.round(rgb * 255.0).astype(np.uint8)
+
+
+def upsample_nearest(maps: np.ndarray, size_hw: tuple[int, int]) -> np.ndarray:
+  """Nearest-neighbour resize of uint8 (h, w[, C]) maps to (H, W) (patch grids keep hard edges)."""
+  h, w = size_hw
+  arr = np.asarray(maps)
+  return np.asarray(Image.fromarray(arr).resize((w, h), resample=Image.NEAREST))
+
+
+def pca_grid(images: np.ndarray, maps: np.ndarray) -> np.ndarray:
+  """Rows of [image | PCA map] for k images: uint8 (k*H, 2*W, 3)."""
+  rows = []
+  for img, m in zip(np.asarray(images), np.asarray(maps)):
+    img = _as_rgb_uint8(img)
+    rows.append(np.concatenate([img, upsample_nearest(m, img.shape[:2])], axis=1))
+  return np.concatenate(rows, axis=0)
+
+
+def palette(num_classes: int, seed: int = 0) -> np.ndarray:
+  """(256, 3) uint8 colour table: class 0 dark grey, others distinct hues, 255 (ignore) black."""
+  rng = np.random.default_rng(seed)
+  pal = np.zeros((256, 3), np.uint8)
+  golden = 0.618033988749895
+  for c in range(min(num_classes, 255)):
+    hue = (c * golden) % 1.0
+    sat = 0.65 + 0.35 * rng.random()
+    val = 0.75 + 0.25 * rng.random()
+    pal[c] = np.round(np.array(_hsv_to_rgb(hue, sat, val)) * 255).astype(np.uint8)
+  pal[0] = (64, 64, 64)
+  pal[255] = (0, 0, 0)
+  return pal
+
+
+def _hsv_to_rgb(h: float, s: float, v: float) -> tuple[float, float, float]:
+  """HSV in [0,1] -> RGB in [0,1] (colorsys-equivalent; kept local for a dependency-free palette)."""
+  i = int(h * 6.0) % 6
+  f = h * 6.0 - int(h * 6.0)
+  p, q, t = v * (1 - s), v * (1 - s * f), v * (1 - s * (1 - f))
+  return [(v, t, p), (q, v, p), (p, v, t), (p, q, v), (t, p, v), (v, p, q)][i]
+
+
+def colorize(labels: np.ndarray, num_classes: int) -> np.ndarray:
+  """uint8 label map (H, W) -> RGB (H, W, 3) with `palette`."""
+  return palette(num_classes)[np.asarray(labels).astype(np.uint8)]
+
+
+def _as_rgb_uint8(img: np.ndarray) -> np.ndarray:
+  """Any image array (uint8 or float [0,1]/[0,255], gray or RGB(A)) -> uint8 RGB, for writers."""
+  img = np.asarray(img)
+  if img.dtype != np.uint8:
+    img = np.clip(np.round(img * (255.0 if img.max() <= 1.0 else 1.0)), 0, 255).astype(np.uint8)
+  if img.ndim == 2:
+    img = np.repeat(img[..., None], 3, -1)
+  return img[..., :3]
+
+
+def segmentation_overlay(image: np.ndarray, pred: np.ndarray, gt: np.ndarray | None, num_classes: int,
+                         alpha: float = 0.6) -> np.ndarray:
+  """[image | prediction over image | ground truth over image] as uint8 (H, 2W or 3W, 3)."""
+  img = _as_rgb_uint8(image)
+  panels = [img]
+  for lab in (pred, gt):
+    if lab is None:
+      continue
+    col = colorize(lab, num_classes).astype(np.float32)
+    blend = alpha * col + (1 - alpha) * img.astype(np.float32)
+    panels.append(np.round(blend).astype(np.uint8))
+  return np.concatenate(panels, axis=1)
+
+
+def stack_rows(rows: list[np.ndarray]) -> np.ndarray:
+  """Vertically stacks equally wide uint8 pictures."""
+  return np.concatenate(rows, axis=0)
+
+
+def write_png(path: str | os.PathLike, array: np.ndarray) -> str:
+  """Writes a uint8 (H, W, 3) array as PNG (parent folders created); returns the path."""
+  path = os.fspath(path)
+  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+  Image.fromarray(_as_rgb_uint8(array)).save(path, format="PNG")
+  return path
+
+
+def _safe_name(name: str) -> str:
+  """Picture name -> file-name-safe stem ('eval/pca' -> 'eval_pca')."""
+  return re.sub(r"[^0-9A-Za-z_.-]+", "_", name).strip("_") or "picture"
+
+
+def write_pictures(pictures: Mapping[str, np.ndarray], *, step: int = 0, writer=None,
+                   directory: str | os.PathLike | None = None) -> list[str]:
+  """Writes pictures as TensorBoard images (clu `writer.write_images`) and/or PNG files.
+
+  PNG names are '<name with / -> _>_<step>.png' under `directory`. Returns the PNG paths written.
+  """
+  paths = []
+  if writer is not None and pictures:
+    writer.write_images(step, {k: _as_rgb_uint8(v)[None] for k, v in pictures.items()})
+  if directory is not None:
+    for name, arr in pictures.items():
+      paths.append(write_png(os.path.join(os.fspath(directory), f"{_safe_name(name)}_{int(step):08d}.png"),
+                             arr))
+  return paths

@@ -1,0 +1,216 @@
+"""`python -m tipsito.evaluate --config F --checkpoint DIR [--output JSON]`: run all configured evals.
+
+Why a standalone entry point: the numbers users compare (zero-shot, retrieval, zero-shot segmentation,
+kNN) must be computable on any encoder, not only during training: a tipsito export (`tipsito.load`,
+including imported official TIPS weights) or a training workdir/checkpoint (through the training code's
+`tipsito.train.loop.encoder_from_checkpoint(config, dir)`). The evaluators are exactly the ones the
+training loop runs (`tipsito.evals`), so numbers agree between the two.
+
+Prints a table (eval | metric | value), writes JSON ({'checkpoint', 'kind', 'metrics', 'pictures'}) to
+--output, and pictures (PCA maps, segmentation overlays) as PNG to --pictures_dir (default: a
+'pictures' folder next to --output).
+
+Flags: --config (ml_collections config file, 'file.py:args' allowed; uses config.evals and
+config.tokenizer), --checkpoint, --output, --pictures_dir, --only (comma-separated eval names),
+--max_examples (override for every eval; quick checks).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from typing import Any, Mapping, Sequence
+
+from absl import app
+from absl import flags
+from absl import logging
+
+FLAGS = flags.FLAGS
+
+
+def _define_flags() -> None:
+  """Defines the CLI flags (idempotent; only when run as a program)."""
+  if "checkpoint" in FLAGS:
+    return
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+  config_flags.DEFINE_config_file("config", None, "Config file with `evals` (and `tokenizer`).",
+                                  lock_config=False)
+  flags.DEFINE_string("checkpoint", None, "Export directory, training workdir or checkpoint directory.")
+  flags.DEFINE_string("output", None, "JSON file for the results (optional).")
+  flags.DEFINE_string("pictures_dir", None, "Folder for PNG pictures (default: <output dir>/pictures).")
+  flags.DEFINE_list("only", None, "Run only these evals (names in config.evals).")
+  flags.DEFINE_integer("max_examples", None, "Cap on examples per eval split (quick checks).")
+
+
+def is_export(path: str) -> bool:
+  """An export has config.json + params/ (tipsito.checkpoint.write_export)."""
+  return os.path.isfile(os.path.join(path, "config.json")) and os.path.isdir(os.path.join(path, "params"))
+
+
+def load_encoder(config, checkpoint: str):
+  """Returns (encoder, kind): 'export' via tipsito.load, 'train' via the training code."""
+  if is_export(checkpoint):
+    from tipsito import inference  # pylint: disable=g-import-not-at-top
+    return inference.load(checkpoint), "export"
+  try:
+    from tipsito.train import loop  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise ValueError(
+        f"{checkpoint!r} is not an export (no config.json + params/) and the training code needed for "
+        f"training checkpoints cannot be imported ({e}); export it first with "
+        "`python -m tipsito.export --workdir DIR --output EXPORT`") from e
+  fn = getattr(loop, "encoder_from_checkpoint", None)
+  if fn is None:
+    fn = _encoder_from_workdir_shim
+  return fn(config, checkpoint), "train"
+
+
+def _encoder_from_workdir_shim(config, checkpoint: str):
+  """Private stand-in for `tipsito.train.loop.encoder_from_checkpoint` (used only while the training
+  code does not provide it): latest checkpoint of a training workdir -> in-memory Encoder.
+
+  Uses only the training loop's public pieces (the same path as `export_from_workdir`): the workdir's
+  saved config.json rebuilds the model; `checkpoint` may be the workdir or its `checkpoints/` folder.
+  """
+  del config  # the workdir's own training config defines the model
+  from tipsito.train import checkpointing  # pylint: disable=g-import-not-at-top
+  from tipsito.train import loop  # pylint: disable=g-import-not-at-top
+  from tipsito.train import step as step_lib  # pylint: disable=g-import-not-at-top
+  workdir = os.path.abspath(checkpoint)
+  if os.path.basename(workdir) == "checkpoints":
+    workdir = os.path.dirname(workdir)
+  if not (os.path.isfile(os.path.join(workdir, "config.json"))
+          and os.path.isdir(os.path.join(workdir, "checkpoints"))):
+    raise ValueError(f"{checkpoint!r} is neither an export (config.json + params/) nor a training "
+                     "workdir (config.json + checkpoints/)")
+  loop.configure_jax()
+  train_config = loop.load_config(workdir)
+  setup = step_lib.build(train_config)
+  ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"), every_steps=0, keep=1,
+                                    async_save=False)
+  try:
+    if ckpt.latest_step() is None:
+      raise ValueError(f"{workdir}: no checkpoint in {ckpt.directory}")
+    abstract = checkpointing.abstract_with_shardings(setup.state_shapes, setup.state_shardings)
+    state, _ = ckpt.restore(abstract, with_data=False)
+  finally:
+    ckpt.close()
+  return loop.make_encoder(setup, state.params)
+
+
+def _evals_config(config, only: Sequence[str] | None, max_examples: int | None,
+                  default_data_dir: str | None = None) -> dict:
+  """config.evals as plain dicts, filtered by --only, with config-level tokenizer and overrides.
+
+  default_data_dir: data_dir for evals that set none (a training workdir's own `data/` folder, where
+  the training run built its built-in dataset, so that standalone and training-time numbers agree).
+  """
+  evals = config.evals.to_dict() if hasattr(config.evals, "to_dict") else dict(config.evals)
+  if only:
+    missing = [n for n in only if n not in evals]
+    if missing:
+      raise ValueError(f"--only names {missing} not in config.evals ({sorted(evals)})")
+    evals = {k: v for k, v in evals.items() if k in only}
+  tokenizer = config.get("tokenizer", None) if hasattr(config, "get") else None
+  for cfg in evals.values():
+    if default_data_dir and not cfg.get("data_dir"):
+      cfg["data_dir"] = default_data_dir
+    if tokenizer and not cfg.get("tokenizer"):
+      cfg["tokenizer"] = tokenizer
+    if max_examples is not None:
+      cfg["max_examples"] = int(max_examples)
+      if cfg.get("type") == "knn":
+        cfg["max_train_examples"] = int(max_examples)
+  return evals
+
+
+def format_table(results: Mapping[str, float]) -> str:
+  """Fixed-width table: eval | metric | value (sorted by eval then metric)."""
+  rows = []
+  for key in sorted(results):
+    name, _, metric = key.partition("/")
+    v = results[key]
+    rows.append((name, metric, "nan" if v != v else f"{v:.2f}"))
+  if not rows:
+    return "(no results)"
+  w0 = max(len("eval"), *(len(r[0]) for r in rows))
+  w1 = max(len("metric"), *(len(r[1]) for r in rows))
+  w2 = max(len("value"), *(len(r[2]) for r in rows))
+  lines = [f"{'eval':<{w0}}  {'metric':<{w1}}  {'value':>{w2}}", f"{'-' * w0}  {'-' * w1}  {'-' * w2}"]
+  lines += [f"{a:<{w0}}  {b:<{w1}}  {c:>{w2}}" for a, b, c in rows]
+  return "\n".join(lines)
+
+
+def _json_safe(x: Any):
+  """NaN/inf -> None (JSON has no NaN; a missing number must not break readers)."""
+  if isinstance(x, float) and not math.isfinite(x):
+    return None
+  return x
+
+
+def evaluate(config, checkpoint: str, *, output: str | None = None, pictures_dir: str | None = None,
+             only: Sequence[str] | None = None, max_examples: int | None = None,
+             print_fn=print) -> dict:
+  """Library form of the CLI: loads the encoder, runs the evals, prints/writes results; returns them."""
+  from tipsito import evals as evals_lib  # pylint: disable=g-import-not-at-top
+  from tipsito.evals import pictures as pictures_lib  # pylint: disable=g-import-not-at-top
+
+  start = time.time()
+  encoder, kind = load_encoder(config, checkpoint)
+  data_dir = None
+  if kind == "train":
+    wd = os.path.abspath(checkpoint)
+    wd = os.path.dirname(wd) if os.path.basename(wd) == "checkpoints" else wd
+    data_dir = os.path.join(wd, "data") if os.path.isdir(os.path.join(wd, "data")) else None
+  evaluators = evals_lib.make_evaluators(_evals_config(config, only, max_examples, data_dir))
+  if not evaluators:
+    raise ValueError("config.evals is empty: nothing to evaluate")
+  results: dict[str, float] = {}
+  pics: dict[str, Any] = {}
+  for name, ev in evaluators.items():
+    t0 = time.time()
+    res = ev.run(encoder)
+    results.update(res)
+    pics.update(ev.pictures)
+    logging.info("eval %s: %s (%.1fs)", name, res, time.time() - t0)
+  if pictures_dir is None and output:
+    pictures_dir = os.path.join(os.path.dirname(os.path.abspath(output)), "pictures")
+  picture_paths = pictures_lib.write_pictures(pics, step=0, directory=pictures_dir) if pictures_dir else []
+  summary = {"checkpoint": os.path.abspath(checkpoint), "kind": kind,
+             "metrics": {k: _json_safe(float(v)) for k, v in sorted(results.items())},
+             "pictures": picture_paths, "seconds": round(time.time() - start, 2)}
+  print_fn(format_table(results))
+  if output:
+    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+    with open(output, "w", encoding="utf-8") as f:
+      json.dump(summary, f, indent=2)
+    print_fn(f"wrote {output}")
+  return summary
+
+
+def main(argv: Sequence[str]) -> None:
+  """CLI body."""
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if FLAGS.config is None:
+    raise app.UsageError("--config is required")
+  if not FLAGS.checkpoint:
+    raise app.UsageError("--checkpoint is required")
+  try:
+    evaluate(FLAGS.config, FLAGS.checkpoint, output=FLAGS.output, pictures_dir=FLAGS.pictures_dir,
+             only=FLAGS.only, max_examples=FLAGS.max_examples)
+  except (ValueError, FileNotFoundError, KeyError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(1)
+
+
+def run() -> None:
+  """Console-script entry point (tipsito-evaluate)."""
+  _define_flags()
+  app.run(main)
+
+
+if __name__ == "__main__":
+  run()

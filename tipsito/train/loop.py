@@ -1,0 +1,282 @@
+"""The training loop: `train_and_evaluate(config, workdir)` (flax-examples style).
+
+Why this shape: one loop for every recipe (recipes only change the loss), explicit periodic actions
+(metric logging, progress/ETA, evals, checkpoints), automatic resume from the workdir, and an export at the
+end. Everything device-related (mesh, shardings, donation) comes from `tipsito.train.step.build`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+import ml_collections as mlc
+import numpy as np
+from absl import logging
+from clu import metric_writers
+from clu import parameter_overview
+from clu import periodic_actions
+
+from tipsito import config_validation
+from tipsito.train import checkpointing
+from tipsito.train import sharding as sharding_lib
+from tipsito.train import step as step_lib
+
+EXPORT_KEYS = ("image", "text", "image_proj")
+
+
+def configure_jax() -> None:
+  """Global JAX settings every run needs (partitionable threefry: same randomness on any mesh)."""
+  jax.config.update("jax_threefry_partitionable", True)
+
+
+def resolve_data_dirs(config: mlc.ConfigDict, workdir: str) -> mlc.ConfigDict:
+  """`data.data_dir=None` with `data.build_if_missing` means `<workdir>/data` (demo: no setup at all);
+  evals without their own data_dir then read the same folder. Returns a copy."""
+  config = mlc.ConfigDict(config.to_dict())
+  if config.data.get("build_if_missing") and not config.data.data_dir:
+    config.data.data_dir = os.path.join(os.path.abspath(workdir), "data")
+    for ev in config.evals.values():
+      if isinstance(ev, mlc.ConfigDict) and not ev.get("data_dir"):
+        ev.data_dir = config.data.data_dir
+  return config
+
+
+def ensure_dataset(config: mlc.ConfigDict) -> None:
+  """Builds a built-in dataset (e.g. procedural `shapes`) into data.data_dir when it is missing."""
+  d = config.data
+  if not d.get("build_if_missing"):
+    return
+  from tipsito.data import convert  # pylint: disable=import-outside-toplevel
+  kw = dict(d.get("build_options", {}) or {})
+  if jax.process_index() == 0:
+    convert.convert(d.name, d.data_dir, verbose=True, **kw)
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+    multihost_utils.sync_global_devices("dataset_built")
+
+
+def temperature_of(params: dict) -> float:
+  """T of logits = cos / T for the export: 1 / exp(logit_scale) (TIPS convention)."""
+  if "logit_scale" not in params:
+    return 1.0
+  return float(1.0 / np.exp(np.asarray(jax.device_get(params["logit_scale"]), np.float64)))
+
+
+def export_params(params: dict) -> dict:
+  """The inference subset of the student params: encoders (+ image projection), no mask token.
+
+  Heads, fusion, distill projection, temperature/bias leaves, optimizer state and EMA never get here.
+  """
+  out = {k: params[k] for k in EXPORT_KEYS if k in params}
+  out["image"] = {k: v for k, v in out["image"].items() if k != "mask_token"}
+  return jax.device_get(out)
+
+
+def export_configs(setup: step_lib.Setup) -> tuple[dict, dict]:
+  """(image_config, text_config) of the exported encoders, as plain JSON-friendly dicts."""
+  img = dict(setup.model.image_cfg)
+  img["use_mask_token"] = False
+  img["remat"] = False
+  txt = dict(setup.model.text_cfg)
+  txt["remat"] = False
+  for d in (img, txt):
+    for k in ("dtype", "param_dtype"):
+      if k in d:
+        d[k] = "float32"
+  return img, txt
+
+
+def tokenizer_path(config) -> str:
+  """The SentencePiece file to ship with the export (the demo model when config.tokenizer is None)."""
+  if config.tokenizer:
+    return os.path.expanduser(config.tokenizer)
+  from tipsito.data import tokenizer as tok_lib  # pylint: disable=import-outside-toplevel
+  return tok_lib.DEFAULT_TOKENIZER
+
+
+def write_export(setup: step_lib.Setup, params: dict, output: str, *, step: int) -> str:
+  """Exports the encoders of `params` with tipsito.checkpoint.write_export."""
+  from tipsito import checkpoint  # pylint: disable=import-outside-toplevel
+  img, txt = export_configs(setup)
+  p = export_params(params)
+  return checkpoint.write_export(
+      output, image_config=img, text_config=txt, params=p, temperature=temperature_of(params),
+      tokenizer_path=tokenizer_path(setup.config), image_proj="image_proj" in p,
+      extra={"source": "tipsito-train", "recipe": setup.config.recipe, "step": int(step)})
+
+
+def make_encoder(setup: step_lib.Setup, params: dict):
+  """In-memory inference Encoder of the current params (training-time evals)."""
+  from tipsito import inference  # pylint: disable=import-outside-toplevel
+  from tipsito.data import tokenizer as tok_lib  # pylint: disable=import-outside-toplevel
+  img, txt = export_configs(setup)
+  tok = tok_lib.Tokenizer(setup.config.tokenizer, max_len=int(setup.config.max_len))
+  return inference.Encoder.from_params(img, txt, export_params(params), temperature_of(params), tok)
+
+
+def save_config(config: mlc.ConfigDict, workdir: str) -> None:
+  """Writes `<workdir>/config.json` (export_from_workdir and humans read it)."""
+  if jax.process_index() == 0:
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, "config.json"), "w") as f:
+      f.write(config.to_json_best_effort(indent=2, sort_keys=True))
+
+
+def load_config(workdir: str) -> mlc.ConfigDict:
+  """Reads back `<workdir>/config.json` (tuples come back as lists; the code accepts both)."""
+  with open(os.path.join(workdir, "config.json")) as f:
+    return mlc.ConfigDict(json.load(f))
+
+
+def restore_or_init(setup: step_lib.Setup, ckpt: checkpointing.Checkpointer, data_iter) -> Any:
+  """Latest checkpoint of the workdir if any (state + data iterator), else config.init_from, else init."""
+  abstract = checkpointing.abstract_with_shardings(setup.state_shapes, setup.state_shardings)
+  if ckpt.latest_step() is not None:
+    state, data_state = ckpt.restore(abstract)
+    if data_state is not None and data_iter is not None:
+      data_iter.set_state(data_state)
+    logging.info("Resumed from %s at step %d", ckpt.directory, int(state.step))
+    return state
+  state = setup.init_state()
+  if setup.config.init_from:
+    params = checkpointing.restore_params(setup.config.init_from, abstract.params)
+    state = state.replace(params=params, ema={k: params[k] for k in state.ema},
+                          opt_state=jax.jit(setup.tx.init, out_shardings=setup.state_shardings.opt_state)(params))
+    logging.info("Initialised params from %s", setup.config.init_from)
+  return state
+
+
+def _scalars(metrics: dict) -> dict:
+  return {k: float(v) for k, v in jax.device_get(metrics).items() if np.ndim(v) == 0}
+
+
+def train_and_evaluate(config: mlc.ConfigDict, workdir: str, *, data_iter=None,
+                       max_steps: Optional[int] = None) -> dict:
+  """Trains `config` in `workdir` (resuming if it has checkpoints); returns the last logged metrics.
+
+  Args:
+    config: experiment config (validated here, before anything compiles).
+    workdir: output folder: config.json, checkpoints/, TensorBoard events, export/, pictures/.
+    data_iter: optional host-batch iterator with get_state/set_state (tests); default: the grain
+      pipeline of `config.data` / `config.input`.
+    max_steps: stop after this step even if total_steps is larger (the schedule still uses
+      total_steps) — used to simulate a preemption in tests.
+  """
+  configure_jax()
+  workdir = os.path.abspath(workdir)
+  config_validation.validate(config, num_devices=jax.device_count(), process_count=jax.process_count())
+  config = resolve_data_dirs(config, workdir)
+  save_config(config, workdir)
+  writer = metric_writers.create_default_writer(workdir, just_logging=jax.process_index() > 0)
+  writer.write_hparams({"recipe": config.recipe, "batch_size": int(config.input.batch_size),
+                        "total_steps": int(config.total_steps)})
+
+  if data_iter is None:
+    ensure_dataset(config)
+    from tipsito.data import pipeline  # pylint: disable=import-outside-toplevel
+    data_iter = pipeline.make_train_iterator(config, process_index=jax.process_index(),
+                                             process_count=jax.process_count())
+
+  setup = step_lib.build(config)
+  logging.info("Recipe %s: %s", setup.recipe.name, setup.recipe.doc)
+  logging.info("Mesh %s; loss weights %s; EMA %s", dict(setup.mesh.shape), setup.ctx.weights,
+               setup.ctx.ema_keys)
+  ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"),
+                                    every_steps=int(config.ckpt.every_steps), keep=int(config.ckpt.keep),
+                                    async_save=bool(config.ckpt.async_save))
+  ckpt.install_sigterm_handler()
+  t_init = time.time()
+  state = restore_or_init(setup, ckpt, data_iter)
+  logging.info("Train state ready at step %d in %.1fs", int(jax.device_get(state.step)), time.time() - t_init)
+  if jax.process_index() == 0:
+    parameter_overview.log_parameter_overview(setup.state_shapes.params, include_stats=False)
+  train_step = step_lib.jit_train_step(setup)
+  frozen = setup.frozen()
+
+  evaluators = {}
+  if len(config.evals):
+    from tipsito import evals  # pylint: disable=import-outside-toplevel
+    evaluators = evals.make_evaluators(config)
+
+  total = int(config.total_steps)
+  last = total if max_steps is None else min(total, int(max_steps))
+  start = int(jax.device_get(state.step))
+  report = periodic_actions.ReportProgress(num_train_steps=total, writer=writer)
+  hooks = [report]
+  log_every = int(config.log_every_steps)
+  metrics_acc: list[dict] = []
+  last_metrics: dict = {}
+  t0 = time.time()
+  step = start
+  with metric_writers.ensure_flushes(writer):
+    while step < last:
+      batch = sharding_lib.global_batch(
+          {k: v for k, v in next(data_iter).items() if not k.startswith("_")}, setup.mesh)
+      if step == start:
+        t_first = time.time()
+      state, metrics = train_step(state, batch, frozen)
+      step += 1
+      if step == start + 1:
+        jax.block_until_ready(metrics)
+        logging.info("First step (incl. compilation) took %.1fs", time.time() - t_first)
+      metrics_acc.append(metrics)
+      for h in hooks:
+        h(step)
+      if step % log_every == 0 or step == last:
+        summed = jax.device_get(metrics_acc)
+        last_metrics = {k: float(np.mean([m[k] for m in summed])) for k in summed[-1]}
+        stats = getattr(data_iter, "stats", None)
+        if isinstance(stats, dict):
+          last_metrics.update({f"data/{k}": float(v) for k, v in stats.items()
+                               if isinstance(v, (int, float, np.number))})
+        writer.write_scalars(step, last_metrics)
+        metrics_acc = []
+      if evaluators and step < last:
+        _run_evals(setup, state, evaluators, step, writer, workdir, is_last=False)
+      preempted = ckpt.preempted
+      if ckpt.should_save(step) or step == last or preempted:
+        ckpt.save(step, state, data_iter.get_state(), force=True)
+      if preempted:
+        logging.warning("Stopping at step %d after SIGTERM (checkpoint saved).", step)
+        break
+    ckpt.wait()
+    if step >= total:
+      if evaluators:
+        last_metrics.update(_run_evals(setup, state, evaluators, step, writer, workdir, is_last=True))
+      if config.export.enabled and jax.process_index() == 0:
+        out = config.export.dir or os.path.join(workdir, "export")
+        write_export(setup, state.params, out, step=step)
+        logging.info("Exported encoders to %s", out)
+  ckpt.close()
+  logging.info("Done: steps %d -> %d in %.1fs", start, step, time.time() - t0)
+  return last_metrics
+
+
+def _run_evals(setup, state, evaluators, step, writer, workdir, *, is_last):
+  """Periodic / final evaluation hook on an in-memory Encoder of the current student encoders."""
+  from tipsito import evals  # pylint: disable=import-outside-toplevel
+  due = [e for e in evaluators.values() if e.should_run(step, is_last=is_last)]
+  if not due:
+    return {}
+  enc = make_encoder(setup, state.params)
+  return evals.run_evaluators(due, enc, step=step, writer=writer,
+                              picture_dir=os.path.join(workdir, "pictures"), log=logging.info)
+
+
+def export_from_workdir(workdir: str, output: str) -> str:
+  """Exports the latest checkpoint of a training workdir (encoders + tokenizer + config only)."""
+  configure_jax()
+  config = load_config(workdir)
+  setup = step_lib.build(config)
+  ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"), every_steps=0, keep=1,
+                                    async_save=False)
+  if ckpt.latest_step() is None:
+    raise FileNotFoundError(f"{workdir}: no checkpoint in {ckpt.directory}")
+  abstract = checkpointing.abstract_with_shardings(setup.state_shapes, setup.state_shardings)
+  state, _ = ckpt.restore(abstract, with_data=False)
+  ckpt.close()
+  return write_export(setup, state.params, output, step=int(state.step))

@@ -1,0 +1,292 @@
+"""Building the training model, born-sharded state and the single jitted, donated train step.
+
+Why in one place: `train.py`, `bench.py`, `info.py` and the tests all need exactly the same objects
+(model, optimiser, state shapes and shardings, step function) from a config; building them here keeps the
+train loop thin and guarantees that what `info` reports is what `train` runs.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh, NamedSharding
+
+from tipsito import recipes as recipes_lib
+from tipsito.recipes.base import LossContext, compute_losses, init_centers
+from tipsito.recipes.model import TrainModel
+from tipsito.train import optim as optim_lib
+from tipsito.train import sharding as sharding_lib
+from tipsito.train import state as state_lib
+from tipsito.train.state import TrainState
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+def _module_kwargs(cfg) -> dict:
+  """ConfigDict -> module kwargs with dtype strings resolved and sequences as tuples (hashable)."""
+  out = {}
+  for k, v in dict(cfg).items():
+    if k in ("dtype", "param_dtype") and isinstance(v, str):
+      v = _DTYPES[v]
+    elif isinstance(v, list):
+      v = tuple(v)
+    out[k] = v
+  return out
+
+
+def image_kwargs(config) -> dict:
+  """VisionTransformer kwargs of the student image tower."""
+  return _module_kwargs(config.model.image)
+
+
+def text_kwargs(config, vocab_size: Optional[int] = None) -> dict:
+  """TextEncoder kwargs; `vocab_size=None` in the config means: take it from the tokenizer."""
+  kw = _module_kwargs(config.model.text)
+  if kw.get("vocab_size") is None:
+    kw["vocab_size"] = vocab_size if vocab_size is not None else tokenizer_vocab_size(config)
+  kw.setdefault("max_len", int(config.max_len))
+  return kw
+
+
+def tokenizer_vocab_size(config) -> int:
+  """Vocabulary of the configured SentencePiece model (the shipped demo model when None)."""
+  from tipsito.data import tokenizer as tok_lib  # pylint: disable=import-outside-toplevel
+  return int(tok_lib.Tokenizer(config.tokenizer, max_len=int(config.max_len)).vocab_size)
+
+
+@dataclasses.dataclass
+class Teacher:
+  """A frozen distillation teacher: its image tower module, config and params (+ its text tower, used
+  to initialise the student's text tower when `config.distill.init_text`)."""
+  module: Any
+  image_config: dict
+  params: Any
+  text_params: Any = None
+
+
+def load_teacher(config) -> Teacher:
+  """Loads the frozen distillation teacher from a tipsito export or official TIPS .npz weights."""
+  d = config.distill
+  if d.teacher_image_npz:
+    from tipsito import checkpoint  # pylint: disable=import-outside-toplevel
+    image_cfg, _, params, _ = checkpoint.import_tips_npz(d.teacher_image_npz, d.teacher_text_npz)
+  else:
+    from tipsito import inference  # pylint: disable=import-outside-toplevel
+    enc = inference.load(d.teacher)
+    image_cfg, params = _encoder_image_parts(enc)
+  from tipsito import models  # pylint: disable=import-outside-toplevel
+  image_cfg = {k: v for k, v in dict(image_cfg).items()}
+  image_cfg["use_mask_token"] = False
+  kw = _module_kwargs(image_cfg)
+  return Teacher(models.VisionTransformer(**kw), image_cfg, params["image"] if "image" in params else params,
+                 text_params=params.get("text"))
+
+
+def _encoder_image_parts(enc) -> tuple[dict, dict]:
+  """(image config, {'image': params}) from a tipsito.inference.Encoder, tolerant to attribute names."""
+  cfg = getattr(enc, "image_config", None) or enc.config.get("image", enc.config.get("image_config"))
+  params = getattr(enc, "params", None)
+  if params is None:
+    raise AttributeError("tipsito.inference.Encoder exposes no `params`; cannot use it as a teacher")
+  return dict(cfg), params
+
+
+@dataclasses.dataclass
+class Setup:
+  """Everything built from a config: model, recipe, loss context, optimiser, state shapes/shardings."""
+  config: Any
+  mesh: Mesh
+  recipe: Any
+  model: TrainModel
+  ctx: LossContext
+  tx: optax.GradientTransformation
+  schedule: Callable
+  state_shapes: Any
+  state_shardings: Any
+  batch_sharding: NamedSharding
+  init_fn: Callable[[jax.Array], TrainState]
+  teacher: Optional[Teacher] = None
+  frozen_shardings: Any = None
+
+  def init_state(self) -> TrainState:
+    """Params born sharded: jit(init, out_shardings=...) — no host ever holds the full tree."""
+    return jax.jit(self.init_fn, out_shardings=self.state_shardings)(
+        jax.random.PRNGKey(int(self.config.seed)))
+
+  def frozen(self) -> dict:
+    """Frozen (non-trained, non-checkpointed) inputs of the step: the distillation teacher's params."""
+    if self.teacher is None:
+      return {}
+    return jax.device_put({"image": self.teacher.params}, self.frozen_shardings)
+
+
+def build_model(config, recipe, *, vocab_size: Optional[int] = None,
+                teacher_width: Optional[int] = None) -> TrainModel:
+  """The recipe's TrainModel from `config.model` (mask token only when iBOT masks something)."""
+  img = image_kwargs(config)
+  img["use_mask_token"] = bool(img.get("use_mask_token")) and float(config.input.mask_ratio) > 0
+  txt = text_kwargs(config, vocab_size) if "text" in recipe.parts else {}
+  parts = tuple(recipe.parts)
+  heads = dict(config.model.heads)
+  head_dtype = img.get("dtype", jnp.float32)
+  heads.setdefault("dtype", head_dtype)
+  fusion = _module_kwargs(config.model.fusion)
+  fusion.setdefault("max_text_len", int(config.max_len))
+  fusion.setdefault("dtype", head_dtype)
+  return TrainModel(
+      image_cfg=img, text_cfg=txt, parts=parts, embed_dim=config.model.embed_dim,
+      heads_cfg=heads, fusion_cfg=fusion, logit_scale_init=float(config.model.logit_scale_init),
+      logit_bias_init=float(config.model.logit_bias_init), distill_dim=teacher_width)
+
+
+def make_loss_context(config, recipe, model, ema_keys, teacher=None) -> LossContext:
+  """Static loss options from `config.loss` (weights, zero terms dropped) and `config.loss_opts`."""
+  lo = config.loss_opts
+  return LossContext(
+      model=model, recipe=recipe, weights={k: float(v) for k, v in config.loss.items() if v},
+      student_temp=float(lo.student_temp), teacher_temp=float(lo.teacher_temp),
+      warmup_teacher_temp=float(lo.warmup_teacher_temp),
+      teacher_temp_warmup_steps=int(lo.teacher_temp_warmup_steps),
+      center_momentum=float(lo.center_momentum), ibot_all_patches=bool(lo.ibot_all_patches),
+      ibot_token_norm=lo.ibot_token_norm, teacher_method=lo.teacher_method,
+      logit_scale_max=None if config.model.logit_scale_max is None else float(config.model.logit_scale_max),
+      fusion_cls=int(lo.fusion_cls), ema_keys=tuple(ema_keys),
+      teacher_model=None if teacher is None else teacher.module)
+
+
+def example_inputs(config) -> tuple[jax.Array, jax.Array]:
+  """Dummy (image, ids) with the config's global crop size, for initialisation only."""
+  s = int(config.input.global_size)
+  return jnp.zeros((1, s, s, 3), jnp.uint8), jnp.ones((1, int(config.max_len)), jnp.int32)
+
+
+def build(config, mesh: Optional[Mesh] = None, *, vocab_size: Optional[int] = None,
+          teacher: Optional[Teacher] = None) -> Setup:
+  """Builds the Setup for `config` on `mesh` (default: all devices, `config.mesh`)."""
+  mesh = mesh or sharding_lib.make_mesh(config.mesh)
+  recipe = recipes_lib.get_recipe(config.recipe)
+  if recipe.teacher == "frozen" and teacher is None:
+    teacher = load_teacher(config)
+  teacher_width = None if teacher is None else int(teacher.image_config["width"])
+  model = build_model(config, recipe, vocab_size=vocab_size, teacher_width=teacher_width)
+  ema_keys = state_lib.ema_keys(recipe, config.ema.mode)
+  ctx = make_loss_context(config, recipe, model, ema_keys, teacher)
+  images, ids = example_inputs(config)
+
+  def init_params(rng):
+    return model.init({"params": rng, "dropout": rng}, images, ids, method=TrainModel.init_all)["params"]
+
+  params_shape = jax.eval_shape(init_params, jax.random.PRNGKey(0))
+  tx, schedule = optim_lib.make_optimizer(config, params_shape)
+
+  def init_fn(rng) -> TrainState:
+    p_rng, s_rng = jax.random.split(rng)
+    params = init_params(p_rng)
+    if config.distill.get("init_text") and teacher is not None and teacher.text_params is not None:
+      want = jax.tree.map(lambda x: x.shape, params["text"])
+      got = jax.tree.map(lambda x: tuple(x.shape), teacher.text_params)
+      if want != got:
+        raise ValueError("config.distill.init_text=True but the teacher's text tower does not match "
+                         "config.model.text (set the same width/depth/vocab_size, or init_text=False)")
+      params = {**params, "text": jax.tree.map(jnp.asarray, teacher.text_params)}
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                      ema=state_lib.init_ema(params, ema_keys), centers=init_centers(ctx),
+                      rng=s_rng)
+
+  state_shapes = jax.eval_shape(init_fn, jax.random.PRNGKey(0))
+  rules = [tuple(r) for r in config.sharding.rules]
+  state_shardings = sharding_lib.tree_shardings(state_shapes, mesh, rules,
+                                                min_size=int(config.sharding.min_size))
+  frozen_shardings = None
+  if teacher is not None:
+    frozen_shardings = sharding_lib.tree_shardings({"image": teacher.params}, mesh, rules,
+                                                   min_size=int(config.sharding.min_size))
+  return Setup(config=config, mesh=mesh, recipe=recipe, model=model, ctx=ctx, tx=tx, schedule=schedule,
+               state_shapes=state_shapes, state_shardings=state_shardings,
+               batch_sharding=sharding_lib.batch_sharding(mesh), init_fn=init_fn, teacher=teacher,
+               frozen_shardings=frozen_shardings)
+
+
+def loss_and_grads(setup: Setup, state: TrainState, batch: dict, frozen: dict):
+  """(total, metrics, new_centers, grads) of one step, without applying it (tests, benchmarks)."""
+
+  def loss_fn(params):
+    return compute_losses(setup.ctx, params, state.ema, state.centers, frozen, batch, state.step,
+                          state.step_key())
+
+  (total, (metrics, centers)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+  return total, metrics, centers, grads
+
+
+def train_step(setup: Setup, state: TrainState, batch: dict, frozen: dict) -> tuple[TrainState, dict]:
+  """One optimiser step: losses on the global batch, update, EMA of the teacher subset, new centres."""
+  _, metrics, centers, grads = loss_and_grads(setup, state, batch, frozen)
+  updates, opt_state = setup.tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  ema = state_lib.ema_update(state.ema, params, jnp.float32(setup.config.ema.momentum))
+  metrics = dict(metrics)
+  metrics["grad_norm"] = optax.tree.norm(grads)
+  metrics["lr"] = setup.schedule(state.step)
+  new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state, ema=ema,
+                            centers=centers)
+  return new_state, metrics
+
+
+def jit_train_step(setup: Setup) -> Callable:
+  """The one jitted step: explicit in/out shardings, state donated (updated in place on device)."""
+  rep = sharding_lib.replicated(setup.mesh)
+  frozen_sh = setup.frozen_shardings if setup.frozen_shardings is not None else rep
+  return jax.jit(lambda s, b, f: train_step(setup, s, b, f),
+                 in_shardings=(setup.state_shardings, setup.batch_sharding, frozen_sh),
+                 out_shardings=(setup.state_shardings, rep), donate_argnums=(0,))
+
+
+def jit_loss_and_grads(setup: Setup) -> Callable:
+  """Jitted `loss_and_grads` with the same shardings as the step (grads sharded like params)."""
+  rep = sharding_lib.replicated(setup.mesh)
+  frozen_sh = setup.frozen_shardings if setup.frozen_shardings is not None else rep
+  return jax.jit(lambda s, b, f: loss_and_grads(setup, s, b, f),
+                 in_shardings=(setup.state_shardings, setup.batch_sharding, frozen_sh),
+                 out_shardings=(rep, rep, rep, setup.state_shardings.params))
+
+
+def synthetic_batch(config, batch_size: Optional[int] = None, seed: int = 0,
+                    vocab_size: int = 100) -> dict:
+  """A random host batch with every field the config's recipe/views need (bench, tests, info FLOPs).
+
+  Why: step time and FLOPs must be measurable without any dataset on disk.
+  """
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  rs = np.random.RandomState(seed)
+  inp = config.input
+  b = int(batch_size or inp.batch_size)
+  g, loc = int(inp.global_size), int(inp.local_size)
+  p = int(config.model.image.patch_size)
+  length = int(config.max_len)
+
+  def img(*shape):
+    return rs.randint(0, 256, size=shape + (3,), dtype=np.uint8)
+
+  def text():
+    ids = rs.randint(1, vocab_size, size=(b, length)).astype(np.int32)
+    lens = rs.randint(2, length + 1, size=(b,))
+    ids[np.arange(length)[None, :] >= lens[:, None]] = 0
+    return ids
+
+  batch = {"image": img(b, g, g), "text": text(), "text2": text()}
+  if "two_views" in inp.views:
+    batch["image2"] = img(b, g, g)
+  if "multicrop" in inp.views and int(inp.num_local) > 0:
+    batch["local_crops"] = img(b, int(inp.num_local), loc, loc)
+  if float(inp.mask_ratio) > 0:
+    gh = -(-g // p)
+    n = gh * gh
+    k = int(round(float(inp.mask_ratio) * n))
+    mask = np.zeros((b, n), bool)
+    for i in range(b):
+      mask[i, rs.permutation(n)[:k]] = True
+    batch["mask"] = mask.reshape(b, gh, gh)
+  return batch
