@@ -114,7 +114,7 @@ def base_config(recipe_name: str, variant: str, *, text_variant: str | None = No
   c.loss_opts = mlc.ConfigDict(dict(
       student_temp=0.1, teacher_temp=0.07, warmup_teacher_temp=0.04, teacher_temp_warmup_steps=0,
       center_momentum=0.9, ibot_all_patches=recipe_name != "tips", ibot_token_norm="masked",
-      teacher_method="centering", fusion_cls=0))
+      teacher_method="centering", fusion_cls=0, contrastive_view="unmasked"))
   c.ema = mlc.ConfigDict(dict(mode=r.ema_mode, momentum=0.996))
 
   if r.optimizer == "adafactor":

@@ -33,6 +33,9 @@ def get_config(arg=None):
   c.input.update(dict(global_size=a.size, local_size=a.size // 2,
                       num_local=2 if "multicrop" in c.input.views else 0, num_workers=0, prefetch=2))
   c.loss_opts.teacher_temp_warmup_steps = a.steps // 3
+  # Sinkhorn-Knopp teacher (DINOv2's default): with batch 32 and a few hundred steps, softmax centering
+  # lets the heads settle on the uniform output (DINO/iBOT stuck at ln K); equipartition prevents that.
+  c.loss_opts.teacher_method = "sinkhorn"
   c.optim.update(dict(lr=5e-4, warmup_steps=a.steps // 10, min_lr_ratio=0.05, weight_decay=1e-4,
                       min_dim_size_to_factor=32))
   if c.optim.name == "adamw":

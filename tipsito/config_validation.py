@@ -131,6 +131,7 @@ def validate(config: mlc.ConfigDict, *, num_devices: int | None = None, process_
   lo = config.loss_opts
   _choice("loss_opts.teacher_method", lo.teacher_method, TEACHER_METHODS)
   _choice("loss_opts.ibot_token_norm", lo.ibot_token_norm, TOKEN_NORMS)
+  _choice("loss_opts.contrastive_view", lo.contrastive_view, ("unmasked", "masked"))
   _choice("loss_opts.fusion_cls", lo.fusion_cls, tuple(range(m.image.get("num_cls_tokens", 1))))
   _choice("ema.mode", config.ema.mode, recipes_lib.EMA_MODES)
   if not 0.0 <= float(config.ema.momentum) <= 1.0:

@@ -18,6 +18,9 @@ Loss terms (weights in `config.loss.<term>`, options in `config.loss_opts`):
   koleo       KoLeo regulariser on the student CLS1 of view 1 (off by default).
   feature     distillation only: 1 - cos between the projected student and the frozen teacher tokens
               (CLS and patches), a direct feature-matching term (off by default).
+Contrastive view: with iBOT masking on, the contrastive terms (and KoLeo, fusion) read view 1 *unmasked* by
+default (`loss_opts.contrastive_view='unmasked'` [I]: the papers do not say; with 75% of the patches replaced
+by the mask token, the CLS cannot carry what the caption names). 'masked' reuses the masked pass instead.
 Teacher features: head-only EMA -> stop_gradient(student encoder on the unmasked image) (reused from the
 student pass when nothing is masked); full EMA -> the EMA image encoder; distill -> the frozen teacher.
 Teacher heads are always `state.ema` (an EMA of the student heads).
@@ -98,6 +101,7 @@ class LossContext:
   ibot_all_patches: bool = True
   ibot_token_norm: str = "masked"
   teacher_method: str = "centering"
+  contrastive_view: str = "unmasked"
   logit_scale_max: Optional[float] = None
   fusion_cls: int = 0
   ema_keys: tuple[str, ...] = ()
@@ -132,19 +136,25 @@ def compute_losses(ctx: LossContext, params: dict, ema: dict, centers: dict, fro
 
   out, metrics, new_centers = {}, {}, dict(centers)
   b = batch["image"].shape[0]
-  # Same-shaped calls are batched into one (one encoder in the HLO, bigger matmuls): view 1 (masked)
-  # and view 2 (unmasked) share a pass, 'text' and 'text2' share a pass, both fusion calls share one.
+  # One encoder pass over every same-shaped image view (bigger matmuls, one encoder in the HLO):
+  # view 1 as the student sees it (masked), view 1 unmasked when the contrastive terms must not see the
+  # mask (`loss_opts.contrastive_view='unmasked'`; with head-only EMA this chunk, stop-gradiented, is
+  # also the teacher's input, so it costs no extra pass), and ITO's view 2 (never masked).
   two_views = ("clip_view2" in w or "fusion" in w)
-  imgs = batch["image"]
-  if two_views:
-    imgs = jnp.concatenate([imgs, batch["image2"]], 0)
-    if mask is not None:
-      mask = jnp.concatenate([mask, jnp.zeros_like(mask)], 0)
-  both = apply(params, imgs, mask=mask, train=True, method=TrainModel.encode_image)
-  if two_views:
-    mask = None if mask is None else mask[:b]
-  s_img = jax.tree.map(lambda x: x[:b], both)
-  cls1 = s_img["cls"][:, 0]
+  need_contrastive = any(t in w for t in ("clip", "siglip", "clip_view2", "fusion", "koleo"))
+  unmasked_v1 = mask is not None and need_contrastive and ctx.contrastive_view == "unmasked"
+  views = [batch["image"]] + ([batch["image"]] if unmasked_v1 else []) + (
+      [batch["image2"]] if two_views else [])
+  imgs = jnp.concatenate(views, 0) if len(views) > 1 else views[0]
+  if mask is not None and len(views) > 1:
+    mask = jnp.concatenate([mask] + [jnp.zeros_like(mask)] * (len(views) - 1), 0)
+  allv = apply(params, imgs, mask=mask, train=True, method=TrainModel.encode_image)
+  if mask is not None:
+    mask = mask[:b]
+  chunks = [jax.tree.map(lambda x, i=i: x[i * b:(i + 1) * b], allv) for i in range(len(views))]
+  s_img = chunks[0]                              # student view 1 (masked when iBOT is on)
+  c_img = chunks[1] if unmasked_v1 else s_img    # view 1 as the contrastive terms see it
+  cls1 = c_img["cls"][:, 0]
 
   if "logit_scale" in params:
     log_s = params["logit_scale"]
@@ -166,7 +176,7 @@ def compute_losses(ctx: LossContext, params: dict, ema: dict, centers: dict, fro
     parts = [_con.clip_loss(proj(cls1), t_emb, scale)]
     metrics["clip/cls1"] = parts[0]
     if two_cls:
-      parts.append(_con.clip_loss(proj(s_img["cls"][:, 1]), l2n(txt_all["pooled"][b:]), scale))
+      parts.append(_con.clip_loss(proj(c_img["cls"][:, 1]), l2n(txt_all["pooled"][b:]), scale))
       metrics["clip/cls2"] = parts[1]
     out["clip"] = sum(parts) / len(parts)
   if "siglip" in w:
@@ -174,14 +184,15 @@ def compute_losses(ctx: LossContext, params: dict, ema: dict, centers: dict, fro
     out["siglip"] = _con.siglip_loss(proj(cls1), t_emb, scale, bias)
     metrics["logit_bias"] = bias
   if two_views:
-    v2 = jax.tree.map(lambda x: x[b:], both)
+    v2 = chunks[-1]
     if "clip_view2" in w:
       out["clip_view2"] = _con.clip_loss(proj(v2["cls"][:, 0]), t_emb, scale)
     if "fusion" in w:
       c = ctx.fusion_cls
       tok2 = jnp.concatenate([txt["tokens"], txt["tokens"]], 0)
       val2 = jnp.concatenate([txt["valid"], txt["valid"]], 0)
-      z = apply(params, both["cls"][:, c], both["patches"], tok2, val2, method=TrainModel.fuse)
+      fused_in = jax.tree.map(lambda x, y: jnp.concatenate([x, y], 0), c_img, v2)
+      z = apply(params, fused_in["cls"][:, c], fused_in["patches"], tok2, val2, method=TrainModel.fuse)
       out["fusion"] = _con.ntxent_loss(z[:b], z[b:], scale)
   if "koleo" in w:
     out["koleo"] = _sd.koleo_loss(cls1)
@@ -196,11 +207,13 @@ def compute_losses(ctx: LossContext, params: dict, ema: dict, centers: dict, fro
       t_feat = apply({**params, **ema}, batch["image"], method=TrainModel.encode_image)
     elif mask is None:
       t_feat = s_img  # head-only EMA, nothing masked: the student pass *is* the teacher's input.
+    elif unmasked_v1:
+      t_feat = c_img  # head-only EMA: the unmasked contrastive pass is the teacher's input.
     else:
       t_feat = apply(params, batch["image"], method=TrainModel.encode_image)
     t_feat = jax.lax.stop_gradient(t_feat)
     t_params = jax.lax.stop_gradient({**params, **ema})
-    s_cls, s_patches = cls1, s_img["patches"]
+    s_cls, s_patches = s_img["cls"][:, 0], s_img["patches"]
     if "distill_proj" in params:
       s_cls = apply(params, s_cls, method=TrainModel.to_teacher_width)
       s_patches = apply(params, s_patches, method=TrainModel.to_teacher_width)

@@ -152,6 +152,7 @@ def make_loss_context(config, recipe, model, ema_keys, teacher=None) -> LossCont
       teacher_temp_warmup_steps=int(lo.teacher_temp_warmup_steps),
       center_momentum=float(lo.center_momentum), ibot_all_patches=bool(lo.ibot_all_patches),
       ibot_token_norm=lo.ibot_token_norm, teacher_method=lo.teacher_method,
+      contrastive_view=lo.contrastive_view,
       logit_scale_max=None if config.model.logit_scale_max is None else float(config.model.logit_scale_max),
       fusion_cls=int(lo.fusion_cls), ema_keys=tuple(ema_keys),
       teacher_model=None if teacher is None else teacher.module)
