@@ -2,8 +2,8 @@
 
 Why a standalone entry point: the numbers users compare (zero-shot, retrieval, zero-shot segmentation,
 kNN) must be computable on any encoder, not only during training: a tipsito export (`tipsito.load`,
-including imported official TIPS weights) or a training workdir/checkpoint (through the training code's
-`tipsito.train.loop.encoder_from_checkpoint(config, dir)`). The evaluators are exactly the ones the
+including imported official TIPS weights) or a training workdir/checkpoint (restored with the training
+code's own model builder and Orbax checkpointer). The evaluators are exactly the ones the
 training loop runs (`tipsito.evals`), so numbers agree between the two.
 
 Prints a table (eval | metric | value), writes JSON ({'checkpoint', 'kind', 'metrics', 'pictures'}) to
@@ -61,15 +61,12 @@ def load_encoder(config, checkpoint: str):
         f"{checkpoint!r} is not an export (no config.json + params/) and the training code needed for "
         f"training checkpoints cannot be imported ({e}); export it first with "
         "`python -m tipsito.export --workdir DIR --output EXPORT`") from e
-  fn = getattr(loop, "encoder_from_checkpoint", None)
-  if fn is None:
-    fn = _encoder_from_workdir_shim
-  return fn(config, checkpoint), "train"
+  del loop  # imported above only to fail early with a clear message
+  return _encoder_from_workdir(config, checkpoint), "train"
 
 
-def _encoder_from_workdir_shim(config, checkpoint: str):
-  """Private stand-in for `tipsito.train.loop.encoder_from_checkpoint` (used only while the training
-  code does not provide it): latest checkpoint of a training workdir -> in-memory Encoder.
+def _encoder_from_workdir(config, checkpoint: str):
+  """Latest checkpoint of a training workdir -> in-memory Encoder (no export needed).
 
   Uses only the training loop's public pieces (the same path as `export_from_workdir`): the workdir's
   saved config.json rebuilds the model; `checkpoint` may be the workdir or its `checkpoints/` folder.

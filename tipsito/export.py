@@ -3,8 +3,8 @@
 Two sources:
   * released TIPS weights: --tips_image_npz V.npz --tips_text_npz T.npz
     [--tokenizer F.model] --output DIR (architecture inferred from shapes);
-  * a tipsito training workdir: --workdir DIR --output DIR (owned by the
-    training code, see `export_from_workdir`).
+  * a tipsito training workdir: --workdir DIR --output DIR (the training
+    code restores the latest checkpoint, see `export_from_workdir`).
 Both end in `tipsito.checkpoint.write_export`, which refuses training-only
 parts (fusion module, DINO/iBOT heads, mask token).
 
@@ -50,11 +50,8 @@ def export_tips_npz(image_npz: str, text_npz: str, output: str,
              'tips_text_npz': str(text_npz)})
 
 
-# ---------------------------------------------------------------------------
-# PLACEHOLDER — owned by the training helper, who replaces this function.
-# ---------------------------------------------------------------------------
 def export_from_workdir(workdir: str, output: str) -> str:
-  """Exports the encoders of a training workdir's latest checkpoint (owned by training).
+  """Exports the encoders of a training workdir's latest checkpoint.
 
   Why: any checkpoint of a run (not only the final one) can become an inference model; the training
   code knows the state layout, so it restores the student params and keeps image/text (+ image_proj).

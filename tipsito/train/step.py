@@ -72,7 +72,10 @@ def load_teacher(config) -> Teacher:
   d = config.distill
   if d.teacher_image_npz:
     from tipsito import checkpoint  # pylint: disable=import-outside-toplevel
-    image_cfg, _, params, _ = checkpoint.import_tips_npz(d.teacher_image_npz, d.teacher_text_npz)
+    if d.teacher_text_npz:  # the text tower too (distill.init_text can start the student's from it)
+      image_cfg, _, params, _ = checkpoint.import_tips_npz(d.teacher_image_npz, d.teacher_text_npz)
+    else:
+      image_cfg, params = checkpoint.import_tips_vision(d.teacher_image_npz)
   else:
     from tipsito import inference  # pylint: disable=import-outside-toplevel
     enc = inference.load(d.teacher)
