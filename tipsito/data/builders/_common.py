@@ -310,3 +310,16 @@ def run_conversion(builder, items: Iterable[Any], report: "SkipReport", num_work
       report.skip(name, *value)
   while pending_skips:
     report.skip(*pending_skips.pop(0))
+
+
+class SingleInputSplit:
+  """Mixin for builders converting user files (table, webdataset): one split named `self._split`, built
+  from `self._input_path` by `self._generate_examples()`. Shared so both fail the same clear way when no
+  input is given."""
+
+  def _split_generators(self, dl_manager):
+    """A single split named `split`; building needs input_path."""
+    del dl_manager
+    if self._input_path is None:
+      raise ValueError(f"{self.name}: input_path is required to build the dataset")
+    return {self._split: self._generate_examples()}

@@ -68,7 +68,7 @@ def read_table(path: str) -> tuple[list[str], list[dict]]:
   return list(reader.fieldnames or []), rows
 
 
-class Table(tfds.core.GeneratorBasedBuilder):
+class Table(_common.SingleInputSplit, tfds.core.GeneratorBasedBuilder):
   """Caption-table / image-folder converter (see module docstring)."""
 
   VERSION = tfds.core.Version("1.0.0")
@@ -143,13 +143,6 @@ class Table(tfds.core.GeneratorBasedBuilder):
     else:
       n = len(self._rows)
     return {self._split: min(n, self._limit) if self._limit else n}
-
-  def _split_generators(self, dl_manager):
-    """A single split named `split`; building needs input_path."""
-    del dl_manager
-    if self._input_path is None:
-      raise ValueError(f"{self.name}: input_path is required to build the dataset")
-    return {self._split: self._generate_examples()}
 
   def _items(self):
     """(key, image path, fields) per input, or ('__skip__', name, reason, detail)."""

@@ -76,7 +76,7 @@ def _caption_keys_of(obj: dict) -> list[str]:
   return [k for k, v in obj.items() if isinstance(v, str) and k not in _NON_CAPTION_KEYS]
 
 
-class Webdataset(tfds.core.GeneratorBasedBuilder):
+class Webdataset(_common.SingleInputSplit, tfds.core.GeneratorBasedBuilder):
   """webdataset tar converter (see module docstring)."""
 
   VERSION = tfds.core.Version("1.0.0")
@@ -140,13 +140,6 @@ class Webdataset(tfds.core.GeneratorBasedBuilder):
     """Upper bound of examples per split (samples before skipping), to choose the number of shards."""
     n = self._num_samples
     return {self._split: min(n, self._limit) if self._limit else n}
-
-  def _split_generators(self, dl_manager):
-    """A single split named `split`; building needs input_path."""
-    del dl_manager
-    if self._input_path is None:
-      raise ValueError(f"{self.name}: input_path is required to build the dataset")
-    return {self._split: self._generate_examples()}
 
   def _items(self):
     """(key, image bytes, fields) per sample, or ('__skip__', name, reason, detail)."""
