@@ -28,7 +28,12 @@ def two_builds(tmp_path_factory):
 
 def _records(data_dir, split):
   """All records of a split of the tiny shapes build."""
-  src, info = sources.open_source({"name": "shapes/tiny", "split": split, "data_dir": str(data_dir),
+  return _records_of(data_dir, "shapes/tiny", split)
+
+
+def _records_of(data_dir, name, split):
+  """All records of a split of a shapes build named `name` ('shapes/<config>')."""
+  src, info = sources.open_source({"name": name, "split": split, "data_dir": str(data_dir),
                                    "label_key": "label"})
   return [src[i] for i in range(len(src))], info
 
@@ -114,3 +119,33 @@ def test_source_is_picklable(two_builds):
   clone = pickle.loads(pickle.dumps(src))
   assert clone[-1] == src[len(src) - 1]
   assert [r["id"] for r in src.__getitems__([0, 2])] == [src[0]["id"], src[2]["id"]]
+
+
+def test_build_options_restrict_objects_sizes_and_colours(tmp_path):
+  """max_objects / object_sizes / colours reach the records (the CPU demo relies on them)."""
+  convert.convert("shapes", str(tmp_path), config_name="simple", max_objects=1,
+                  object_sizes=("large",), colours=("red", "blue"), **TINY)
+  recs, _ = _records_of(tmp_path, "shapes/simple", "train")
+  assert len(recs) == 24
+  for r in recs:
+    assert r["caption_detailed"].count(",") == 1  # one object phrase, then ', on a ... background.'
+    assert r["caption_detailed"].split()[1] == "large"
+    assert r["alt_text"].split()[1] in ("red", "blue")
+  # Default options keep the default stream: example i is unchanged by the new keyword arguments.
+  x = shapes_gen.generate(5, image_size=32)
+  y = shapes_gen.generate(5, image_size=32, max_objects=4, sizes=shapes_gen.SIZE_NAMES,
+                          colours=tuple(shapes_gen.COLOURS))
+  assert x["caption_detailed"] == y["caption_detailed"] and np.array_equal(x["image"], y["image"])
+
+
+@pytest.mark.parametrize("kwargs, key", [(dict(max_objects=0), "max_objects"),
+                                         (dict(object_sizes=("huge",)), "object_sizes"),
+                                         (dict(colours=("red", "mauve")), "colours"),
+                                         (dict(colours=()), "colours")])
+def test_bad_build_options_name_the_key(tmp_path, kwargs, key):
+  """A wrong option fails before anything is written, naming the key and the valid values."""
+  with pytest.raises(ValueError, match=key):
+    convert.convert("shapes", str(tmp_path), **kwargs, **TINY)
+  assert not list(tmp_path.iterdir())
+  with pytest.raises(ValueError, match="only apply to shapes"):
+    convert.convert("fashion_mnist", str(tmp_path), max_objects=2, verbose=False)

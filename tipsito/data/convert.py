@@ -8,6 +8,7 @@ Examples:
   python -m tipsito.data.convert shapes --data_dir ~/tfds                     # 2000/200 at 224 px
   python -m tipsito.data.convert shapes --data_dir /tmp/d --config_name tiny --image_size 32 \
       --split_sizes train=64,test=16
+  python -m tipsito.data.convert shapes --data_dir /tmp/d --max_objects 2 --object_sizes medium,large
   python -m tipsito.data.convert tuxpaint --data_dir ~/tfds --num_workers 4   # 785 stamps
   python -m tipsito.data.convert fashion_mnist --data_dir ~/tfds [--image_size 56] [--limit 1000]
   python -m tipsito.data.convert table --data_dir ~/tfds --input caps.tsv --config_name mycaps
@@ -26,6 +27,7 @@ from typing import Sequence
 
 from tipsito.data import builders
 from tipsito.data.builders import _common
+from tipsito.data.builders import shapes_gen
 
 NAMES = tuple(builders.BUILDERS)
 # Default records per array_record shard. TFDS sizes shards by bytes (64 MiB..1 GiB, and tfds 4.9.10
@@ -73,7 +75,9 @@ def choose_num_shards(builder) -> int:
 def convert(name: str, data_dir: str, *, input_path: str | None = None, split_sizes: dict | None = None,
             image_size: int | None = None, num_workers: int | None = None, num_shards: int | None = None,
             limit: int | None = None, config_name: str | None = None, overwrite: bool = False,
-            verbose: bool = True, **builder_kwargs) -> ConvertResult:
+            verbose: bool = True, max_objects: int | None = None,
+            object_sizes: Sequence[str] | None = None, colours: Sequence[str] | None = None,
+            **builder_kwargs) -> ConvertResult:
   """Builds dataset `name` into `data_dir`; returns a ConvertResult. See module docstring."""
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
@@ -96,8 +100,12 @@ def convert(name: str, data_dir: str, *, input_path: str | None = None, split_si
     unknown = set(sizes) - {"train", "test"}
     if unknown:
       raise ValueError(f"shapes: unknown splits {sorted(unknown)} (train, test)")
+    shapes_gen.check_options(max_objects=max_objects, sizes=object_sizes, colours=colours)
+    object_sizes = tuple(object_sizes) if object_sizes is not None else None
+    colours = tuple(colours) if colours is not None else None
     kwargs["overrides"] = {"image_size": image_size, "train_size": sizes.get("train"),
-                           "test_size": sizes.get("test")}
+                           "test_size": sizes.get("test"), "max_objects": max_objects,
+                           "object_sizes": object_sizes, "colours": colours}
   elif name == "tuxpaint":
     if input_path:
       kwargs["stamps_dir"] = input_path
@@ -115,6 +123,8 @@ def convert(name: str, data_dir: str, *, input_path: str | None = None, split_si
     kwargs["limit"] = limit
     if config_name:
       config = tfds.core.BuilderConfig(name=config_name)
+  if name != "shapes" and (max_objects, object_sizes, colours) != (None, None, None):
+    raise ValueError(f"{name}: max_objects / object_sizes / colours only apply to shapes")
   if split_sizes and name != "shapes":
     raise ValueError(f"{name}: --split_sizes only applies to shapes (use --limit)")
 
@@ -155,6 +165,9 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--input", dest="input_path", help="input file/dir/glob (table, webdataset; optional "
                  "override of the Debian package dir for tuxpaint / fashion_mnist)")
   p.add_argument("--split_sizes", help="shapes only: 'train=2000,test=200'")
+  p.add_argument("--max_objects", type=int, help="shapes only: 1..N objects per image (default 4)")
+  p.add_argument("--object_sizes", help="shapes only: comma subset of small,medium,large (default all)")
+  p.add_argument("--colours", help="shapes only: comma subset of the fill colours (default all ten)")
   p.add_argument("--image_size", type=int, help="shapes: side; tuxpaint: max side; fashion_mnist: upscale to")
   p.add_argument("--num_workers", type=int, help="conversion processes (default: cores - 1)")
   p.add_argument("--num_shards", type=int, help="array_record shards per split (default: by size)")
@@ -167,6 +180,11 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--label_column", help="table: column to use as a ClassLabel")
   p.add_argument("--overwrite", action="store_true", help="rebuild even if already prepared")
   return p
+
+
+def _comma_list(text: str | None) -> tuple[str, ...] | None:
+  """'a, b' -> ('a', 'b'); None/'' -> None (flag not given)."""
+  return tuple(z.strip() for z in text.split(",") if z.strip()) if text else None
 
 
 def main(argv: Sequence[str] | None = None) -> ConvertResult:
@@ -184,7 +202,8 @@ def main(argv: Sequence[str] | None = None) -> ConvertResult:
   return convert(args.name, args.data_dir, input_path=args.input_path,
                  split_sizes=parse_split_sizes(args.split_sizes), image_size=args.image_size,
                  num_workers=args.num_workers, num_shards=args.num_shards, limit=args.limit,
-                 config_name=args.config_name, overwrite=args.overwrite, **extra)
+                 config_name=args.config_name, overwrite=args.overwrite, max_objects=args.max_objects,
+                 object_sizes=_comma_list(args.object_sizes), colours=_comma_list(args.colours), **extra)
 
 
 if __name__ == "__main__":

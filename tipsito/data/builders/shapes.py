@@ -25,19 +25,26 @@ from tipsito.data.builders import shapes_gen
 
 @dataclasses.dataclass(eq=False)
 class ShapesConfig(tfds.core.BuilderConfig):
-  """Size knobs of `shapes`; tests use a tiny config (e.g. image_size=32, 16/8 examples)."""
+  """Size knobs of `shapes`; tests use a tiny config (e.g. image_size=32, 16/8 examples).
+
+  max_objects / object_sizes / colours shape the difficulty: the default (1-4 objects, small to large) is a
+  cluttered scene; the CPU demo uses 1-2 medium/large objects so a tiny ViT can learn shape classes.
+  """
 
   image_size: int = 224
   train_size: int = 2000
   test_size: int = 200
   seed: int = 0
   max_objects: int = 4
+  object_sizes: tuple[str, ...] = shapes_gen.SIZE_NAMES
+  colours: tuple[str, ...] = tuple(shapes_gen.COLOURS)
 
 
 def _make_example(args):
   """Worker: (split, index, config fields) -> (key, tfds example with encoded PNGs)."""
-  split, index, image_size, seed, max_objects = args
-  ex = shapes_gen.generate(index, split=split, image_size=image_size, seed=seed, max_objects=max_objects)
+  split, index, image_size, seed, max_objects, object_sizes, colours = args
+  ex = shapes_gen.generate(index, split=split, image_size=image_size, seed=seed, max_objects=max_objects,
+                           sizes=object_sizes, colours=colours)
   ex["image"] = _common.png_bytes(ex["image"])
   ex["segmentation"] = _common.png_bytes(ex["segmentation"])
   return ex["id"], ex
@@ -85,7 +92,8 @@ class Shapes(tfds.core.GeneratorBasedBuilder):
   def _generate_examples(self, split: str, n: int):
     """Generates examples in the worker pool; order and content depend only on the indices."""
     cfg = self.options
-    items = ((split, i, cfg.image_size, cfg.seed, cfg.max_objects) for i in range(n))
+    items = ((split, i, cfg.image_size, cfg.seed, cfg.max_objects, tuple(cfg.object_sizes),
+              tuple(cfg.colours)) for i in range(n))
     for status, value in _common.parallel_map(_make_example, items, self._num_workers, chunksize=32):
       assert status == "ok", value
       yield value

@@ -100,13 +100,34 @@ def _join(items: list[str]) -> str:
   return ", ".join(items[:-1]) + " and " + items[-1]
 
 
+SIZE_NAMES = ("small", "medium", "large")
+_SIZE_FRACTIONS = {"small": (0.07, 0.11), "medium": (0.12, 0.17), "large": (0.18, 0.26)}
+
+
+def check_options(*, max_objects: int | None = None, sizes=None, colours=None) -> None:
+  """Fails naming the option and its valid values (build options come from configs and the CLI)."""
+  if max_objects is not None and max_objects < 1:
+    raise ValueError(f"shapes max_objects={max_objects}: must be >= 1")
+  for key, value, valid in (("object_sizes", sizes, SIZE_NAMES), ("colours", colours, tuple(COLOURS))):
+    if value is not None and (not value or isinstance(value, str) or any(v not in valid for v in value)):
+      raise ValueError(f"shapes {key}={value!r}: valid values are non-empty subsets of {valid}")
+
+
 def generate(index: int, *, split: str = "train", image_size: int = 224, seed: int = 0,
-             max_objects: int = 4) -> dict:
+             max_objects: int = 4, sizes: tuple[str, ...] = SIZE_NAMES,
+             colours: tuple[str, ...] | None = None) -> dict:
   """Returns one example: uint8 image (S,S,3), mask (S,S) (class+1, 0 = background), captions, label.
 
   The main object (label and short caption) is the largest one; it is drawn first, smaller ones may
   overlap it. The segmentation mask holds the class of the top-most object at each pixel.
+  `sizes` restricts object sizes (radius as a fraction of the image: small 7-11%, medium 12-17%,
+  large 18-26%): at 64 px a small star or hexagon is a few pixels wide, so low-resolution runs that
+  should learn shape classes use ('medium', 'large'). `colours` restricts the fill colours (names of
+  COLOURS; None = all ten): with ten colours, colour alone tells most captions in a batch apart, so a
+  small contrastive model can match captions without ever learning shape.
   """
+  check_options(max_objects=max_objects, sizes=sizes, colours=colours)
+  colours = tuple(COLOURS) if colours is None else tuple(colours)
   rng = np.random.default_rng([seed, _SPLIT_IDS.get(split, 3), index])
   s = image_size
   n = int(rng.integers(1, max_objects + 1))
@@ -127,13 +148,13 @@ def generate(index: int, *, split: str = "train", image_size: int = 224, seed: i
 
   objects = []
   for _ in range(n):
-    size_name = ("small", "medium", "large")[rng.integers(3)]
-    frac = {"small": (0.07, 0.11), "medium": (0.12, 0.17), "large": (0.18, 0.26)}[size_name]
+    size_name = tuple(sizes)[rng.integers(len(sizes))]
+    frac = _SIZE_FRACTIONS[size_name]
     r = float(rng.uniform(*frac)) * s
     cx = float(rng.uniform(r, s - r))
     cy = float(rng.uniform(r, s - r))
     kind_idx = int(rng.integers(len(SHAPE_CLASSES)))
-    colour = list(COLOURS)[rng.integers(len(COLOURS))]
+    colour = colours[rng.integers(len(colours))]
     rot = float(rng.uniform(0, 2 * math.pi)) if rng.random() < 0.3 else 0.0
     objects.append(dict(kind=SHAPE_CLASSES[kind_idx], label=kind_idx, colour=colour, size=size_name,
                         r=r, cx=cx, cy=cy, rot=rot, position=_position_name(cx, cy, s)))
