@@ -64,8 +64,13 @@ def data_config(preset: str, **overrides: Any) -> mlc.ConfigDict:
   """`config.data` for a named preset (see DATA_PRESETS)."""
   check_choice("data", preset, DATA_PRESETS)
   d = dict(name=preset, split="train", data_dir=None, image_key="image", alt_text_key="alt_text",
-           caption_keys=(), label_key=None, max_skip_fraction=0.05, build_if_missing=False,
-           build_options=None)
+           caption_keys=(), label_key=None, max_skip_fraction=0.05,
+           min_records_for_skip_check=None, build_if_missing=False, build_options=None,
+           # Image limits (tipsito.data.transforms.ImageLimits): decode large images downscaled above
+           # max_pixels, skip above hard_max_pixels, below min_side or beyond max_aspect; transparent
+           # pixels are composited on `background`.
+           max_pixels=4096 * 4096, hard_max_pixels=16384 * 16384, min_side=2, max_aspect=20.0,
+           background=(255, 255, 255))
   d.update(DATA_PRESETS[preset])
   d.update(overrides)
   return mlc.ConfigDict(d)
@@ -137,7 +142,11 @@ def base_config(recipe_name: str, variant: str, *, text_variant: str | None = No
   c.input = mlc.ConfigDict(dict(
       batch_size=batch_size, views=r.views, global_size=224, local_size=98,
       num_local=6 if "multicrop" in r.views else 0, mask_ratio=r.mask_ratio, mask_type="random",
-      augment="tips" if tips_px else "ito", num_workers=0, prefetch=2, shuffle_seed=0))
+      mask_prob=1.0, augment="tips" if tips_px else "ito", num_workers=0, prefetch=2, shuffle_seed=0,
+      shuffle=True, num_epochs=None, read_threads=None,
+      # Crop area fractions and aspect range; None = the augmentation's default (ITO global (0.5, 1),
+      # DINO global (0.32, 1), local (0.05, 0.32), ratio (3/4, 4/3)).
+      global_crop_scale=None, local_crop_scale=None, crop_ratio=None))
   c.evals = mlc.ConfigDict()
 
   c.ckpt = mlc.ConfigDict(dict(every_steps=1000, keep=3, async_save=True))

@@ -117,3 +117,30 @@ def test_config_arg_errors():
     load("tipsv2_distill.py", "student=H")
   with pytest.raises(ValueError, match=r"key 'stepz' unknown.*'steps'"):
     load("demo.py", "stepz=3")
+
+
+def test_pipeline_keys_are_declared_and_reach_the_pipeline():
+  """Every knob the input pipeline reads is a declared config key (so validation accepts it) and is used."""
+  from tipsito.data import pipeline
+  c = load("demo.py")
+  c.input.global_crop_scale = (0.6, 1.0)
+  c.input.local_crop_scale = (0.1, 0.4)
+  c.input.crop_ratio = (0.9, 1.1)
+  c.input.mask_prob = 0.5
+  c.data.max_pixels = 1024 * 1024
+  c.data.min_side = 8
+  c.data.background = (0, 0, 0)
+  config_validation.validate(c)
+  spec = pipeline.ExampleSpec.from_config(c)
+  assert spec.global_scale == (0.6, 1.0) and spec.local_scale == (0.1, 0.4) and spec.ratio == (0.9, 1.1)
+  assert spec.mask_prob == 0.5
+  assert spec.limits.max_pixels == 1024 * 1024 and spec.limits.min_side == 8
+  assert spec.limits.background == (0, 0, 0)
+
+
+@pytest.mark.parametrize("value", [(0.6,), (0.0, 1.0), (0.8, 0.5), (0.5, 1.5)])
+def test_bad_crop_scale_names_key(value):
+  c = load("demo.py")
+  c.input.global_crop_scale = value
+  with pytest.raises(ConfigError, match=r"config\.input\.global_crop_scale=.*\(lo, hi\)"):
+    config_validation.validate(c)

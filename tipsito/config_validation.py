@@ -156,6 +156,16 @@ def validate(config: mlc.ConfigDict, *, num_devices: int | None = None, process_
     raise ConfigError(f"config.input.mask_ratio={inp.mask_ratio}: must be in [0, 1)")
   if int(inp.batch_size) <= 0:
     raise ConfigError(f"config.input.batch_size={inp.batch_size}: must be > 0")
+  for key in ("global_crop_scale", "local_crop_scale", "crop_ratio"):
+    v = inp.get(key)
+    if v is None:
+      continue
+    ok = isinstance(v, (tuple, list)) and len(v) == 2 and 0 < float(v[0]) <= float(v[1])
+    if ok and key != "crop_ratio":
+      ok = float(v[1]) <= 1.0
+    if not ok:
+      bound = "0 < lo <= hi" if key == "crop_ratio" else "0 < lo <= hi <= 1"
+      raise ConfigError(f"config.input.{key}={v!r}: must be None or a pair (lo, hi) with {bound}")
   if ("clip_view2" in weights or "fusion" in weights) and "two_views" not in inp.views:
     raise ConfigError(f"config.input.views={inp.views!r}: loss terms {sorted(set(weights) & {'clip_view2', 'fusion'})} "
                       "need a second view; valid values: ['two_views', 'multicrop_two_views']")

@@ -584,7 +584,7 @@ def _tokenizer_for(config, tokenizer) -> _Tokenizer:
 def _skip_settings(data):
   """(max_skip_fraction, min records before the fraction is checked) from config.data."""
   return (float(_get(data, 'max_skip_fraction', 0.05)),
-          int(_get(data, 'min_records_for_skip_check', DEFAULT_MIN_RECORDS_FOR_SKIP_CHECK)))
+          int(_get(data, 'min_records_for_skip_check', None) or DEFAULT_MIN_RECORDS_FOR_SKIP_CHECK))
 
 
 def make_train_iterator(config, *, source=None, process_index: int | None = None,
