@@ -5,8 +5,21 @@ on the fly into `<workdir>/data`, with a tiny ViT on CPU in a few minutes.
 Args (k=v,...): steps (int), batch (global batch), size (global crop px), recipe (any recipe except
 distill), evals (bool).
 
-Why these sizes: a 2-core laptop must finish well under 10 minutes, including dataset build, compile,
-evals and export, while every loss term of the recipe is exercised and visibly decreases.
+Why these sizes: a 2-core laptop must finish in under 10 minutes (about 7.5 on our 2-core machine),
+including dataset build, compile, evals and export, while every loss term of the recipe is exercised and
+visibly decreases, and the encoders learn the shape classes (zero-shot on `shapes/test` ~75% vs 12.5%
+chance).
+
+Why the data and optimiser differ from the paper settings (each measured on this demo or on a CLIP-only
+probe of the same tiny towers, 800 steps; zero-shot shape accuracy):
+  * shapes built with one large object in one colour. With ten colours, colour, position and background
+    tell the captions in a batch of 32 apart, so the model never needs shape: zero-shot stayed at chance
+    (7-14%) with the default cluttered scenes or single objects; 25% with two colours; 75% with one.
+    Small objects (a few pixels at 64 px) are not learnable by a patch-8 ViT in this budget.
+  * pixels normalised with the CLIP statistics instead of TIPS's raw [0, 1] (probe: 28% -> 66%);
+  * AdamW at 3e-3 without global-norm clipping instead of Adafactor with clip 1.0 (probe: Adafactor
+    17-26%, AdamW with clipping 28%, AdamW without 66%);
+  * global crops keep >= 70% of the image so the single object stays in view.
 """
 import importlib.util
 import os
@@ -15,11 +28,12 @@ _spec = importlib.util.spec_from_file_location("tipsito_configs_common",
                                                os.path.join(os.path.dirname(__file__), "common.py"))
 common = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(common)
+presets = common.presets
 
 
 def get_config(arg=None):
   """Demo config; see the module docstring for args."""
-  a = common.parse_arg(arg, steps=400, batch=32, size=64, recipe="tipsito", evals=True)
+  a = common.parse_arg(arg, steps=800, batch=32, size=64, recipe="tipsito", evals=True)
   common.check_choice("recipe", a.recipe, ("clip", "siglip", "ito", "tips", "tipsv2", "tipsito"))
   c = common.base_config(a.recipe, "tiny/16", total_steps=a.steps, batch_size=a.batch)
   c.tokenizer = None  # the shipped demo SentencePiece model
@@ -27,23 +41,25 @@ def get_config(arg=None):
   c.model.text.update(dict(vocab_size=None, max_len=32))  # vocab from the tokenizer
   # Patch 8 on 64px crops: an 8x8 grid, so small shapes span several patches (patch 16 -> 4x4 learned
   # colours but hardly shapes; measured on this demo: retrieval R@1 40% -> 56%).
-  c.model.image.update(dict(patch_size=8, posemb_grid=8))
+  c.model.image.update(dict(patch_size=8, posemb_grid=8, pixel_mean=presets.CLIP_PIXEL_MEAN,
+                            pixel_std=presets.CLIP_PIXEL_STD))
   c.model.heads.update(dict(num_prototypes=256, hidden_dim=128, bottleneck_dim=64))
   c.model.fusion.update(dict(width=64, depth=1, num_heads=4))
-  c.input.update(dict(global_size=a.size, local_size=a.size // 2,
-                      num_local=2 if "multicrop" in c.input.views else 0, num_workers=0, prefetch=2))
+  c.input.update(dict(global_size=a.size, local_size=a.size // 2, global_crop_scale=(0.7, 1.0),
+                      num_local=2 if "multicrop" in c.input.views else 0, num_workers=1, prefetch=2))
   c.loss_opts.teacher_temp_warmup_steps = a.steps // 3
   # Sinkhorn-Knopp teacher (DINOv2's default): with batch 32 and a few hundred steps, softmax centering
   # lets the heads settle on the uniform output (DINO/iBOT stuck at ln K); equipartition prevents that.
   c.loss_opts.teacher_method = "sinkhorn"
-  c.optim.update(dict(lr=5e-4, warmup_steps=a.steps // 10, min_lr_ratio=0.05, weight_decay=1e-4,
-                      min_dim_size_to_factor=32))
-  if c.optim.name == "adamw":
-    c.optim.weight_decay = 0.05
+  c.optim.update(dict(name="adamw", lr=3e-3, warmup_steps=a.steps // 10, min_lr_ratio=0.05,
+                      weight_decay=1e-4, clip_norm=None, b1=0.9, b2=0.98, eps=1e-6))
   c.ema.momentum = 0.99  # few steps: a faster teacher
   c.data = common.data_config("shapes", build_if_missing=True, caption_keys=("caption_detailed",),
                               label_key="label")
-  c.data.build_options = dict(split_sizes={"train": 2000, "test": 200}, image_size=a.size)
+  # 10k distinct training images: with 2k the tower memorises them (a supervised shape probe over 1200
+  # steps reached 69% train and 19% test accuracy); building 10k takes ~10 s.
+  c.data.build_options = dict(split_sizes={"train": 10000, "test": 200}, image_size=a.size,
+                              max_objects=1, object_sizes=("large",), colours=("red",))
   c.ckpt.update(dict(every_steps=100, keep=2, async_save=True))
   c.log_every_steps = 20
   if a.evals:

@@ -175,7 +175,8 @@ def train_and_evaluate(config: mlc.ConfigDict, workdir: str, *, data_iter=None,
   writer.write_hparams({"recipe": config.recipe, "batch_size": int(config.input.batch_size),
                         "total_steps": int(config.total_steps)})
 
-  if data_iter is None:
+  owns_iter = data_iter is None
+  if owns_iter:
     ensure_dataset(config)
     from tipsito.data import pipeline  # pylint: disable=import-outside-toplevel
     data_iter = pipeline.make_train_iterator(config, process_index=jax.process_index(),
@@ -244,6 +245,8 @@ def train_and_evaluate(config: mlc.ConfigDict, workdir: str, *, data_iter=None,
         logging.warning("Stopping at step %d after SIGTERM (checkpoint saved).", step)
         break
     ckpt.wait()
+    if owns_iter and hasattr(data_iter, "close"):
+      data_iter.close()  # stops grain worker processes before the final evals need the CPU
     if step >= total:
       if evaluators:
         last_metrics.update(_run_evals(setup, state, evaluators, step, writer, workdir, is_last=True))
