@@ -1,5 +1,5 @@
 """Demo: the tipsito recipe (TIPSv2 + ITO second view + fusion) on the procedural `shapes` dataset, built
-on the fly into `<workdir>/data`, with a tiny ViT on CPU in a few minutes.
+on the fly into `<workdir>/data`, with a tiny ViT on CPU in under 10 minutes.
 
     python -m tipsito.train --config configs/demo.py --workdir workdirs/demo
 Args (k=v,...): steps (int), batch (global batch), size (global crop px), recipe (any recipe except
@@ -11,7 +11,7 @@ visibly decreases, and the encoders learn the shape classes (zero-shot on `shape
 chance).
 
 Why the data and optimiser differ from the paper settings (each measured on this demo or on a CLIP-only
-probe of the same tiny towers, 800 steps; zero-shot shape accuracy):
+probe of the same tiny towers on two-colour data, 800 steps; zero-shot shape accuracy):
   * shapes built with one large object in one colour. With ten colours, colour, position and background
     tell the captions in a batch of 32 apart, so the model never needs shape: zero-shot stayed at chance
     (7-14%) with the default cluttered scenes or single objects; 25% with two colours; 75% with one.

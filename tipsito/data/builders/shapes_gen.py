@@ -121,8 +121,8 @@ def generate(index: int, *, split: str = "train", image_size: int = 224, seed: i
   The main object (label and short caption) is the largest one; it is drawn first, smaller ones may
   overlap it. The segmentation mask holds the class of the top-most object at each pixel.
   `sizes` restricts object sizes (radius as a fraction of the image: small 7-11%, medium 12-17%,
-  large 18-26%): at 64 px a small star or hexagon is a few pixels wide, so low-resolution runs that
-  should learn shape classes use ('medium', 'large'). `colours` restricts the fill colours (names of
+  large 18-26%): at 64 px a small star or hexagon is a few pixels wide, so the 64 px CPU demo uses
+  ('large',). `colours` restricts the fill colours (names of
   COLOURS; None = all ten): with ten colours, colour alone tells most captions in a batch apart, so a
   small contrastive model can match captions without ever learning shape.
   """
