@@ -10,32 +10,25 @@ default), image_size (224), batch_size (32), max_examples (0 = all), num_picture
 tokenizer ('' = shipped demo model).
   python -m tipsito.evaluate --config configs/eval_shapes.py:image_size=56,max_examples=64 --checkpoint D
 """
+import importlib.util
+import os
+
 import ml_collections as mlc
+
+_spec = importlib.util.spec_from_file_location("tipsito_configs_common",
+                                               os.path.join(os.path.dirname(__file__), "common.py"))
+common = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(common)
 
 _DEFAULTS = dict(datasets="shapes", data_dir="", image_size=224, batch_size=32, max_examples=0,
                  num_pictures=4, cls_index=0, tokenizer="")
-
-
-def _parse(arg):
-  """'k=v,...' -> dict over _DEFAULTS, values cast to the default's type; unknown keys fail."""
-  out = dict(_DEFAULTS)
-  for kv in (arg or "").split(","):
-    if not kv.strip():
-      continue
-    if "=" not in kv:
-      raise ValueError(f"config arg {kv!r}: expected k=v; known keys: {sorted(_DEFAULTS)}")
-    k, v = (x.strip() for x in kv.split("=", 1))
-    if k not in _DEFAULTS:
-      raise ValueError(f"config arg key {k!r} unknown; known keys: {sorted(_DEFAULTS)}")
-    out[k] = type(_DEFAULTS[k])(v)
-  return out
 
 
 def get_config(arg=None):
   """Eval-only config (see module docstring)."""
   from tipsito.evals import registry  # pylint: disable=g-import-not-at-top
 
-  a = _parse(arg)
+  a = common.parse_arg(arg, **_DEFAULTS)
   c = mlc.ConfigDict()
   c.tokenizer = a["tokenizer"] or None
   evals = {}
