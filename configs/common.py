@@ -10,6 +10,7 @@ import math
 from typing import Any
 
 import ml_collections as mlc
+from ml_collections import config_dict
 
 from tipsito import recipes
 from tipsito.models import presets
@@ -47,6 +48,59 @@ def check_choice(name: str, value: Any, allowed) -> Any:
   return value
 
 
+# Keys whose value may be None, with the type a command-line value is parsed as. Why: ml_collections can
+# override a key from the command line (`--config.data.data_dir=/x`) only when it knows the key's type, and
+# a bare None has none ("Type NoneType ... is not supported for overriding"). Each of these keys is a typed
+# field reference instead, so it stays overridable after a config file sets it to None. `object` takes a
+# Python literal (`--config.data.build_options="{'image_size': 32}"`); '*' matches any user-named entry.
+OPTIONAL_KEYS = {
+    "tokenizer": str, "init_from": str, "export.dir": str,
+    "data.data_dir": str, "data.label_key": str, "data.min_records_for_skip_check": int,
+    "data.build_options": object,
+    "distill.teacher": str, "distill.teacher_image_npz": str, "distill.teacher_text_npz": str,
+    "input.crop_ratio": tuple, "input.global_crop_scale": tuple, "input.local_crop_scale": tuple,
+    "input.num_epochs": int, "input.read_threads": int,
+    "model.embed_dim": int, "model.logit_scale_max": float, "model.text.out_dim": int,
+    "model.text.vocab_size": int,
+    "optim.clip_norm": float, "optim.clip_block_rms": float, "optim.momentum": float,
+    "evals.*.data_dir": str, "evals.*.max_examples": int, "evals.*.tokenizer": str,
+}
+
+
+def typed_optionals(c: mlc.ConfigDict, prefix: str = "") -> mlc.ConfigDict:
+  """Makes every OPTIONAL_KEYS entry under `c` (whose path is `prefix`) a typed field reference, in place.
+
+  Called by base_config / data_config / eval configs; returns `c` for chaining.
+  """
+  for path, typ in OPTIONAL_KEYS.items():
+    parts = path.split(".")
+    if prefix:
+      pre = prefix.split(".")
+      if parts[:len(pre)] != pre:
+        continue
+      parts = parts[len(pre):]
+    _type_leaves(c, parts, typ)
+  return c
+
+
+def _type_leaves(node: mlc.ConfigDict, parts: list[str], typ: type) -> None:
+  head, rest = parts[0], parts[1:]
+  keys = list(node.keys()) if head == "*" else [head] if head in node else []
+  for k in keys:
+    if rest:
+      if isinstance(node[k], mlc.ConfigDict):
+        _type_leaves(node[k], rest, typ)
+      continue
+    if isinstance(node._fields.get(k), config_dict.FieldReference):  # pylint: disable=protected-access
+      continue
+    value = node[k]
+    if isinstance(value, mlc.ConfigDict):
+      value = value.to_dict()
+    if typ is tuple and isinstance(value, list):
+      value = tuple(value)
+    node[k] = config_dict.FieldReference(value, field_type=typ)
+
+
 # Paper data mixtures: TFDS names/data dirs are placeholders the user points at their prepared copies
 # (converted with `python -m tipsito.data.convert`); field names follow the shared record schema.
 DATA_PRESETS = {
@@ -73,7 +127,7 @@ def data_config(preset: str, **overrides: Any) -> mlc.ConfigDict:
            background=(255, 255, 255))
   d.update(DATA_PRESETS[preset])
   d.update(overrides)
-  return mlc.ConfigDict(d)
+  return typed_optionals(mlc.ConfigDict(d), "data")
 
 
 def base_config(recipe_name: str, variant: str, *, text_variant: str | None = None,
@@ -155,7 +209,7 @@ def base_config(recipe_name: str, variant: str, *, text_variant: str | None = No
   c.init_from = None
   c.distill = mlc.ConfigDict(dict(teacher=None, teacher_image_npz=None, teacher_text_npz=None,
                                   init_text=False))
-  return c
+  return typed_optionals(c)
 
 
 def tiny_config(recipe_name: str, *, batch_size: int = 8, total_steps: int = 10,

@@ -30,7 +30,6 @@ def get_config(arg=None):
 
   a = common.parse_arg(arg, **_DEFAULTS)
   c = mlc.ConfigDict()
-  c.tokenizer = a["tokenizer"] or None
   evals = {}
   for ds in a["datasets"].split("+"):
     evals.update(registry.builtin_evals(
@@ -38,4 +37,5 @@ def get_config(arg=None):
         max_examples=a["max_examples"] or None, num_pictures=a["num_pictures"],
         cls_index=a["cls_index"]))
   c.evals = mlc.ConfigDict(evals)
-  return c
+  c.tokenizer = a["tokenizer"] or None
+  return common.typed_optionals(c)
