@@ -53,6 +53,74 @@ def _choice(key: str, value: Any, allowed: Iterable) -> None:
     raise ConfigError(f"config.{key}={value!r} is not allowed; valid values: {list(allowed)}")
 
 
+def _int_at_least(key: str, value: Any, lo: int, *, optional: bool = False) -> None:
+  """Counts and sizes: an int >= lo (None also allowed when `optional`)."""
+  if optional and value is None:
+    return
+  if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+    none = "None or " if optional else ""
+    raise ConfigError(f"config.{key}={value!r} is not allowed; valid values: {none}an integer >= {lo}")
+
+
+def _divisible(key: str, value: int, by_key: str, by: int, why: str) -> None:
+  if value % by:
+    lo, hi = value - value % by, value - value % by + by
+    near = [v for v in (lo, hi) if v > 0]
+    raise ConfigError(f"config.{key}={value} must be a multiple of config.{by_key}={by} ({why}); "
+                      f"valid values: multiples of {by}, e.g. {' or '.join(map(str, near))}")
+
+
+def _check_geometry(config: mlc.ConfigDict, recipe) -> None:
+  """Model and input geometry that would otherwise fail deep inside Flax, Orbax or the pipeline."""
+  m, inp = config.model, config.input
+  for tower in ("image", "text"):
+    if tower == "text" and "text" not in recipe.parts:
+      continue
+    t = m[tower]
+    for k in ("width", "depth", "num_heads", "mlp_dim"):
+      if k in t:
+        _int_at_least(f"model.{tower}.{k}", t[k], 1)
+    if "width" in t and "num_heads" in t:
+      _divisible(f"model.{tower}.width", t.width, f"model.{tower}.num_heads", t.num_heads,
+                 "attention splits the width into equal heads")
+  img = m.image
+  _int_at_least("model.image.patch_size", img.patch_size, 1)
+  if "posemb_grid" in img:
+    _int_at_least("model.image.posemb_grid", img.posemb_grid, 1)
+  if "text" in recipe.parts:
+    _int_at_least("model.text.vocab_size", m.text.get("vocab_size"), 2, optional=True)
+    _int_at_least("model.text.max_len", m.text.get("max_len", 1), 1)
+    _int_at_least("max_len", config.max_len, 1)
+  if "fusion" in recipe.parts:
+    f = m.fusion
+    for k in ("width", "depth", "num_heads"):
+      _int_at_least(f"model.fusion.{k}", f[k], 1)
+    _divisible("model.fusion.width", f.width, "model.fusion.num_heads", f.num_heads,
+               "attention splits the width into equal heads")
+  if any(p in recipe.parts for p in ("dino_head", "ibot_head")):
+    for k in ("num_prototypes", "hidden_dim", "bottleneck_dim", "num_layers"):
+      if k in m.heads:
+        _int_at_least(f"model.heads.{k}", m.heads[k], 1)
+  p = int(img.patch_size)
+  _int_at_least("input.global_size", inp.global_size, p)
+  # The iBOT mask and the patch-level targets live on the patch grid of the global crop, so it must be
+  # whole patches; local crops (no mask) are centre zero-padded to a multiple of the patch by the ViT.
+  _divisible("input.global_size", inp.global_size, "model.image.patch_size", p,
+             "the global crop is cut into whole patches; only local crops are zero-padded")
+  _int_at_least("input.num_local", inp.num_local, 0)
+  if "multicrop" in inp.views and inp.num_local:
+    _int_at_least("input.local_size", inp.local_size, p)
+  for k, lo in (("num_workers", 0), ("prefetch", 0), ("batch_size", 1)):
+    _int_at_least(f"input.{k}", inp[k], lo)
+  _int_at_least("input.read_threads", inp.get("read_threads"), 1, optional=True)
+  _int_at_least("input.num_epochs", inp.get("num_epochs"), 1, optional=True)
+  _int_at_least("ckpt.keep", config.ckpt.keep, 1)
+  _int_at_least("ckpt.every_steps", config.ckpt.every_steps, 0)
+  _int_at_least("log_every_steps", config.log_every_steps, 1)
+  _int_at_least("total_steps", config.total_steps, 1)
+  _int_at_least("optim.warmup_steps", config.optim.warmup_steps, 0)
+
+
 def _check_keys(key: str, got: Any, allowed: Iterable[str]) -> None:
   allowed = sorted(allowed)
   for k in got.keys():
@@ -105,6 +173,7 @@ def validate(config: mlc.ConfigDict, *, num_devices: int | None = None, process_
   _choice("model.image.ffn", m.image.get("ffn", "mlp"), FFNS)
   _choice("model.image.num_cls_tokens", m.image.get("num_cls_tokens", 1), (1, 2))
   _choice("model.text.flavour", m.text.get("flavour", "tips"), FLAVOURS)
+  _check_geometry(config, recipe)
   for tower in ("image", "text"):
     for dk in ("dtype", "param_dtype"):
       if dk in m[tower]:
