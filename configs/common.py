@@ -204,6 +204,9 @@ def base_config(recipe_name: str, variant: str, *, text_variant: str | None = No
   c.evals = mlc.ConfigDict()
 
   c.ckpt = mlc.ConfigDict(dict(every_steps=1000, keep=3, async_save=True))
+  # Non-finite guard (tipsito/train/step.py): a step with a non-finite loss, gradient or update leaves the
+  # state unchanged; this many such steps in a row stop the run.
+  c.nonfinite = mlc.ConfigDict(dict(max_consecutive=10))
   c.log_every_steps = 50
   c.export = mlc.ConfigDict(dict(enabled=True, dir=None))
   c.init_from = None

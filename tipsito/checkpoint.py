@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 from typing import Any, Mapping, Optional
 
 import numpy as np
@@ -357,21 +356,23 @@ def write_export(output_dir, *, image_config: dict, text_config: dict,
     raise ValueError("image_proj=True but params has no 'image_proj'")
   if not image_proj and 'image_proj' in params:
     raise ValueError("params has 'image_proj' but image_proj=False")
-  out = os.path.abspath(os.fspath(output_dir))
-  os.makedirs(out, exist_ok=True)
-  pdir = os.path.join(out, 'params')
-  if os.path.exists(pdir):
-    shutil.rmtree(pdir)
+  out = as_path(output_dir)
+  out.mkdir(parents=True, exist_ok=True)
+  pdir = out / 'params'
+  if pdir.exists():
+    pdir.rmtree()
 
   icfg = dict(_jsonable(image_config))
   icfg['use_mask_token'] = False
   icfg.pop('remat', None)
   tok_name = None
   if tokenizer_path:
-    if not os.path.isfile(tokenizer_path):
+    from etils import epath  # pylint: disable=g-import-not-at-top
+    src = epath.Path(os.path.expanduser(os.fspath(tokenizer_path)))
+    if not src.is_file():
       raise FileNotFoundError(f'tokenizer file not found: {tokenizer_path}')
     tok_name = 'tokenizer.model'
-    shutil.copyfile(tokenizer_path, os.path.join(out, tok_name))
+    (out / tok_name).write_bytes(src.read_bytes())
   cfg = {
       'format_version': FORMAT_VERSION,
       'image': _jsonable(icfg),
@@ -389,23 +390,73 @@ def write_export(output_dir, *, image_config: dict, text_config: dict,
   ckptr = ocp.StandardCheckpointer()
   ckptr.save(pdir, tree)
   ckptr.wait_until_finished()
-  with open(os.path.join(out, 'config.json'), 'w') as f:
-    json.dump(cfg, f, indent=2, sort_keys=True)
-  return out
+  (out / 'config.json').write_text(json.dumps(cfg, indent=2, sort_keys=True))
+  return os.fspath(out)
+
+
+def as_path(path):
+  """epath.Path of a local path (made absolute, ~ expanded) or a URL such as gs://bucket/dir."""
+  from tipsito import paths  # pylint: disable=g-import-not-at-top
+  return paths.as_path(path)
+
+
+class NotAnExportError(FileNotFoundError):
+  """`tipsito.load` / the export reader was given something that is not an export; says what to do."""
+
+
+def _not_an_export(path) -> str:
+  """Why `path` is not an export and what to pass instead (training workdirs are the usual mix-up)."""
+  p = os.fspath(path)
+  workdir = path.parent if path.name == 'checkpoints' else path
+  is_workdir = (workdir / 'checkpoints').is_dir()
+  if not is_workdir and (workdir / 'config.json').is_file():
+    try:
+      is_workdir = 'recipe' in json.loads((workdir / 'config.json').read_text())
+    except ValueError:
+      pass
+  if is_workdir:
+    w = os.fspath(workdir)
+    hint = (f"{p} is a training workdir, not an export. "
+            f"Export its latest checkpoint with `python -m tipsito.export --workdir {w} --output E` "
+            f"and load E")
+    if (workdir / 'export' / 'config.json').is_file():
+      hint += f", or load the export the finished run wrote: tipsito.load({os.fspath(workdir / 'export')!r})"
+    return hint + " (`python -m tipsito.evaluate --checkpoint` also accepts the workdir itself)."
+  if not path.exists():
+    return f"{p} does not exist (expected a tipsito export: config.json + params/)"
+  return (f"{p} is not a tipsito export (no config.json with a format_version next to params/); exports "
+          "are written by training (W/export), `python -m tipsito.export`, or tipsito.checkpoint.write_export")
 
 
 def read_export(path) -> tuple[dict, dict]:
-  """Reads (config dict, params tree of numpy/jax arrays) of an export."""
+  """Reads (config dict, params tree of numpy/jax arrays) of an export (local or gs://)."""
   import orbax.checkpoint as ocp
-  path = os.path.abspath(os.fspath(path))
-  cfg_path = os.path.join(path, 'config.json')
-  if not os.path.isfile(cfg_path):
-    raise FileNotFoundError(f'{path} is not a tipsito export (no config.json)')
-  with open(cfg_path) as f:
-    cfg = json.load(f)
+  path = as_path(path)
+  cfg_path = path / 'config.json'
+  if not cfg_path.is_file():
+    raise NotAnExportError(_not_an_export(path))
+  cfg = json.loads(cfg_path.read_text())
+  if 'format_version' not in cfg:
+    raise NotAnExportError(_not_an_export(path))
   if cfg.get('format_version') != FORMAT_VERSION:
-    raise ValueError(f"unsupported export format_version "
-                     f"{cfg.get('format_version')} (expected {FORMAT_VERSION})")
+    raise ValueError(f"{os.fspath(path)}: unsupported export format_version "
+                     f"{cfg.get('format_version')} (this tipsito reads version {FORMAT_VERSION}; "
+                     "re-export with this version's `python -m tipsito.export`)")
+  if not (path / 'params').is_dir():
+    raise NotAnExportError(f"{os.fspath(path)}: config.json but no params/ folder (an interrupted export? "
+                           "write it again)")
   ckptr = ocp.StandardCheckpointer()
-  params = ckptr.restore(os.path.join(path, 'params'))
+  params = ckptr.restore(path / 'params')
   return cfg, params
+
+
+def is_export(path) -> bool:
+  """Whether `path` holds an export (config.json with a format_version, and params/)."""
+  path = as_path(path)
+  cfg = path / 'config.json'
+  if not (cfg.is_file() and (path / 'params').is_dir()):
+    return False
+  try:
+    return 'format_version' in json.loads(cfg.read_text())
+  except ValueError:
+    return False

@@ -115,6 +115,7 @@ def _check_geometry(config: mlc.ConfigDict, recipe) -> None:
   _int_at_least("input.read_threads", inp.get("read_threads"), 1, optional=True)
   _int_at_least("input.num_epochs", inp.get("num_epochs"), 1, optional=True)
   _int_at_least("ckpt.keep", config.ckpt.keep, 1)
+  _int_at_least("nonfinite.max_consecutive", config.nonfinite.max_consecutive, 1)
   _int_at_least("ckpt.every_steps", config.ckpt.every_steps, 0)
   _int_at_least("log_every_steps", config.log_every_steps, 1)
   _int_at_least("total_steps", config.total_steps, 1)

@@ -177,7 +177,7 @@ def load(path) -> Encoder:
   cfg, params = checkpoint.read_export(path)
   tok, err = None, None
   if cfg.get('tokenizer'):
-    tok_path = os.path.join(os.path.abspath(os.fspath(path)), cfg['tokenizer'])
+    tok_path = os.fspath(checkpoint.as_path(path) / cfg['tokenizer'])
     tok, err = _make_tokenizer(tok_path, int(cfg['text'].get('max_len', 64)))
   else:
     err = ('this export has no tokenizer (exported without --tokenizer): '

@@ -37,6 +37,30 @@ NAMES = tuple(builders.BUILDERS)
 EXAMPLES_PER_SHARD = 4096
 
 
+class ConversionError(RuntimeError):
+  """A conversion wrote nothing usable; the message carries the skip report and what to change."""
+
+
+def _all_skipped_message(name: str, report: _common.SkipReport, builder, report_path: str | None) -> str:
+  """Why every input was skipped (counts per reason, the first few items) and the flag that fixes it."""
+  lines = [f"{name}: every input was skipped, nothing was written. {report.summary()}"]
+  for s in report.skipped[:5]:
+    lines.append(f"  skipped {s['item']}: {s['reason']}" + (f" ({s['detail']})" if s["detail"] else ""))
+  if len(report.skipped) > 5:
+    lines.append(f"  ... {len(report.skipped) - 5} more")
+  if report_path:
+    lines.append(f"  full report: {report_path}")
+  reasons = report.by_reason
+  if reasons.get(_common.SKIP_MISSING_IMAGE) and name == "table":
+    root = getattr(builder, "_image_root", None)
+    lines.append(f"Relative image paths are resolved against --image_root (now {root!r}, by default the "
+                 "table's folder): pass --image_root DIR with the folder the paths are relative to, or "
+                 "--image_column COL if the paths are in another column.")
+  elif reasons.get(_common.SKIP_MISSING_CAPTION):
+    lines.append("Pass --caption_columns with the columns (or json fields) that hold the captions.")
+  return "\n".join(lines)
+
+
 @dataclasses.dataclass
 class ConvertResult:
   """What a conversion produced: the dataset directory (with version), split sizes and the report."""
@@ -139,7 +163,18 @@ def convert(name: str, data_dir: str, *, input_path: str | None = None, split_si
       print(f"[{name}] already prepared at {builder.data_dir} (use --overwrite to rebuild)")
     report, report_path = None, None
   else:
-    builder.download_and_prepare(download_config=dl_config)
+    try:
+      builder.download_and_prepare(download_config=dl_config)
+    except Exception as e:  # TFDS ends an all-skipped split with "No examples were yielded"
+      report = getattr(builder, "report", None)
+      if report is None or report.written or not report.skipped:
+        raise
+      os.makedirs(data_dir, exist_ok=True)
+      report_path = os.path.join(data_dir, f"{name}_{_common.REPORT_FILENAME}")
+      with open(report_path, "w", encoding="utf-8") as f:
+        import json  # pylint: disable=g-import-not-at-top
+        json.dump(report.to_dict(), f, indent=2, ensure_ascii=False)
+      raise ConversionError(_all_skipped_message(name, report, builder, report_path)) from e
     report = getattr(builder, "report", None)
     report_path = report.write(builder.data_dir) if report is not None else None
     if verbose and report is not None:
@@ -208,4 +243,7 @@ def main(argv: Sequence[str] | None = None) -> ConvertResult:
 
 if __name__ == "__main__":
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-  main(sys.argv[1:])
+  try:
+    main(sys.argv[1:])
+  except (ConversionError, ValueError, FileNotFoundError) as err:
+    sys.exit(f"error: {err}")

@@ -70,54 +70,88 @@ def _version_key(name: str):
   return tuple(int(p) for p in name.split("."))
 
 
+BUILT_IN_CONVERTERS = ("shapes", "tuxpaint", "fashion_mnist")
+FILE_CONVERTERS = ("table", "webdataset")
+
+
+def how_to_convert(name: str, data_dir: str) -> str:
+  """The convert command that produces dataset `name` (its first path component) in `data_dir`.
+
+  Why: only shapes / tuxpaint / fashion_mnist are converters of their own; every other dataset (cc12m,
+  webli, ...) is a caption table or webdataset tars converted under a config name of your choice.
+  """
+  base, _, cfg = name.split(":")[0].partition("/")
+  if base in BUILT_IN_CONVERTERS:
+    return f"`python -m tipsito.data.convert {base} --data_dir {data_dir}`"
+  if base in FILE_CONVERTERS:
+    cfg = cfg or "NAME"
+    inp = "caps.tsv" if base == "table" else "'shards/*.tar'"
+    return (f"`python -m tipsito.data.convert {base} --data_dir {data_dir} --input {inp} "
+            f"--config_name {cfg}`")
+  return (f"{base!r} is not a tipsito converter: convert your copy with `python -m tipsito.data.convert "
+          f"table --data_dir {data_dir} --input caps.tsv --config_name {base}` (or `webdataset ... --input "
+          f"'shards/*.tar' --config_name {base}`) and train with --config.data.name=table/{base} (or "
+          f"webdataset/{base}); a TFDS dataset prepared elsewhere needs --config.data.data_dir=<its data dir>")
+
+
+def default_data_dir() -> str:
+  """The data dir used when a config leaves `data_dir` at None (TFDS' own default)."""
+  return os.environ.get("TFDS_DATA_DIR", os.path.expanduser("~/tensorflow_datasets"))
+
+
 def resolve_dataset_dir(name: str, data_dir: str) -> str:
   """Finds `<data_dir>/<name>[/<config>]/<version>` for 'name', 'name/config' or 'name/config:1.0.0'.
 
   Without a config: the dataset's default config (TFDS' .config/metadata.json), else 'default',
-  else the only config there is. Without a version: the highest one present.
+  else the only config there is. Without a version: the highest one present. `data_dir` may be a
+  local path or a URL epath understands (gs://...). Errors name the dataset, where it was looked for
+  and the command that builds it.
   """
+  from etils import epath  # pylint: disable=g-import-not-at-top
   version = None
   if ":" in name:
     name, version = name.split(":", 1)
   parts = name.split("/")
-  base = os.path.join(os.path.expanduser(data_dir), parts[0])
-  if not os.path.isdir(base):
-    present = sorted(d for d in os.listdir(data_dir)) if os.path.isdir(data_dir) else []
+  root = epath.Path(os.path.expanduser(os.fspath(data_dir)))
+  base = root / parts[0]
+  if not base.is_dir():
+    present = sorted(d.name for d in root.iterdir()) if root.is_dir() else []
     raise FileNotFoundError(
-        f"dataset {parts[0]!r} not found in data_dir {data_dir!r} (present: {present}); build it with "
-        f"`python -m tipsito.data.convert {parts[0]} --data_dir {data_dir}`")
-  subdirs = [d for d in os.listdir(base) if os.path.isdir(os.path.join(base, d)) and not d.startswith(".")]
+        f"dataset {parts[0]!r} not found in data_dir {os.fspath(data_dir)!r} (present: {present}); build it "
+        f"with {how_to_convert(name, os.fspath(data_dir))}")
+  subdirs = [d.name for d in base.iterdir() if d.is_dir() and not d.name.startswith(".")]
   if len(parts) > 1:
-    cfg_dir = os.path.join(base, parts[1])
+    cfg_dir = base / parts[1]
   elif any(_is_version(d) for d in subdirs):
     cfg_dir = base
   else:
     default = None
-    meta = os.path.join(base, ".config", "metadata.json")
-    if os.path.exists(meta):
+    meta = base / ".config" / "metadata.json"
+    if meta.exists():
       import json  # pylint: disable=g-import-not-at-top
-      with open(meta, encoding="utf-8") as f:
-        default = json.load(f).get("default_config_name")
+      default = json.loads(meta.read_text(encoding="utf-8")).get("default_config_name")
     configs = [d for d in subdirs if not d.startswith("incomplete")]
     if default in configs:
-      cfg_dir = os.path.join(base, default)
+      cfg_dir = base / default
     elif "default" in configs:
-      cfg_dir = os.path.join(base, "default")
+      cfg_dir = base / "default"
     elif len(configs) == 1:
-      cfg_dir = os.path.join(base, configs[0])
+      cfg_dir = base / configs[0]
     else:
-      raise ValueError(f"dataset {name!r} in {data_dir!r} has several configs {sorted(configs)}; "
+      raise ValueError(f"dataset {name!r} in {os.fspath(data_dir)!r} has several configs {sorted(configs)}; "
                        f"name one as '{name}/<config>'")
-  if not os.path.isdir(cfg_dir):
-    raise FileNotFoundError(f"dataset {name!r}: {cfg_dir!r} does not exist (configs: {sorted(subdirs)})")
-  versions = sorted((d for d in os.listdir(cfg_dir) if _is_version(d)), key=_version_key)
+  if not cfg_dir.is_dir():
+    raise FileNotFoundError(f"dataset {name!r}: {os.fspath(cfg_dir)!r} does not exist (configs: "
+                            f"{sorted(subdirs)}); build it with {how_to_convert(name, os.fspath(data_dir))}")
+  versions = sorted((d.name for d in cfg_dir.iterdir() if _is_version(d.name)), key=_version_key)
   if version is not None:
     if version not in versions:
       raise FileNotFoundError(f"dataset {name!r}: version {version} not in {versions}")
-    return os.path.join(cfg_dir, version)
+    return os.fspath(cfg_dir / version)
   if not versions:
-    raise FileNotFoundError(f"dataset {name!r}: no prepared version under {cfg_dir!r}")
-  return os.path.join(cfg_dir, versions[-1])
+    raise FileNotFoundError(f"dataset {name!r}: no prepared version under {os.fspath(cfg_dir)!r}; build it "
+                            f"with {how_to_convert(name, os.fspath(data_dir))}")
+  return os.fspath(cfg_dir / versions[-1])
 
 
 def caption_fields(features_or_info: Any) -> tuple[str, ...]:
@@ -256,7 +290,7 @@ def open_source(data_config: Any, *, split: str | None = None) -> tuple[RecordSo
   if not name:
     raise ValueError("data config has no dataset 'name'")
   if not data_dir:
-    data_dir = os.environ.get("TFDS_DATA_DIR", os.path.expanduser("~/tensorflow_datasets"))
+    data_dir = default_data_dir()
   dataset_dir = resolve_dataset_dir(name, data_dir)
   builder = tfds.builder_from_directory(dataset_dir)
   tinfo = builder.info

@@ -41,8 +41,10 @@ class Tokenizer:
     """
     import sentencepiece as spm  # pylint: disable=g-import-not-at-top
 
-    path = os.path.expanduser(model_path) if model_path else DEFAULT_TOKENIZER
-    if not os.path.isfile(path):
+    from etils import epath  # pylint: disable=g-import-not-at-top  (gs:// model files too)
+
+    path = os.path.expanduser(os.fspath(model_path)) if model_path else DEFAULT_TOKENIZER
+    if not epath.Path(path).is_file():
       raise FileNotFoundError(
           f"tokenizer model {path!r} not found (config.tokenizer); use None for the shipped demo model "
           f"{DEFAULT_TOKENIZER!r} or train one with `python -m tipsito.data.train_tokenizer`")
@@ -51,7 +53,7 @@ class Tokenizer:
     self.model_path = path
     self.max_len = int(max_len)
     self.lowercase = lowercase
-    self._sp = spm.SentencePieceProcessor(model_file=path)
+    self._sp = spm.SentencePieceProcessor(model_proto=epath.Path(path).read_bytes())
     # Offset so that no real piece lands on 0: none needed when the model's own pad is 0.
     self.shift_ids = bool(shift_ids)
     self._offset = 1 if (shift_ids and self._sp.pad_id() != PAD_ID) else 0

@@ -36,6 +36,7 @@ import jax.numpy as jnp
 from tipsito.losses import contrastive as _con
 from tipsito.losses import self_distill as _sd
 from tipsito.recipes.model import TrainModel, l2n
+from tipsito.train import collapse
 
 ALL_TERMS = ("clip", "siglip", "clip_view2", "fusion", "dino", "ibot", "koleo", "feature")
 EMA_MODES = ("head", "full", "none")
@@ -214,6 +215,7 @@ def compute_losses(ctx: LossContext, params: dict, ema: dict, centers: dict, fro
     t_feat = jax.lax.stop_gradient(t_feat)
     t_params = jax.lax.stop_gradient({**params, **ema})
     s_cls, s_patches = s_img["cls"][:, 0], s_img["patches"]
+    metrics["collapse/cls_effective_rank"] = collapse.effective_rank(jax.lax.stop_gradient(s_cls))
     if "distill_proj" in params:
       s_cls = apply(params, s_cls, method=TrainModel.to_teacher_width)
       s_patches = apply(params, s_patches, method=TrainModel.to_teacher_width)
@@ -237,6 +239,8 @@ def compute_losses(ctx: LossContext, params: dict, ema: dict, centers: dict, fro
       out["dino"] = _sd.dino_loss(s_logits, t_logits, centers["dino"], ctx.student_temp, t_temp,
                                 method=ctx.teacher_method)
       new_centers["dino"] = _sd.update_center(centers["dino"], t_logits, ctx.center_momentum)
+      metrics.update(collapse.teacher_signals("dino", _sd.teacher_probs(
+          t_logits, centers["dino"], t_temp, method=ctx.teacher_method), centers["dino"]))
     if "ibot" in w:
       sp = apply(params, s_patches.reshape(b, -1, s_patches.shape[-1]), method=TrainModel.ibot)
       tpt = t_feat["patches"]
@@ -247,6 +251,9 @@ def compute_losses(ctx: LossContext, params: dict, ema: dict, centers: dict, fro
                                 method=ctx.teacher_method, token_norm=ctx.ibot_token_norm)
       new_centers["ibot"] = _sd.update_patch_center(
           centers["ibot"], tp, None if all_patches else flat_mask, ctx.center_momentum)
+      metrics.update(collapse.teacher_signals("ibot", _sd.ibot_teacher_probs(
+          tp, flat_mask, centers["ibot"], t_temp, all_patches, method=ctx.teacher_method),
+          centers["ibot"], weights=None if all_patches else flat_mask))
     if "feature" in w:
       def cos_dist(a, b):
         return jnp.mean(1.0 - jnp.sum(l2n(a) * l2n(b), -1))

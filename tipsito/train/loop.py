@@ -21,7 +21,10 @@ from clu import parameter_overview
 from clu import periodic_actions
 
 from tipsito import config_validation
+from tipsito import paths
 from tipsito.train import checkpointing
+from tipsito.train import nonfinite
+from tipsito.train import resume_guard
 from tipsito.train import sharding as sharding_lib
 from tipsito.train import step as step_lib
 
@@ -38,11 +41,26 @@ def resolve_data_dirs(config: mlc.ConfigDict, workdir: str) -> mlc.ConfigDict:
   evals without their own data_dir then read the same folder. Returns a copy."""
   config = mlc.ConfigDict(config.to_dict())
   if config.data.get("build_if_missing") and not config.data.data_dir:
-    config.data.data_dir = os.path.join(os.path.abspath(workdir), "data")
+    config.data.data_dir = paths.join(workdir, "data")
     for ev in config.evals.values():
       if isinstance(ev, mlc.ConfigDict) and not ev.get("data_dir"):
         ev.data_dir = config.data.data_dir
   return config
+
+
+def check_data_available(config: mlc.ConfigDict) -> None:
+  """Fails before anything is written when the training dataset is not prepared, naming where it was
+  looked for and the convert command that builds it (datasets built on first use are skipped)."""
+  d = config.data
+  if d.get("build_if_missing"):
+    return
+  from tipsito.data import sources  # pylint: disable=import-outside-toplevel
+  data_dir = d.data_dir or sources.default_data_dir()
+  try:
+    sources.resolve_dataset_dir(d.name, data_dir)
+  except (FileNotFoundError, ValueError) as e:
+    raise FileNotFoundError(f"config.data.name={d.name!r}, config.data.data_dir={d.data_dir!r}: {e}. "
+                            "Nothing was written.") from None
 
 
 def ensure_dataset(config: mlc.ConfigDict) -> None:
@@ -118,18 +136,62 @@ def make_encoder(setup: step_lib.Setup, params: dict):
   return inference.Encoder.from_params(img, txt, export_params(params), temperature_of(params), tok)
 
 
-def save_config(config: mlc.ConfigDict, workdir: str) -> None:
-  """Writes `<workdir>/config.json` (export_from_workdir and humans read it)."""
+def save_config(config: mlc.ConfigDict, workdir: str, history: list | None = None) -> None:
+  """Writes `<workdir>/config.json` (export_from_workdir, evaluate and humans read it), with the history
+  of accepted resume changes under `resume_guard.HISTORY_KEY`."""
   if jax.process_index() == 0:
-    os.makedirs(workdir, exist_ok=True)
-    with open(os.path.join(workdir, "config.json"), "w") as f:
-      f.write(config.to_json_best_effort(indent=2, sort_keys=True))
+    d = paths.as_path(workdir)
+    d.mkdir(parents=True, exist_ok=True)
+    out = json.loads(config.to_json_best_effort())
+    if history:
+      out[resume_guard.HISTORY_KEY] = history
+    (d / "config.json").write_text(json.dumps(out, indent=2, sort_keys=True))
+
+
+def read_config_json(workdir: str) -> tuple[Optional[dict], list]:
+  """(saved training config as a dict, accepted-change history) of a workdir; (None, []) if none."""
+  f = paths.as_path(workdir) / "config.json"
+  if not f.is_file():
+    return None, []
+  saved = json.loads(f.read_text())
+  return saved, list(saved.pop(resume_guard.HISTORY_KEY, []) or [])
 
 
 def load_config(workdir: str) -> mlc.ConfigDict:
   """Reads back `<workdir>/config.json` (tuples come back as lists; the code accepts both)."""
-  with open(os.path.join(workdir, "config.json")) as f:
-    return mlc.ConfigDict(json.load(f))
+  saved, _ = read_config_json(workdir)
+  w = paths.resolve(workdir)
+  if saved is None:
+    raise FileNotFoundError(f"{w} is not a training workdir (no config.json): pass the --workdir of a "
+                            "training run (it holds config.json and checkpoints/)")
+  if "format_version" in saved:
+    raise ValueError(f"{w} is an export, not a training workdir: it is already exported. Load it with "
+                     f"tipsito.load({w!r}) or evaluate it with `python -m tipsito.evaluate --checkpoint {w}`; "
+                     "`export --workdir` needs a training workdir (config.json + checkpoints/)")
+  return mlc.ConfigDict(saved)
+
+
+def latest_checkpoint_step(workdir: str) -> Optional[int]:
+  """Highest step folder under `<workdir>/checkpoints` (None when there is none: nothing to resume)."""
+  d = paths.as_path(workdir) / "checkpoints"
+  steps = [int(p.name) for p in d.iterdir() if p.name.isdigit()] if d.is_dir() else []
+  return max(steps) if steps else None
+
+
+def guard_resume(config: mlc.ConfigDict, workdir: str) -> list:
+  """Refuses a resume whose config changes unsafe keys (resume_guard); returns config.json's history
+  with the accepted changes of this resume appended. Runs before anything is written."""
+  saved, history = read_config_json(workdir)
+  step = latest_checkpoint_step(workdir)
+  if saved is None or step is None:
+    return history
+  changes = resume_guard.check(saved, config, workdir)
+  if changes:
+    for k, (old, new) in changes.items():
+      logging.warning("Resume: config.%s changed %r -> %r (allowed: does not affect the checkpoint)",
+                      k, old, new)
+    history = history + [resume_guard.history_entry(changes, step)]
+  return history
 
 
 def restore_or_init(setup: step_lib.Setup, ckpt: checkpointing.Checkpointer, data_iter) -> Any:
@@ -167,10 +229,14 @@ def train_and_evaluate(config: mlc.ConfigDict, workdir: str, *, data_iter=None,
       total_steps) — used to simulate a preemption in tests.
   """
   configure_jax()
-  workdir = os.path.abspath(workdir)
+  workdir = paths.resolve(workdir)
   config_validation.validate(config, num_devices=jax.device_count(), process_count=jax.process_count())
   config = resolve_data_dirs(config, workdir)
-  save_config(config, workdir)
+  # Checks that must fail before anything is written to the workdir.
+  if data_iter is None:
+    check_data_available(config)
+  history = guard_resume(config, workdir)
+  save_config(config, workdir, history)
   writer = metric_writers.create_default_writer(workdir, just_logging=jax.process_index() > 0)
   writer.write_hparams({"recipe": config.recipe, "batch_size": int(config.input.batch_size),
                         "total_steps": int(config.total_steps)})
@@ -197,6 +263,8 @@ def train_and_evaluate(config: mlc.ConfigDict, workdir: str, *, data_iter=None,
     parameter_overview.log_parameter_overview(setup.state_shapes.params, include_stats=False)
   train_step = step_lib.jit_train_step(setup)
   frozen = setup.frozen()
+  monitor = nonfinite.NonFiniteMonitor(int(config.nonfinite.max_consecutive))
+  params_finite = jax.jit(step_lib.all_finite)
 
   evaluators = {}
   if len(config.evals):
@@ -221,6 +289,7 @@ def train_and_evaluate(config: mlc.ConfigDict, workdir: str, *, data_iter=None,
         t_first = time.time()
       state, metrics = train_step(state, batch, frozen)
       step += 1
+      monitor.push(step, metrics)
       if step == start + 1:
         jax.block_until_ready(metrics)
         logging.info("First step (incl. compilation) took %.1fs", time.time() - t_first)
@@ -230,6 +299,7 @@ def train_and_evaluate(config: mlc.ConfigDict, workdir: str, *, data_iter=None,
       if step % log_every == 0 or step == last:
         summed = jax.device_get(metrics_acc)
         last_metrics = {k: float(np.mean([m[k] for m in summed])) for k in summed[-1]}
+        last_metrics[nonfinite.TOTAL] = float(monitor.total)
         stats = getattr(data_iter, "stats", None)
         if isinstance(stats, dict):
           last_metrics.update({f"data/{k}": float(v) for k, v in stats.items()
@@ -240,10 +310,15 @@ def train_and_evaluate(config: mlc.ConfigDict, workdir: str, *, data_iter=None,
         _run_evals(setup, state, evaluators, step, writer, workdir, is_last=False)
       preempted = ckpt.preempted
       if ckpt.should_save(step) or step == last or preempted:
+        monitor.flush()
+        if not bool(params_finite(state.params)):
+          raise nonfinite.NonFiniteError(f"Step {step}: the params are not finite; refusing to write a "
+                                         "checkpoint from them (the latest checkpoint is kept)")
         ckpt.save(step, state, data_iter.get_state(), force=True)
       if preempted:
         logging.warning("Stopping at step %d after SIGTERM (checkpoint saved).", step)
         break
+    monitor.flush()
     ckpt.wait()
     if owns_iter and hasattr(data_iter, "close"):
       data_iter.close()  # stops grain worker processes before the final evals need the CPU

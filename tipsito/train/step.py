@@ -226,17 +226,33 @@ def loss_and_grads(setup: Setup, state: TrainState, batch: dict, frozen: dict):
 
 
 def train_step(setup: Setup, state: TrainState, batch: dict, frozen: dict) -> tuple[TrainState, dict]:
-  """One optimiser step: losses on the global batch, update, EMA of the teacher subset, new centres."""
-  _, metrics, centers, grads = loss_and_grads(setup, state, batch, frozen)
+  """One optimiser step: losses on the global batch, update, EMA of the teacher subset, new centres.
+
+  Non-finite guard: when the loss, the gradient norm or the update norm is not finite, every part of the
+  state except `step` keeps its old value (params, optimizer state, EMA, centres), so one bad batch can
+  neither poison the params nor reach a checkpoint; `train/nonfinite` is 1 for such a step and
+  `tipsito.train.nonfinite.NonFiniteMonitor` stops the run after too many in a row.
+  """
+  total, metrics, centers, grads = loss_and_grads(setup, state, batch, frozen)
   updates, opt_state = setup.tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   ema = state_lib.ema_update(state.ema, params, jnp.float32(setup.config.ema.momentum))
   metrics = dict(metrics)
   metrics["grad_norm"] = optax.tree.norm(grads)
+  metrics["update_norm"] = optax.tree.norm(updates)
   metrics["lr"] = setup.schedule(state.step)
-  new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state, ema=ema,
-                            centers=centers)
-  return new_state, metrics
+  finite = jnp.isfinite(total) & jnp.isfinite(metrics["grad_norm"]) & jnp.isfinite(metrics["update_norm"])
+  metrics["train/nonfinite"] = jnp.logical_not(finite).astype(jnp.int32)
+  applied = state.replace(params=params, opt_state=opt_state, ema=ema, centers=centers)
+  kept = jax.tree.map(lambda new, old: jnp.where(finite, new, old), applied, state)
+  return kept.replace(step=state.step + 1), metrics
+
+
+def all_finite(tree: Any) -> jax.Array:
+  """Whether every floating leaf of `tree` is finite (checked before a checkpoint is written)."""
+  leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
+            if jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact)]
+  return jnp.all(jnp.stack(leaves)) if leaves else jnp.bool_(True)
 
 
 def jit_train_step(setup: Setup) -> Callable:
