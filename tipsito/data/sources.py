@@ -154,6 +154,17 @@ def resolve_dataset_dir(name: str, data_dir: str) -> str:
   return os.fspath(cfg_dir / versions[-1])
 
 
+def data_source(name: str, *, split: str = "train", data_dir: str | None = None):
+  """TFDS random-access source (records decoded by TFDS) of a converted dataset, found from its directory.
+
+  Why not `tfds.data_source(name, data_dir=...)`: for a name TFDS also ships (`fashion_mnist`) that call
+  resolves TFDS's own catalogue dataset and tries to download it. This never consults the catalogue.
+  """
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  builder = tfds.builder_from_directory(resolve_dataset_dir(name, data_dir or default_data_dir()))
+  return builder.as_data_source(split=split)
+
+
 def caption_fields(features_or_info: Any) -> tuple[str, ...]:
   """Names of the synthetic caption fields ('caption_*') of a dataset, sorted (stable across readers).
 

@@ -46,7 +46,8 @@ def main(argv: Sequence[str]) -> None:
 def run() -> None:
   """Console-script entry point (tipsito-train)."""
   _define_flags()
-  app.run(main)
+  from tipsito.train import flag_errors  # pylint: disable=import-outside-toplevel
+  app.run(main, flags_parser=flag_errors.parse_flags)
 
 
 if __name__ == "__main__":

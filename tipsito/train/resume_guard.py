@@ -43,7 +43,7 @@ def flatten(config: Any) -> dict[str, Any]:
   out: dict[str, Any] = {}
 
   def walk(node, prefix):
-    if isinstance(node, dict) and node:
+    if isinstance(node, dict):  # an empty dict has no keys (adding entries later shows them as added)
       for k, v in node.items():
         walk(v, f"{prefix}{k}.")
     else:
