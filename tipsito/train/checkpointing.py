@@ -19,6 +19,8 @@ from typing import Any, Optional
 import jax
 import orbax.checkpoint as ocp
 
+from tipsito import paths
+
 
 def _encode_data_state(state: Any) -> Any:
   """grain iterator states are dicts or bytes; bytes become base64 so they fit a JSON item."""
@@ -37,7 +39,7 @@ class Checkpointer:
   """Thin wrapper over `ocp.CheckpointManager` for (TrainState, data iterator state)."""
 
   def __init__(self, directory: str, *, every_steps: int, keep: int, async_save: bool = True):
-    self.directory = os.path.abspath(directory)
+    self.directory = paths.resolve(directory)  # local or gs://
     self.every_steps = int(every_steps)
     self._data_item = f"data_{jax.process_index()}"
     options = ocp.CheckpointManagerOptions(
@@ -117,8 +119,8 @@ def restore_params(path: str, abstract_params: Any) -> Any:
 
   Accepts a workdir (uses `<workdir>/checkpoints`, latest step), a checkpoint dir, or a step dir.
   """
-  path = os.path.abspath(path)
-  ckpt_dir = os.path.join(path, "checkpoints") if os.path.isdir(os.path.join(path, "checkpoints")) else path
+  path = paths.resolve(path)
+  ckpt_dir = paths.join(path, "checkpoints") if paths.as_path(path).joinpath("checkpoints").is_dir() else path
   mngr = ocp.CheckpointManager(ckpt_dir, options=ocp.CheckpointManagerOptions(read_only=True))
   step = mngr.latest_step()
   if step is None:
