@@ -75,18 +75,18 @@ FILE_CONVERTERS = ("table", "webdataset")
 
 
 def how_to_convert(name: str, data_dir: str) -> str:
-  """The convert command that produces dataset `name` (its first path component) in `data_dir`.
+  """What builds dataset `name` (its first path component) in `data_dir`: 'build it with `<command>`'.
 
   Why: only shapes / tuxpaint / fashion_mnist are converters of their own; every other dataset (cc12m,
   webli, ...) is a caption table or webdataset tars converted under a config name of your choice.
   """
   base, _, cfg = name.split(":")[0].partition("/")
   if base in BUILT_IN_CONVERTERS:
-    return f"`python -m tipsito.data.convert {base} --data_dir {data_dir}`"
+    return f"build it with `python -m tipsito.data.convert {base} --data_dir {data_dir}`"
   if base in FILE_CONVERTERS:
     cfg = cfg or "NAME"
     inp = "caps.tsv" if base == "table" else "'shards/*.tar'"
-    return (f"`python -m tipsito.data.convert {base} --data_dir {data_dir} --input {inp} "
+    return (f"build it with `python -m tipsito.data.convert {base} --data_dir {data_dir} --input {inp} "
             f"--config_name {cfg}`")
   return (f"{base!r} is not a tipsito converter: convert your copy with `python -m tipsito.data.convert "
           f"table --data_dir {data_dir} --input caps.tsv --config_name {base}` (or `webdataset ... --input "
@@ -117,8 +117,8 @@ def resolve_dataset_dir(name: str, data_dir: str) -> str:
   if not base.is_dir():
     present = sorted(d.name for d in root.iterdir()) if root.is_dir() else []
     raise FileNotFoundError(
-        f"dataset {parts[0]!r} not found in data_dir {os.fspath(data_dir)!r} (present: {present}); build it "
-        f"with {how_to_convert(name, os.fspath(data_dir))}")
+        f"dataset {parts[0]!r} not found in data_dir {os.fspath(data_dir)!r} (present: {present}); "
+        f"{how_to_convert(name, os.fspath(data_dir))}")
   subdirs = [d.name for d in base.iterdir() if d.is_dir() and not d.name.startswith(".")]
   if len(parts) > 1:
     cfg_dir = base / parts[1]
@@ -142,15 +142,15 @@ def resolve_dataset_dir(name: str, data_dir: str) -> str:
                        f"name one as '{name}/<config>'")
   if not cfg_dir.is_dir():
     raise FileNotFoundError(f"dataset {name!r}: {os.fspath(cfg_dir)!r} does not exist (configs: "
-                            f"{sorted(subdirs)}); build it with {how_to_convert(name, os.fspath(data_dir))}")
+                            f"{sorted(subdirs)}); {how_to_convert(name, os.fspath(data_dir))}")
   versions = sorted((d.name for d in cfg_dir.iterdir() if _is_version(d.name)), key=_version_key)
   if version is not None:
     if version not in versions:
       raise FileNotFoundError(f"dataset {name!r}: version {version} not in {versions}")
     return os.fspath(cfg_dir / version)
   if not versions:
-    raise FileNotFoundError(f"dataset {name!r}: no prepared version under {os.fspath(cfg_dir)!r}; build it "
-                            f"with {how_to_convert(name, os.fspath(data_dir))}")
+    raise FileNotFoundError(f"dataset {name!r}: no prepared version under {os.fspath(cfg_dir)!r}; "
+                            f"{how_to_convert(name, os.fspath(data_dir))}")
   return os.fspath(cfg_dir / versions[-1])
 
 
