@@ -32,6 +32,9 @@ TOTAL = 8          # steps of every run
 CKPT_EVERY = 4     # periodic checkpoints (the elastic runs restart from step 4 of the 1-process run)
 SIGTERM_AT = 2     # process 1 of the preempted run sends itself SIGTERM when it fetches this step's batch
 TIMEOUT = 420      # seconds per launch
+# The cheapest recipe to compile (the multi-host machinery does not depend on the loss; per-term losses
+# of every recipe on 1 vs 8 devices: tests/test_train_sharding.py). TIPSITO_MULTIHOST_RECIPE=tipsito
+# runs the same checks on the full recipe (about twice as long).
 RECIPE = os.environ.get("TIPSITO_MULTIHOST_RECIPE", "clip")
 
 WORKER = textwrap.dedent(r'''
@@ -111,7 +114,7 @@ def _free_port() -> int:
 
 
 def launch(workdir, data_dir, *, processes=2, devices=4, shards=2, max_steps=None, sigterm_at=0,
-           evals=True, cache_dir=None):
+           evals=True):
   """Runs the worker as `processes` processes x `devices` CPU devices; returns [(rc, result, log)]."""
   env = dict(os.environ)
   env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
@@ -119,9 +122,8 @@ def launch(workdir, data_dir, *, processes=2, devices=4, shards=2, max_steps=Non
   # LLVM optimisation off: every run (1 or 2 processes) uses the same flags; it only shortens compiles.
   env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices} --xla_backend_optimization_level=0"
   env["JAX_THREEFRY_PARTITIONABLE"] = "1"
-  if cache_dir:
-    env["JAX_COMPILATION_CACHE_DIR"] = cache_dir
-    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+  # No persistent compilation cache: executables with gloo collectives restored from it can hang.
+  env.pop("JAX_COMPILATION_CACHE_DIR", None)
   coordinator = f"127.0.0.1:{_free_port()}"
   procs, logs = [], []
   try:
@@ -168,12 +170,11 @@ def data_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, data_dir):
   base = tmp_path_factory.mktemp("mh")
-  cache = str(base / "jax_cache")
   r = {"dirs": {k: str(base / k) for k in ("one", "two", "term")}}
-  r["one"] = _ok(launch(r["dirs"]["one"], data_dir, processes=1, devices=8, cache_dir=cache))
-  r["two"] = _ok(launch(r["dirs"]["two"], data_dir, cache_dir=cache))
-  r["term"] = launch(r["dirs"]["term"], data_dir, sigterm_at=SIGTERM_AT, cache_dir=cache)
-  r["term_rerun"] = _ok(launch(r["dirs"]["term"], data_dir, cache_dir=cache))
+  r["one"] = _ok(launch(r["dirs"]["one"], data_dir, processes=1, devices=8))
+  r["two"] = _ok(launch(r["dirs"]["two"], data_dir))
+  r["term"] = launch(r["dirs"]["term"], data_dir, sigterm_at=SIGTERM_AT)
+  r["term_rerun"] = _ok(launch(r["dirs"]["term"], data_dir))
   return r
 
 
@@ -191,7 +192,7 @@ def _checkpoint(workdir, step=None, *, with_data=True):
 
 def _data_files(workdir, step):
   d = os.path.join(workdir, "checkpoints", str(step), "data")
-  return {f: json.load(open(os.path.join(d, f))) for f in sorted(os.listdir(d))}
+  return {f: json.load(open(os.path.join(d, f))) for f in sorted(os.listdir(d)) if f.endswith(".json")}
 
 
 def _assert_same_tree(a, b):
@@ -207,7 +208,7 @@ def test_two_processes_match_one_process(runs):
   assert one["devices"] == 8 and [t["devices"] for t in two] == [8, 8]
   m1, m2a, m2b = one["metrics"], two[0]["metrics"], two[1]["metrics"]
   losses = [k for k in m1 if k.startswith("loss/")]
-  assert len(losses) >= 5, losses  # clip, clip_view2, fusion, dino, ibot, total
+  assert "loss/total" in losses and len(losses) >= 2, losses  # every term of RECIPE + the total
   for k in losses:
     assert m2a[k] == m2b[k], k  # both hosts log the same numbers
     assert m2a[k] == pytest.approx(m1[k], abs=1e-5, rel=1e-5), k
@@ -222,7 +223,7 @@ def test_every_host_saves_its_own_data_state(runs):
   files = _data_files(two, TOTAL)
   assert sorted(files) == ["process_0-of-2.json", "process_1-of-2.json"]
   s0, s1 = (files[f]["shards"][0] for f in sorted(files))
-  assert s0 != s1  # different shards, different positions/records
+  assert s0["seen"] == s1["seen"] == TOTAL * 4  # each host's own position (4 examples per step)
   # The 1-process run emulating both shards is at the same two positions.
   one_files = _data_files(runs["dirs"]["one"], TOTAL)
   assert list(one_files) == ["process_0-of-1.json"]

@@ -169,6 +169,8 @@ class Checkpointer:
   def _data_args(self, step: int) -> dict:
     """Restore args of this process's data state at `step`; checks the process count first."""
     saved = self.data_process_count(step)
+    if saved is None and (self._step_path(step) / DATA_ITEM).exists():
+      raise FileNotFoundError(f"{self._step_path(step) / DATA_ITEM}: no readable process_<i>-of-<n>.json")
     if saved is not None:
       if saved != jax.process_count():
         raise DataStateMismatch(
@@ -176,6 +178,9 @@ class Checkpointer:
             f"run has {jax.process_count()}; each process reads its own strided shard, so its position "
             f"cannot be carried over. Resume with {saved} processes, or start a new workdir with "
             f"config.init_from={os.fspath(self.path.parent)!r} (params only, data from the start).")
+      mine = self._step_path(step) / DATA_ITEM / f"process_{jax.process_index()}-of-{saved}.json"
+      if not mine.exists():
+        raise FileNotFoundError(f"{mine} is missing (this process's data-iterator state)")
       return {DATA_ITEM: grain_checkpoint.CheckpointRestore(_DataStateItem())}
     legacy = f"data_{jax.process_index()}"  # checkpoints written before per-host data states
     if (self._step_path(step) / legacy).exists():
