@@ -3,7 +3,7 @@
 #   bash launch/local_multiprocess.sh N [CONFIG] [WORKDIR] [--config.k=v ...]
 # e.g. bash launch/local_multiprocess.sh 2 configs/demo.py workdirs/demo_2proc --config.total_steps=20
 # Each process runs `python -m tipsito.train --distributed --coordinator_address=127.0.0.1:PORT
-# --num_processes=N --process_id=I`; process I logs to WORKDIR/process_I.log, process 0 also to the
+# --num_processes=N --process_id=I`; process I appends to WORKDIR/process_I.log, process 0 also to the
 # terminal. Exit status: 0 done, 75 preempted (SIGTERM to this script or any process: every process saves
 # the same step; run the same command again to resume), else the first failing process's status.
 # PORT (default: a free one) and FAKE_DEVICES (default 4 devices per process on CPU) can be set.
@@ -20,10 +20,10 @@ stop() { for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done; }
 trap stop TERM INT
 for ((i = 0; i < N; i++)); do
   python -m tipsito.train --distributed --coordinator_address="127.0.0.1:$PORT" --num_processes="$N" \
-    --process_id="$i" --config "$CONFIG" --workdir "$WORKDIR" "$@" > "$WORKDIR/process_$i.log" 2>&1 &
+    --process_id="$i" --config "$CONFIG" --workdir "$WORKDIR" "$@" >> "$WORKDIR/process_$i.log" 2>&1 &
   pids+=("$!")
 done
-tail -n +1 -f "$WORKDIR/process_0.log" --pid="${pids[0]}" &
+tail -n 0 -f "$WORKDIR/process_0.log" --pid="${pids[0]}" &
 status=0
 for p in "${pids[@]}"; do
   while true; do  # `wait` returns early when a trapped signal arrives: wait again for the real status
