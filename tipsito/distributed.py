@@ -30,6 +30,9 @@ def define_flags() -> None:
                       "detected on Cloud TPU / SLURM / MPI).")
   flags.DEFINE_integer("num_processes", None, "With --distributed: total number of processes.")
   flags.DEFINE_integer("process_id", None, "With --distributed: this process's id in [0, num_processes).")
+  import sys  # pylint: disable=import-outside-toplevel
+  for name in FLAG_NAMES:  # --help lists the key flags of the program being run (sys.argv[0])
+    FLAGS.register_key_flag_for_module(sys.argv[0], FLAGS[name])
 
 
 def initialize(coordinator_address: Optional[str] = None, num_processes: Optional[int] = None,

@@ -36,7 +36,7 @@ def _define_flags() -> None:
   distributed.define_flags()
   flags.mark_flags_as_required(["config", "workdir"])
   import sys  # pylint: disable=import-outside-toplevel
-  for name in ("config", "workdir") + distributed.FLAG_NAMES:
+  for name in ("config", "workdir"):
     # --help lists the key flags of the program (sys.argv[0]), which is __main__.py, not this module.
     FLAGS.register_key_flag_for_module(sys.argv[0], FLAGS[name])
 
