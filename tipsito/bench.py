@@ -33,6 +33,8 @@ def _define_flags() -> None:
   flags.DEFINE_integer("batch", 0, "Global batch override (0 = config).")
   flags.DEFINE_float("peak_tflops", 0.0, "Peak TFLOP/s of all devices (for utilisation); 0 = skip.")
   flags.DEFINE_bool("data", False, "Run the input-pipeline benchmark (tipsito.data.bench) instead.")
+  from tipsito import distributed  # pylint: disable=import-outside-toplevel
+  distributed.define_flags()  # --distributed: one process per host, the step runs on the global mesh
 
 
 def bench_one(config, *, steps: int = 5, peak_tflops: float = 0.0) -> dict[str, Any]:
@@ -43,7 +45,8 @@ def bench_one(config, *, steps: int = 5, peak_tflops: float = 0.0) -> dict[str, 
   setup = step_lib.build(config)
   state = setup.init_state()
   vocab = setup.model.text_cfg.get("vocab_size", 100) if setup.model.text_cfg else 100
-  host = step_lib.synthetic_batch(config, vocab_size=int(vocab))
+  host = step_lib.synthetic_batch(  # this process's slice of the global batch
+      config, batch_size=int(config.input.batch_size) // jax.process_count(), vocab_size=int(vocab))
   batch = sharding.global_batch(host, setup.mesh)
   frozen = setup.frozen()
   fn = step_lib.jit_train_step(setup)
@@ -128,6 +131,11 @@ def main(argv: Sequence[str]) -> None:
     return
   if FLAGS.config is None:
     raise app.UsageError("--config is required (or --data)")
+  from tipsito import distributed  # pylint: disable=import-outside-toplevel
+  try:
+    distributed.initialize_from_flags()
+  except ValueError as e:
+    raise app.UsageError(str(e)) from None
   rows = run_bench(FLAGS.config, FLAGS.recipes, FLAGS.ema, steps=FLAGS.steps, batch=FLAGS.batch,
                    peak_tflops=FLAGS.peak_tflops)
   keys = list(dict.fromkeys(k for r in rows for k in r))

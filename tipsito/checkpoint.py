@@ -339,6 +339,18 @@ def select_export_params(train_params: Mapping[str, Any]) -> dict:
   return out
 
 
+def _this_process_only():
+  """Orbax options for host-local numpy trees: this process alone reads/writes, no cross-host barriers.
+
+  Why: in a multi-host job the export is gathered to host memory and written by process 0 only
+  (tipsito.train.loop.write_export), and every host may `tipsito.load` on its own.
+  """
+  import jax
+  import orbax.checkpoint as ocp
+  me = jax.process_index()
+  return ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me})
+
+
 def write_export(output_dir, *, image_config: dict, text_config: dict,
                  params: dict, temperature: float,
                  tokenizer_path: Optional[str] = None, image_proj: bool = False,
@@ -387,7 +399,7 @@ def write_export(output_dir, *, image_config: dict, text_config: dict,
   tree = jax.tree_util.tree_map(lambda x: np.asarray(x, dtype=np.float32)
                                 if np.asarray(x).dtype != np.float32
                                 else np.asarray(x), dict(params))
-  ckptr = ocp.StandardCheckpointer()
+  ckptr = ocp.StandardCheckpointer(multiprocessing_options=_this_process_only())
   ckptr.save(pdir, tree)
   ckptr.wait_until_finished()
   (out / 'config.json').write_text(json.dumps(cfg, indent=2, sort_keys=True))
@@ -445,7 +457,7 @@ def read_export(path) -> tuple[dict, dict]:
   if not (path / 'params').is_dir():
     raise NotAnExportError(f"{os.fspath(path)}: config.json but no params/ folder (an interrupted export? "
                            "write it again)")
-  ckptr = ocp.StandardCheckpointer()
+  ckptr = ocp.StandardCheckpointer(multiprocessing_options=_this_process_only())
   params = ckptr.restore(path / 'params')
   return cfg, params
 

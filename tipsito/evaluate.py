@@ -12,7 +12,9 @@ Prints a table (eval | metric | value), writes JSON ({'checkpoint', 'kind', 'met
 
 Flags: --config (ml_collections config file, 'file.py:args' allowed; uses config.evals and
 config.tokenizer), --checkpoint, --output, --pictures_dir, --only (comma-separated eval names),
---max_examples (override for every eval; quick checks).
+--max_examples (override for every eval; quick checks), and the multi-host flags of
+tipsito.distributed (--distributed [--coordinator_address --num_processes --process_id]): every process
+encodes its share of each batch; process 0 prints and writes the results.
 """
 from __future__ import annotations
 
@@ -42,6 +44,8 @@ def _define_flags() -> None:
   flags.DEFINE_string("pictures_dir", None, "Folder for PNG pictures (default: <output dir>/pictures).")
   flags.DEFINE_list("only", None, "Run only these evals (names in config.evals).")
   flags.DEFINE_integer("max_examples", None, "Cap on examples per eval split (quick checks).")
+  from tipsito import distributed  # pylint: disable=g-import-not-at-top
+  distributed.define_flags()  # --distributed: every host runs this; batches are split over processes
 
 
 def is_export(path: str) -> bool:
@@ -174,10 +178,15 @@ def evaluate(config, checkpoint: str, *, output: str | None = None, pictures_dir
     logging.info("eval %s: %s (%.1fs)", name, res, time.time() - t0)
   if pictures_dir is None and output:
     pictures_dir = os.path.join(os.path.dirname(os.path.abspath(output)), "pictures")
-  picture_paths = pictures_lib.write_pictures(pics, step=0, directory=pictures_dir) if pictures_dir else []
+  import jax  # pylint: disable=g-import-not-at-top
+  primary = jax.process_index() == 0  # every process has the same numbers; one writes them
+  picture_paths = (pictures_lib.write_pictures(pics, step=0, directory=pictures_dir)
+                   if pictures_dir and primary else [])
   summary = {"checkpoint": os.path.abspath(checkpoint), "kind": kind,
              "metrics": {k: _json_safe(float(v)) for k, v in sorted(results.items())},
              "pictures": picture_paths, "seconds": round(time.time() - start, 2)}
+  if not primary:
+    return summary
   print_fn(format_table(results))
   if output:
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
@@ -195,6 +204,11 @@ def main(argv: Sequence[str]) -> None:
     raise app.UsageError("--config is required")
   if not FLAGS.checkpoint:
     raise app.UsageError("--checkpoint is required")
+  from tipsito import distributed  # pylint: disable=g-import-not-at-top
+  try:
+    distributed.initialize_from_flags()
+  except ValueError as e:
+    raise app.UsageError(str(e)) from None
   try:
     evaluate(FLAGS.config, FLAGS.checkpoint, output=FLAGS.output, pictures_dir=FLAGS.pictures_dir,
              only=FLAGS.only, max_examples=FLAGS.max_examples)

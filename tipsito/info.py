@@ -1,4 +1,7 @@
-"""`python -m tipsito.info --config F[:args] [--json] [--sharding]`: what a config costs, without memory.
+"""`python -m tipsito.info --config F[:args] [--json] [--sharding [--devices N --processes P]]`: what a
+config costs, without memory. `--sharding` lists every parameter's PartitionSpec on the mesh the config
+resolves to for N devices (an abstract mesh: plan a 256-chip pod on a laptop), the parameter bytes per
+device, and what each of the P processes (hosts) does.
 
 Why: before asking for a pod you want parameter counts per tower and per training-only part, the size of
 the whole train state (params, optimiser state, EMA teacher) and the saving of TIPSv2's head-only EMA over
@@ -25,7 +28,9 @@ def _define_flags() -> None:
   from ml_collections import config_flags  # pylint: disable=import-outside-toplevel
   config_flags.DEFINE_config_file("config", None, "Experiment config (configs/*.py[:args]).")
   flags.DEFINE_bool("json", False, "Print one JSON object instead of a table.")
-  flags.DEFINE_bool("sharding", False, "Also list the sharding of every parameter.")
+  flags.DEFINE_bool("sharding", False, "Also list the sharding of every parameter (on --devices).")
+  flags.DEFINE_integer("devices", 0, "With --sharding: devices of the target job (0 = this machine's).")
+  flags.DEFINE_integer("processes", 1, "With --sharding: JAX processes (hosts) of the target job.")
 
 
 def _count(tree) -> int:
@@ -62,7 +67,45 @@ def _setup(config, mesh, ema_mode: Optional[str] = None):
   return step_lib.build(c, mesh, teacher=teacher)
 
 
-def compute_info(config, *, with_sharding: bool = False) -> dict[str, Any]:
+def sharding_plan(config, setup, devices: int, processes: int = 1) -> dict[str, Any]:
+  """Parameter specs on the mesh `config.mesh` resolves to for `devices` devices (an AbstractMesh: no
+  devices needed), per-device parameter bytes, and what each of `processes` hosts does."""
+  from jax.sharding import AbstractMesh  # pylint: disable=import-outside-toplevel
+  from tipsito.train import sharding as sharding_lib  # pylint: disable=import-outside-toplevel
+  if devices % processes:
+    raise ValueError(f"--devices={devices} is not divisible by --processes={processes}")
+  batch = int(config.input.batch_size)
+  if batch % processes:
+    raise ValueError(f"config.input.batch_size={batch} is not divisible by --processes={processes}")
+  shape = sharding_lib.mesh_shape(config.mesh, devices)
+  mesh = AbstractMesh(shape, sharding_lib.MESH_AXES)
+  rules = [tuple(r) for r in config.sharding.rules]
+  shardings = sharding_lib.tree_shardings(setup.state_shapes, mesh, rules,
+                                          min_size=int(config.sharding.min_size))
+  params = setup.state_shapes.params
+  rows, per_device = [], 0
+  for (path, spec_shape, spec), x, sh in zip(sharding_lib.describe(shardings.params, params),
+                                             jax.tree.leaves(params), jax.tree.leaves(shardings.params)):
+    axes = [a for entry in sh.spec if entry is not None
+            for a in (entry if isinstance(entry, tuple) else (entry,))]
+    split = int(np.prod([mesh.shape[a] for a in axes], dtype=np.int64))
+    nbytes = int(np.prod(x.shape, dtype=np.int64)) * np.dtype(x.dtype).itemsize // split
+    per_device += nbytes
+    rows.append(dict(path=path, shape=list(spec_shape), spec=spec, bytes_per_device=nbytes))
+  return {
+      "mesh": dict(zip(sharding_lib.MESH_AXES, shape)), "devices": devices, "processes": processes,
+      "params_bytes_per_device": per_device, "rows": rows,
+      "per_process": (
+          f"{devices // processes} devices and {batch // processes} examples of the global batch "
+          f"{batch} per process; each process reads its own strided data shard, saves its shards of "
+          f"the train state and its own data-iterator state (resume needs {processes} processes); "
+          f"SIGTERM on any process stops all after the same step (exit 75); evals split every batch "
+          f"over the processes; process 0 writes the export"),
+  }
+
+
+def compute_info(config, *, with_sharding: bool = False, devices: int = 0,
+                 processes: int = 1) -> dict[str, Any]:
   """All numbers as a JSON-friendly dict (see module docstring)."""
   from tipsito import config_validation  # pylint: disable=import-outside-toplevel
   from tipsito.train import sharding as sharding_lib  # pylint: disable=import-outside-toplevel
@@ -128,8 +171,9 @@ def compute_info(config, *, with_sharding: bool = False) -> dict[str, Any]:
             f"text tower, which has no EMA in either mode, dilutes the all-parameter saving."),
     }
   if with_sharding:
-    out["sharding"] = [dict(path=p, shape=list(s), spec=sp) for p, s, sp in
-                       sharding_lib.describe(setup.state_shardings.params, params)]
+    plan = sharding_plan(config, setup, int(devices or jax.device_count()), int(processes))
+    out["sharding"] = plan.pop("rows")
+    out["sharding_plan"] = plan
   return out
 
 
@@ -150,6 +194,11 @@ def _table(info: dict) -> str:
                  f"({100 * e['fraction_saved']:.1f}% saved; vision side "
                  f"{100 * e['vision_side_fraction_saved']:.1f}%; bytes {100 * e['bytes_fraction_saved']:.1f}%)")
     lines.append("  " + e["explanation"])
+  plan = info.get("sharding_plan")
+  if plan:
+    lines.append(f"  sharding on {plan['devices']} devices, mesh {plan['mesh']}: params "
+                 f"{plan['params_bytes_per_device'] / 2 ** 20:.1f} MiB per device")
+    lines.append(f"  {plan['processes']} process(es): {plan['per_process']}")
   for row in info.get("sharding", []):
     lines.append(f"  {row['path']:<70s} {str(row['shape']):<20s} {row['spec']}")
   return "\n".join(lines)
@@ -159,7 +208,8 @@ def main(argv: Sequence[str]) -> None:
   """Prints the info table or JSON."""
   del argv
   jax.config.update("jax_threefry_partitionable", True)
-  info = compute_info(FLAGS.config, with_sharding=FLAGS.sharding)
+  info = compute_info(FLAGS.config, with_sharding=FLAGS.sharding, devices=FLAGS.devices,
+                      processes=FLAGS.processes)
   print(json.dumps(info) if FLAGS.json else _table(info))
   sys.stdout.flush()
 

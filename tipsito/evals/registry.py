@@ -551,11 +551,15 @@ class Evaluator:
     """Runs the image tower on one fixed-size batch; returns numpy cls (B,n_cls,D), patches, values."""
     if project is None:
       project = bool(self.cfg["project"])
-    if _accepts_kwarg(encoder.embed_images, "values"):  # skip the value pass when it is not needed
-      out = encoder.embed_images(images, project=project, values=need_values)
-    else:
-      out = encoder.embed_images(images, project=project)
-    res = {k: np.asarray(v, np.float32) for k, v in out.items() if v is not None}
+
+    def embed(rows):
+      if _accepts_kwarg(encoder.embed_images, "values"):  # skip the value pass when it is not needed
+        out = encoder.embed_images(rows, project=project, values=need_values)
+      else:
+        out = encoder.embed_images(rows, project=project)
+      return {k: np.asarray(v, np.float32) for k, v in out.items() if v is not None}
+
+    res = over_processes(embed, images)
     if res["cls"].ndim == 2:
       res["cls"] = res["cls"][:, None]
     if need_values and "values" not in res:
@@ -579,7 +583,9 @@ class Evaluator:
       chunk = texts[start:start + bs]
       n = len(chunk)
       chunk = chunk + [chunk[-1]] * (bs - n)  # repeat (not ''): padding never produces NaNs
-      emb = np.asarray(encoder.embed_texts(self._text_input(encoder, chunk)), np.float32)[:n]
+      emb = over_processes(
+          lambda rows: np.asarray(encoder.embed_texts(self._text_input(encoder, rows)), np.float32),
+          chunk)[:n]
       out.append(emb)
     emb = np.concatenate(out, 0) if out else np.zeros((0, 0), np.float32)
     return metrics_lib.l2_normalize(emb)
@@ -709,6 +715,30 @@ def make_evaluators(config) -> dict[str, Evaluator]:
       continue
     out[name] = make_evaluator(name, cfg)
   return out
+
+
+def over_processes(fn: Callable[[Any], Any], rows):
+  """`fn(rows)` computed with the rows split over all JAX processes; every process gets the whole result.
+
+  Why: on a pod every host runs the same evaluator on the same batches; each encodes only its own
+  contiguous slice (padded by repeating the last row) and `multihost_utils.process_allgather` puts the
+  rows back in order, so the numbers equal a one-process run while each host does 1/N of the work.
+  `fn` maps a list/array of B rows to an array or a dict of arrays with leading dim B. Every process must
+  call this the same number of times (it is a collective); one process just calls `fn`.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  count = jax.process_count()
+  if count == 1:
+    return fn(rows)
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  n = len(rows)
+  per = -(-n // count)
+  lo = jax.process_index() * per
+  mine = [rows[min(i, n - 1)] for i in range(lo, lo + per)]
+  if isinstance(rows, np.ndarray):
+    mine = np.stack(mine)
+  out = multihost_utils.process_allgather(fn(mine), tiled=True)
+  return jax.tree.map(lambda a: np.asarray(a)[:n], out)
 
 
 def run_evaluators(evaluators: Mapping[str, Evaluator] | Sequence[Evaluator], encoder, *, step: int = 0,

@@ -1,8 +1,16 @@
 """Command line of `python -m tipsito.train --config configs/F.py[:k=v,...] --workdir DIR [--config.key=value ...]`.
 
 Why a thin absl entry point: flags and config parsing only; all logic lives in
-`tipsito.train.loop.train_and_evaluate` so tests and notebooks call the same function. Multi-host TPU
-runs call `jax.distributed.initialize()` first (automatic on Cloud TPU VMs).
+`tipsito.train.loop.train_and_evaluate` so tests and notebooks call the same function.
+
+Multi-host: every host runs the same command with `--distributed` (one JAX process per host). On Cloud
+TPU (and SLURM / MPI clusters) JAX finds the coordinator itself; elsewhere add
+`--coordinator_address=HOST:PORT --num_processes=N --process_id=I` (see launch/local_multiprocess.sh,
+which starts N processes on one machine). CPU processes use gloo collectives (tipsito.distributed).
+
+Exit status: 0 when the run finished (or reached --config.total_steps earlier); 75
+(`checkpointing.PREEMPTED_EXIT_CODE`, EX_TEMPFAIL) when SIGTERM on any host stopped every host after the
+same step and that step was checkpointed: relaunch the same command to resume.
 """
 from __future__ import annotations
 
@@ -17,30 +25,38 @@ FLAGS = flags.FLAGS
 
 
 def _define_flags() -> None:
-  """Defines --config / --workdir (idempotent: importing this module defines nothing)."""
+  """Defines --config / --workdir / the distributed flags (idempotent: importing defines nothing)."""
   if "workdir" in FLAGS:
     return
   from ml_collections import config_flags  # pylint: disable=import-outside-toplevel
+  from tipsito import distributed  # pylint: disable=import-outside-toplevel
   config_flags.DEFINE_config_file("config", None, "Experiment config file (configs/*.py[:args]).",
                                   lock_config=True)
   flags.DEFINE_string("workdir", None, "Output directory (resumed automatically if it has checkpoints).")
-  flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() (multi-host pods).")
+  distributed.define_flags()
   flags.mark_flags_as_required(["config", "workdir"])
+  import sys  # pylint: disable=import-outside-toplevel
+  for name in ("config", "workdir"):
+    # --help lists the key flags of the program (sys.argv[0]), which is __main__.py, not this module.
+    FLAGS.register_key_flag_for_module(sys.argv[0], FLAGS[name])
 
 
 def main(argv: Sequence[str]) -> None:
   """Parses flags, sets up JAX, runs the loop."""
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  from tipsito import distributed  # pylint: disable=import-outside-toplevel
+  try:
+    distributed.initialize_from_flags()
+  except ValueError as e:
+    raise app.UsageError(str(e)) from None
   import jax  # pylint: disable=import-outside-toplevel
-  if FLAGS.distributed:
-    jax.distributed.initialize()
   jax.config.update("jax_threefry_partitionable", True)
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   from tipsito.train import loop  # pylint: disable=import-outside-toplevel
-  logging.info("JAX %s: %d processes, %d devices (%s)", jax.__version__, jax.process_count(),
-               jax.device_count(), jax.devices()[0].platform)
-  loop.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+  logging.info("JAX %s: process %d of %d, %d devices (%s)", jax.__version__, jax.process_index(),
+               jax.process_count(), jax.device_count(), jax.devices()[0].platform)
+  loop.train_and_evaluate(FLAGS.config, FLAGS.workdir)  # raises Preempted (exit 75) after SIGTERM
 
 
 def run() -> None:

@@ -78,20 +78,25 @@ def ensure_dataset(config: mlc.ConfigDict) -> None:
 
 
 def temperature_of(params: dict) -> float:
-  """T of logits = cos / T for the export: 1 / exp(logit_scale) (TIPS convention)."""
+  """T of logits = cos / T for the export: 1 / exp(logit_scale) (TIPS convention). A replicated scalar:
+  readable on every process."""
   if "logit_scale" not in params:
     return 1.0
   return float(1.0 / np.exp(np.asarray(jax.device_get(params["logit_scale"]), np.float64)))
 
 
 def export_params(params: dict) -> dict:
-  """The inference subset of the student params: encoders (+ image projection), no mask token.
+  """The inference subset of the student params as host numpy arrays, on every process.
 
-  Heads, fusion, distill projection, temperature/bias leaves, optimizer state and EMA never get here.
+  Encoders (+ image projection), no mask token: heads, fusion, distill projection, temperature/bias
+  leaves, optimizer state and EMA never get here. Only this subset is gathered: FSDP shards living on
+  other hosts' devices come over with `multihost_utils.process_allgather` (a collective: every process
+  must call this), so evals and the export work on a pod as on one device.
   """
+  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
   out = {k: params[k] for k in EXPORT_KEYS if k in params}
   out["image"] = {k: v for k, v in out["image"].items() if k != "mask_token"}
-  return jax.device_get(out)
+  return jax.tree.map(np.asarray, multihost_utils.process_allgather(out, tiled=True))
 
 
 def export_configs(setup: step_lib.Setup) -> tuple[dict, dict]:
@@ -117,14 +122,24 @@ def tokenizer_path(config) -> str:
 
 
 def write_export(setup: step_lib.Setup, params: dict, output: str, *, step: int) -> str:
-  """Exports the encoders of `params` with tipsito.checkpoint.write_export."""
+  """Exports the encoders of `params` with tipsito.checkpoint.write_export.
+
+  Call on every process: the params are gathered collectively, process 0 writes the export once, and
+  the others wait for it (so `tipsito.load(output)` works on any host when this returns).
+  """
   from tipsito import checkpoint  # pylint: disable=import-outside-toplevel
   img, txt = export_configs(setup)
   p = export_params(params)
-  return checkpoint.write_export(
-      output, image_config=img, text_config=txt, params=p, temperature=temperature_of(params),
-      tokenizer_path=tokenizer_path(setup.config), image_proj="image_proj" in p,
-      extra={"source": "tipsito-train", "recipe": setup.config.recipe, "step": int(step)})
+  temperature = temperature_of(params)
+  if jax.process_index() == 0:
+    output = checkpoint.write_export(
+        output, image_config=img, text_config=txt, params=p, temperature=temperature,
+        tokenizer_path=tokenizer_path(setup.config), image_proj="image_proj" in p,
+        extra={"source": "tipsito-train", "recipe": setup.config.recipe, "step": int(step)})
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+    multihost_utils.sync_global_devices("export_written")
+  return output
 
 
 def make_encoder(setup: step_lib.Setup, params: dict):
@@ -279,6 +294,7 @@ def train_and_evaluate(config: mlc.ConfigDict, workdir: str, *, data_iter=None,
   log_every = int(config.log_every_steps)
   metrics_acc: list[dict] = []
   last_metrics: dict = {}
+  preempted = False
   t0 = time.time()
   step = start
   with metric_writers.ensure_flushes(writer):
@@ -308,7 +324,7 @@ def train_and_evaluate(config: mlc.ConfigDict, workdir: str, *, data_iter=None,
         metrics_acc = []
       if evaluators and step < last:
         _run_evals(setup, state, evaluators, step, writer, workdir, is_last=False)
-      preempted = ckpt.preempted
+      preempted = ckpt.reached_preemption(step)  # the same step on every process
       if ckpt.should_save(step) or step == last or preempted:
         monitor.flush()
         if not bool(params_finite(state.params)):
@@ -322,15 +338,17 @@ def train_and_evaluate(config: mlc.ConfigDict, workdir: str, *, data_iter=None,
     ckpt.wait()
     if owns_iter and hasattr(data_iter, "close"):
       data_iter.close()  # stops grain worker processes before the final evals need the CPU
-    if step >= total:
+    if step >= total and not preempted:
       if evaluators:
         last_metrics.update(_run_evals(setup, state, evaluators, step, writer, workdir, is_last=True))
-      if config.export.enabled and jax.process_index() == 0:
+      if config.export.enabled:
         out = config.export.dir or os.path.join(workdir, "export")
         write_export(setup, state.params, out, step=step)
         logging.info("Exported encoders to %s", out)
   ckpt.close()
   logging.info("Done: steps %d -> %d in %.1fs", start, step, time.time() - t0)
+  if preempted:
+    raise checkpointing.Preempted(step)
   return last_metrics
 
 
@@ -340,7 +358,7 @@ def _run_evals(setup, state, evaluators, step, writer, workdir, *, is_last):
   due = [e for e in evaluators.values() if e.should_run(step, is_last=is_last)]
   if not due:
     return {}
-  enc = make_encoder(setup, state.params)
+  enc = make_encoder(setup, state.params)  # on every process: evals shard their batches over processes
   return evals.run_evaluators(due, enc, step=step, writer=writer,
                               picture_dir=os.path.join(workdir, "pictures"), log=logging.info)
 
