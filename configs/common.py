@@ -174,19 +174,24 @@ def base_config(recipe_name: str, variant: str, *, text_variant: str | None = No
       student_temp=0.1, teacher_temp=0.07, warmup_teacher_temp=0.04, teacher_temp_warmup_steps=0,
       center_momentum=0.9, ibot_all_patches=recipe_name != "tips", ibot_token_norm="masked",
       teacher_method="centering", fusion_cls=0, contrastive_view="unmasked"))
-  c.ema = mlc.ConfigDict(dict(mode=r.ema_mode, momentum=0.996))
+  # EMA teacher momentum: `constant`, or `cosine` from `momentum` at step 0 to 1 at the last step (DINO).
+  c.ema = mlc.ConfigDict(dict(mode=r.ema_mode, momentum=0.996, schedule="constant"))
 
+  # Adafactor follows big_vision (`big_vision/optax.py`): -sched * (lr * adafactor(clip(g)) + wd * p_kernel),
+  # second-moment decay min(beta2_cap, 1 - t^-decay_rate), momentum an EMA (not a trace) kept in
+  # momentum_dtype (bfloat16 in the pod configs as big_vision's default; float32 here, for tests).
+  # AdamW follows optax.adamw: the decoupled decay is multiplied by the learning rate.
   if r.optimizer == "adafactor":
     c.optim = mlc.ConfigDict(dict(
         name="adafactor", lr=1e-3, warmup_steps=min(10000, total_steps // 10), schedule="cosine",
         min_lr_ratio=0.0, weight_decay=1e-4, clip_norm=1.0, momentum=0.9, momentum_dtype="float32",
-        decay_rate=0.8, min_dim_size_to_factor=128, eps=1e-30, clip_block_rms=None,
+        decay_rate=0.8, beta2_cap=0.999, min_dim_size_to_factor=32, eps=1e-30, clip_block_rms=None,
         b1=0.9, b2=0.999, lr_mults={}, frozen=()))
   else:
     c.optim = mlc.ConfigDict(dict(
         name="adamw", lr=5e-4, warmup_steps=min(2000, total_steps // 10), schedule="cosine",
         min_lr_ratio=0.0, weight_decay=0.1, clip_norm=1.0, b1=0.9, b2=0.98, eps=1e-6,
-        momentum=None, momentum_dtype="float32", decay_rate=0.8, min_dim_size_to_factor=128,
+        momentum=None, momentum_dtype="float32", decay_rate=0.8, beta2_cap=0.999, min_dim_size_to_factor=32,
         clip_block_rms=None, lr_mults={}, frozen=()))
 
   c.mesh = mlc.ConfigDict(dict(data=1, fsdp=-1, model=1))
@@ -219,7 +224,7 @@ def tiny_config(recipe_name: str, *, batch_size: int = 8, total_steps: int = 10,
                 image_size: int = 32, num_local: int = 2) -> mlc.ConfigDict:
   """A CPU-sized config of any recipe (tests, `bench` smoke runs): tiny/16 towers, small heads."""
   c = base_config(recipe_name, "tiny/16", total_steps=total_steps, batch_size=batch_size)
-  c.model.text.vocab_size = 100
+  c.model.text.vocab_size = None  # the demo tokenizer's size (tests that never tokenize pass their own)
   c.max_len = 8
   c.model.text.max_len = 8
   c.model.heads.update(dict(num_prototypes=64, hidden_dim=32, bottleneck_dim=16))

@@ -35,7 +35,28 @@ def load(name, arg=None):
 @pytest.mark.parametrize("name,arg", [(n, a) for n, args in PAPER.items() for a in args])
 def test_config_validates(name, arg):
   c = load(name, arg)
+  # The paper configs need the tokenizer they are sized for (not shipped): see the test below.
+  config_validation.validate(c, check_tokenizer=name == "demo.py")
+
+
+@pytest.mark.parametrize("name,vocab", [("tipsv2_g14.py", 32000), ("tipsv2_distill.py", 32000),
+                                        ("ito_b16.py", 49408), ("clip_b16.py", 49408),
+                                        ("siglip_b16.py", 32000), ("tipsito_b16.py", 32000)])
+def test_paper_config_refuses_the_demo_tokenizer(name, vocab):
+  """The paper configs size the text embedding for the official tokenizers; left at the 2k demo model
+  they fail validation with both numbers instead of training on 2k of the rows."""
+  from tipsito.data import tokenizer as tok_lib
+  demo = tok_lib.Tokenizer(None).vocab_size
+  c = load(name)
+  assert c.tokenizer is None and c.model.text.vocab_size == vocab
+  with pytest.raises(ConfigError, match=rf"config\.tokenizer=None.*vocabulary of {demo} but "
+                                        rf"config\.model\.text\.vocab_size={vocab}"):
+    config_validation.validate(c)
+  c.model.text.vocab_size = None  # ... or take the size from the tokenizer
   config_validation.validate(c)
+  c.tokenizer = "/nonexistent/sp32k.model"
+  with pytest.raises(ConfigError, match=r"config\.tokenizer='/nonexistent/sp32k.model'.*not found"):
+    config_validation.validate(c)
 
 
 def test_paper_settings():

@@ -86,3 +86,15 @@ def test_ema_update_rule_and_keys():
   assert state_lib.ema_keys(r, "head") == ("dino_head", "ibot_head")
   assert state_lib.ema_keys(r, "full") == ("image", "dino_head", "ibot_head")
   assert state_lib.ema_keys(r, "none") == ()
+
+
+def test_ema_momentum_schedule():
+  """constant (default) keeps ema.momentum; cosine goes from ema.momentum at step 0 to 1 at the end (DINO)."""
+  const = mlc.ConfigDict(dict(momentum=0.99, schedule="constant"))
+  assert float(state_lib.ema_momentum(const, 500, 1000)) == pytest.approx(0.99)
+  cos = mlc.ConfigDict(dict(momentum=0.99, schedule="cosine"))
+  assert float(state_lib.ema_momentum(cos, 0, 1000)) == pytest.approx(0.99)
+  assert float(state_lib.ema_momentum(cos, 500, 1000)) == pytest.approx(0.995, abs=1e-6)
+  assert float(state_lib.ema_momentum(cos, 1000, 1000)) == pytest.approx(1.0)
+  assert float(state_lib.ema_momentum(cos, 250, 1000)) == pytest.approx(
+      1 - 0.01 * (np.cos(np.pi / 4) + 1) / 2, abs=1e-6)

@@ -23,6 +23,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 OPTIMIZERS = ("adafactor", "adamw", "sgd")
 SCHEDULES = ("cosine", "linear", "constant")
 TEACHER_METHODS = ("centering", "sinkhorn")
+EMA_SCHEDULES = ("constant", "cosine")
 TOKEN_NORMS = ("masked", "patches")
 FFNS = ("mlp", "swiglu")
 FLAVOURS = ("tips", "clip")
@@ -145,13 +146,42 @@ def _compare_tree(key: str, got: mlc.ConfigDict, ref: mlc.ConfigDict) -> None:
       _compare_tree(sub, got[k], ref[k])
 
 
-def validate(config: mlc.ConfigDict, *, num_devices: int | None = None, process_count: int = 1) -> None:
+def check_text_vocab(config: mlc.ConfigDict) -> None:
+  """`config.tokenizer` must load, and its vocabulary must equal `config.model.text.vocab_size` (when that
+  is not None, which means: take the size from the tokenizer).
+
+  Why: the paper configs size the embedding for the official 32k (TIPS) / 49k (CLIP) tokenizers while
+  `config.tokenizer=None` is the 2k demo model; training would silently use 2k of 32k rows, and released
+  text weights would be indexed by the wrong ids.
+  """
+  recipe = recipes_lib.get_recipe(config.recipe)
+  vocab = config.model.text.get("vocab_size")
+  if "text" not in recipe.parts:
+    return
+  from tipsito.data import tokenizer as tok_lib  # pylint: disable=import-outside-toplevel
+  try:
+    tok = tok_lib.Tokenizer(config.tokenizer, max_len=int(config.max_len))
+  except FileNotFoundError as e:
+    raise ConfigError(f"config.tokenizer={config.tokenizer!r}: {e}") from None
+  if vocab is not None and tok.vocab_size != int(vocab):
+    which = ("None (the shipped demo model)" if config.tokenizer is None else repr(config.tokenizer))
+    raise ConfigError(
+        f"config.tokenizer={which} has a vocabulary of {tok.vocab_size} but config.model.text.vocab_size="
+        f"{vocab}; set --config.tokenizer to the SentencePiece model the text tower is sized for (e.g. the "
+        f"official 32k TIPS model for vocab_size=32000), or --config.model.text.vocab_size=None to take the "
+        f"size from the tokenizer")
+
+
+def validate(config: mlc.ConfigDict, *, num_devices: int | None = None, process_count: int = 1,
+             check_tokenizer: bool = True) -> None:
   """Raises ConfigError naming the first wrong key/value. Cheap: no model is built.
 
   Args:
     config: the full training config.
     num_devices: when given, also checks the mesh and that the global batch splits over (data, fsdp).
     process_count: number of JAX processes (the batch must split over hosts too).
+    check_tokenizer: load `config.tokenizer` and compare its vocabulary with `model.text.vocab_size`
+      (`check_text_vocab`). Off only for tools that never tokenize (info, bench on synthetic batches).
   """
   from tipsito import models  # Local import: keeps `import tipsito.config_validation` light.
   if "recipe" not in config:
@@ -206,6 +236,7 @@ def validate(config: mlc.ConfigDict, *, num_devices: int | None = None, process_
   _choice("ema.mode", config.ema.mode, recipes_lib.EMA_MODES)
   if not 0.0 <= float(config.ema.momentum) <= 1.0:
     raise ConfigError(f"config.ema.momentum={config.ema.momentum}: must be in [0, 1]")
+  _choice("ema.schedule", config.ema.get("schedule", "constant"), EMA_SCHEDULES)
   if recipe.teacher == "frozen" and config.ema.mode == "full":
     raise ConfigError("config.ema.mode='full' is not allowed for recipe 'distill' (the teacher encoder is "
                       "frozen); valid values: ['head', 'none']")
@@ -215,6 +246,9 @@ def validate(config: mlc.ConfigDict, *, num_devices: int | None = None, process_
   _choice("optim.schedule", o.schedule, SCHEDULES)
   if not float(o.lr) > 0:
     raise ConfigError(f"config.optim.lr={o.lr}: must be > 0")
+  _choice("optim.momentum_dtype", str(o.get("momentum_dtype", "float32")), DTYPES)
+  if not 0.0 < float(o.get("beta2_cap", 0.999)) <= 1.0:
+    raise ConfigError(f"config.optim.beta2_cap={o.beta2_cap}: must be in (0, 1]")
   if int(config.total_steps) <= 0:
     raise ConfigError(f"config.total_steps={config.total_steps}: must be > 0")
 
@@ -257,3 +291,5 @@ def validate(config: mlc.ConfigDict, *, num_devices: int | None = None, process_
       raise ConfigError(f"config.input.batch_size={inp.batch_size} must be divisible by mesh data*fsdp="
                         f"{split} and the process count {process_count}")
   _check_keys("mesh", config.mesh, ("data", "fsdp", "model"))
+  if check_tokenizer:
+    check_text_vocab(config)

@@ -104,12 +104,29 @@ def sharding_plan(config, setup, devices: int, processes: int = 1) -> dict[str, 
   }
 
 
+def optimizer_convention(o) -> str:
+  """One line saying what `config.optim` computes (see tipsito/train/optim.py: make_optimizer)."""
+  mom = o.get("momentum")
+  if o.name == "adafactor":
+    return (f"big_vision Adafactor: p -= sched(t) * ({o.lr:g} * adafactor(clip_{o.get('clip_norm')}(g)) + "
+            f"{o.get('weight_decay') or 0:g} * p[kernels]); sched = warmup {o.warmup_steps} + {o.schedule} "
+            f"with peak 1 (weight decay not multiplied by lr); factored 2nd moments, decay "
+            f"min({o.get('beta2_cap', 0.999)}, 1 - t^-{o.get('decay_rate', 0.8)}); momentum "
+            + (f"EMA {mom} (no debias) in {o.get('momentum_dtype', 'float32')}" if mom else "off"))
+  if o.name == "adamw":
+    return (f"optax.adamw: p -= lr(t) * (adam(clip_{o.get('clip_norm')}(g)) + {o.get('weight_decay') or 0:g} "
+            f"* p[kernels]), lr(t) = warmup {o.warmup_steps} + {o.schedule} to {o.lr:g} (decoupled decay "
+            f"multiplied by lr)")
+  return (f"sgd: p -= lr(t) * (trace_{mom}(clip_{o.get('clip_norm')}(g)) + {o.get('weight_decay') or 0:g} * "
+          f"p[kernels])")
+
+
 def compute_info(config, *, with_sharding: bool = False, devices: int = 0,
                  processes: int = 1) -> dict[str, Any]:
   """All numbers as a JSON-friendly dict (see module docstring)."""
   from tipsito import config_validation  # pylint: disable=import-outside-toplevel
   from tipsito.train import sharding as sharding_lib  # pylint: disable=import-outside-toplevel
-  config_validation.validate(config)
+  config_validation.validate(config, check_tokenizer=False)  # sizes only: nothing is tokenized
   mesh = sharding_lib.make_mesh({"data": 1, "fsdp": 1, "model": 1}, jax.devices()[:1])
   setup = _setup(config, mesh)
   params = setup.state_shapes.params
@@ -131,6 +148,7 @@ def compute_info(config, *, with_sharding: bool = False, devices: int = 0,
       "ema_mode": config.ema.mode,
       "ema_params": _count(st.ema),
       "optimizer": config.optim.name,
+      "optimizer_convention": optimizer_convention(config.optim),
       "optimizer_state_params": _count(st.opt_state),
       "train_state_bytes": _bytes(st),
       "train_state_GiB": round(_bytes(st) / 2 ** 30, 3),
@@ -186,6 +204,7 @@ def _table(info: dict) -> str:
   lines.append(f"  student total      {info['student_params'] / 1e6:10.2f}M")
   lines.append(f"  EMA ({info['ema_mode']:<4s})         {info['ema_params'] / 1e6:10.2f}M")
   lines.append(f"  optimizer state    {info['optimizer_state_params'] / 1e6:10.2f}M ({info['optimizer']})")
+  lines.append(f"  optimizer: {info['optimizer_convention']}")
   lines.append(f"  train state        {info['train_state_GiB']:10.3f} GiB")
   e = info.get("ema_comparison")
   if e:

@@ -21,13 +21,15 @@ OPTIMIZERS = ("adafactor", "adamw", "sgd")
 SCHEDULES = ("cosine", "linear", "constant")
 
 
-def make_schedule(optim_cfg, total_steps: int) -> Callable[[jax.Array], jax.Array]:
+def make_schedule(optim_cfg, total_steps: int, *, base: float | None = None
+                  ) -> Callable[[jax.Array], jax.Array]:
   """Linear warmup from 0 to `lr`, then cosine (or linear/constant) decay to `lr * min_lr_ratio`.
 
   Why: the paper recipes (TIPSv2, ITO) all use warmup + cosine; the decay end is a config key so short
-  CPU runs (demo) and 90k-step pod runs share one code path.
+  CPU runs (demo) and 90k-step pod runs share one code path. `base` replaces `lr` as the peak: Adafactor
+  uses the shape with peak 1 (big_vision multiplies lr and weight decay by it separately).
   """
-  lr = float(optim_cfg.lr)
+  lr = float(optim_cfg.lr) if base is None else float(base)
   warmup = int(optim_cfg.warmup_steps)
   min_ratio = float(optim_cfg.get("min_lr_ratio", 0.0))
   decay_steps = max(int(total_steps) - warmup, 1)
@@ -95,9 +97,45 @@ def _scale_by_mults(mults_fn: Callable[[Any], Any]) -> optax.GradientTransformat
   return optax.GradientTransformation(init_fn, update_fn)
 
 
+def scale_by_adafactor(o) -> optax.GradientTransformation:
+  """big_vision's Adafactor core (`big_vision/optax.py: scale_by_adafactor`) from optax parts.
+
+  Factored second moments with decay `min(beta2_cap, 1 - (t+1)^-decay_rate)` (optax's default decay has no
+  cap), optional block-RMS clipping, then momentum as an EMA without debiasing, m <- 0.9 m + 0.1 u, kept in
+  `momentum_dtype`. Why an EMA and not `optax.trace`: a heavy-ball trace (m <- u + 0.9 m) settles at 10x
+  the update, which is a different optimiser from the paper's at the same learning rate.
+  """
+  cap = float(o.get("beta2_cap", 0.999))
+
+  def decay_rate_fn(step, exponent):
+    t = jnp.asarray(step, jnp.float32) + 1.0
+    return jnp.minimum(cap, 1.0 - t ** (-exponent))
+
+  parts = [optax.scale_by_factored_rms(
+      factored=True, decay_rate=float(o.get("decay_rate", 0.8)),
+      min_dim_size_to_factor=int(o.get("min_dim_size_to_factor", 32)), epsilon=float(o.get("eps", 1e-30)),
+      decay_rate_fn=decay_rate_fn)]
+  if o.get("clip_block_rms"):
+    parts.append(optax.clip_by_block_rms(float(o.clip_block_rms)))
+  if o.get("momentum"):
+    parts.append(optax.ema(float(o.momentum), debias=False,
+                           accumulator_dtype=jnp.dtype(o.get("momentum_dtype", "float32"))))
+  return optax.chain(*parts)
+
+
 def make_optimizer(config, params_shape: Any) -> tuple[optax.GradientTransformation, Callable]:
   """Builds the optax chain for `config.optim` and returns (tx, lr_schedule).
 
+  Conventions (`python -m tipsito.info` prints them):
+    adafactor  big_vision's (`big_vision/optax.py: make`): update = -sched(t) * (lr * mult *
+               adafactor(clip(g)) + wd * mask * p), sched = warmup + decay shape with peak 1, mask = kernels.
+               Weight decay is NOT multiplied by lr, only by the schedule (per-step decay 1e-4 at the paper
+               settings, not lr * wd = 1e-7). Pinned by tests/test_train_optim_adafactor.py against a
+               trajectory of big_vision's own code.
+    adamw      optax.adamw's: update = -lr(t) * mult * (adam(clip(g)) + wd * mask * p), the decoupled decay
+               multiplied by the learning rate (PyTorch / open_clip convention).
+    sgd        -lr(t) * mult * (trace(clip(g)) + wd * mask * p).
+  The returned schedule is the learning rate lr(t) (logged as `lr`) in every case.
   `params_shape` may be a tree of ShapeDtypeStructs (masks only look at paths and ranks), so the optimiser
   can be built before any parameter exists (params are born sharded later).
   Frozen leaves (regex in `optim.frozen`) get `optax.set_to_zero` and no optimiser state at all, which is
@@ -106,35 +144,29 @@ def make_optimizer(config, params_shape: Any) -> tuple[optax.GradientTransformat
   o = config.optim
   sched = make_schedule(o, config.total_steps)
   name = o.name
+  mults = lr_multipliers(params_shape, o)
+  scale_mults = ([_scale_by_mults(lambda tree: lr_multipliers(tree, o))]
+                 if any(m != 1.0 for m in jax.tree.leaves(mults)) else [])
   parts = []
   if o.get("clip_norm"):
     parts.append(optax.clip_by_global_norm(float(o.clip_norm)))
   if name == "adafactor":
-    # Factored second moments (row/column statistics for matrices >= min_dim_size_to_factor) with
-    # momentum; unlike optax.adafactor's defaults we do not multiply by parameter scale (big_vision style).
-    parts.append(optax.scale_by_factored_rms(
-        factored=True, decay_rate=float(o.get("decay_rate", 0.8)),
-        min_dim_size_to_factor=int(o.get("min_dim_size_to_factor", 128)), epsilon=float(o.get("eps", 1e-30))))
-    if o.get("clip_block_rms"):
-      parts.append(optax.clip_by_block_rms(float(o.clip_block_rms)))
-    if o.get("momentum"):
-      parts.append(optax.trace(decay=float(o.momentum),
-                               accumulator_dtype=jnp.dtype(o.get("momentum_dtype", "float32"))))
-  elif name == "adamw":
-    parts.append(optax.scale_by_adam(b1=float(o.b1), b2=float(o.b2), eps=float(o.eps),
-                                     mu_dtype=jnp.dtype(o.get("momentum_dtype", "float32"))))
-  elif name == "sgd":
-    if o.get("momentum"):
+    parts += [scale_by_adafactor(o), optax.scale(float(o.lr)), *scale_mults]
+    if o.get("weight_decay"):
+      parts.append(optax.add_decayed_weights(float(o.weight_decay), mask=kernel_mask))
+    parts += [optax.scale_by_schedule(make_schedule(o, config.total_steps, base=1.0)), optax.scale(-1.0)]
+  elif name in ("adamw", "sgd"):
+    if name == "adamw":
+      parts.append(optax.scale_by_adam(b1=float(o.b1), b2=float(o.b2), eps=float(o.eps),
+                                       mu_dtype=jnp.dtype(o.get("momentum_dtype", "float32"))))
+    elif o.get("momentum"):
       parts.append(optax.trace(decay=float(o.momentum)))
+    if o.get("weight_decay"):
+      # Decoupled (AdamW-style) decay: added after the adaptive scaling, then multiplied by the lr schedule.
+      parts.append(optax.add_decayed_weights(float(o.weight_decay), mask=kernel_mask))
+    parts += [optax.scale_by_learning_rate(sched), *scale_mults]
   else:  # validated earlier; keep a clear error for direct callers.
     raise ValueError(f"optim.name={name!r} not in {OPTIMIZERS}")
-  if o.get("weight_decay"):
-    # Decoupled (AdamW-style) decay: added after the adaptive scaling, then multiplied by the lr schedule.
-    parts.append(optax.add_decayed_weights(float(o.weight_decay), mask=kernel_mask))
-  parts.append(optax.scale_by_learning_rate(sched))
-  mults = lr_multipliers(params_shape, o)
-  if any(m != 1.0 for m in jax.tree.leaves(mults)):
-    parts.append(_scale_by_mults(lambda tree: lr_multipliers(tree, o)))
   tx = optax.chain(*parts)
   frozen_labels = jax.tree.map(lambda m: "frozen" if m == 0.0 else "train", mults)
   if any(lbl == "frozen" for lbl in jax.tree.leaves(frozen_labels)):

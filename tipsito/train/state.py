@@ -62,6 +62,20 @@ def init_ema(params: dict, keys: tuple[str, ...]) -> dict:
   return {k: jax.tree.map(jnp.array, params[k]) for k in keys}
 
 
+def ema_momentum(ema_cfg, step, total_steps: int) -> jax.Array:
+  """Teacher momentum at `step`: `ema.schedule='constant'` -> `ema.momentum`; 'cosine' -> DINO's schedule
+  m(t) = 1 - (1 - m0) (cos(pi t / T) + 1) / 2, from m0 at step 0 to 1 at the last step T = total_steps.
+
+  Why: DINO/iBOT anneal the teacher to a frozen copy at the end of training; TIPSv2 does not say, so the
+  default stays constant.
+  """
+  m0 = jnp.float32(ema_cfg.momentum)
+  if ema_cfg.get("schedule", "constant") == "constant":
+    return m0
+  frac = jnp.clip(jnp.asarray(step, jnp.float32) / max(int(total_steps), 1), 0.0, 1.0)
+  return 1.0 - (1.0 - m0) * (jnp.cos(jnp.pi * frac) + 1.0) / 2.0
+
+
 def ema_update(ema: dict, params: dict, momentum: jax.Array) -> dict:
   """teacher <- m * teacher + (1 - m) * student, leaf by leaf, for the EMA subset only."""
   return {k: jax.tree.map(lambda t, s: momentum * t + (1.0 - momentum) * s.astype(t.dtype), ema[k], params[k])

@@ -236,8 +236,11 @@ def train_step(setup: Setup, state: TrainState, batch: dict, frozen: dict) -> tu
   total, metrics, centers, grads = loss_and_grads(setup, state, batch, frozen)
   updates, opt_state = setup.tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
-  ema = state_lib.ema_update(state.ema, params, jnp.float32(setup.config.ema.momentum))
+  momentum = state_lib.ema_momentum(setup.config.ema, state.step, setup.config.total_steps)
+  ema = state_lib.ema_update(state.ema, params, momentum)
   metrics = dict(metrics)
+  if state.ema:
+    metrics["ema_momentum"] = momentum
   metrics["grad_norm"] = optax.tree.norm(grads)
   metrics["update_norm"] = optax.tree.norm(updates)
   metrics["lr"] = setup.schedule(state.step)
