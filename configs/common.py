@@ -201,7 +201,11 @@ def base_config(recipe_name: str, variant: str, *, text_variant: str | None = No
   c.input = mlc.ConfigDict(dict(
       batch_size=batch_size, views=r.views, global_size=224, local_size=98,
       num_local=6 if "multicrop" in r.views else 0, mask_ratio=r.mask_ratio, mask_type="random",
-      mask_prob=1.0, augment="tips" if tips_px else "ito", num_workers=0, prefetch=2, shuffle_seed=0,
+      mask_prob=1.0, augment="tips" if tips_px else "ito",
+      # multicrop_two_views (tipsito): ITO's photometric augmentation on the second view, which ITO credits
+      # for its gain; view 1 keeps the TIPS crop + flip. None = same as `augment`.
+      augment_view2="ito" if r.views == "multicrop_two_views" else None,
+      num_workers=0, prefetch=2, shuffle_seed=0,
       shuffle=True, num_epochs=None, read_threads=None,
       # Crop area fractions and aspect range; None = the augmentation's default (ITO global (0.5, 1),
       # DINO global (0.32, 1), local (0.05, 0.32), ratio (3/4, 4/3)).

@@ -1,8 +1,14 @@
-"""TIPSv2 distillation (§3.1 / appendix): frozen g/14 teacher (a tipsito export, or official TIPS weights
-via --config.distill.teacher_image_npz), randomly initialised student image encoder, no masking (iBOT++ on
-every patch), DINO on the global + local crops, CLIP loss for the student text tower.
+"""TIPSv2 distillation (§3.1, Table 2): a frozen g/14 teacher replaces the teacher branch, the student image
+encoder starts from random weights, no masking (iBOT++ on every patch), DINO on the global + local crops,
+CLIP loss for the student text tower (`--config.distill.init_text=True` starts it from the teacher's).
 
-Args: student (B | L | So400m), teacher (export dir), steps, batch.
+The teacher (`teacher=DIR`): a tipsito training workdir of the g/14 pretraining (its own EMA DINO/iBOT
+heads are then part of the frozen teacher and give the targets, as in the paper), or an export / official
+TIPS weights via --config.distill.teacher_image_npz (encoders only: the teacher heads are then the EMA of
+the student heads, our inference, logged at start). `feature` (direct feature matching) is off, as in the
+paper. Stage 2 at 448 px: `tipsv2_distill_hires.py`. Set --config.tokenizer to the 32k TIPS model.
+
+Args: student (B | L | So400m), teacher (workdir or export dir), steps, batch.
 """
 import importlib.util
 import os

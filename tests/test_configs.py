@@ -17,6 +17,7 @@ PAPER = {
     "tipsv2_g14.py": [None, "variant=B/14", "variant=B/14,ema=full"],
     "tipsv2_g14_hires.py": [None, "init=/tmp/stage1"],
     "tipsv2_distill.py": ["student=B", "student=L", "student=So400m"],
+    "tipsv2_distill_hires.py": ["student=B,init=/tmp/distill1", "student=L"],
     "ito_b16.py": [f"data={d}" for d in ("cc3m", "cc12m", "yfcc15m", "laion100m", "datacomp1b")],
     "ito_l16.py": [None],
     "clip_b16.py": [None],
@@ -75,6 +76,11 @@ def test_paper_settings():
   assert (i.optim.b1, i.optim.b2, i.optim.eps, i.optim.weight_decay) == (0.9, 0.98, 1e-6, 0.1)
   d = load("tipsv2_distill.py", "student=L")
   assert d.input.mask_ratio == 0.0 and d.model.image.width == 1024
+  assert d.loss.feature == 0.0 and d.optim.name == "adafactor" and d.optim.momentum_dtype == "bfloat16"
+  dh = load("tipsv2_distill_hires.py", "student=L,init=/d1,teacher=/t")
+  assert (dh.input.global_size, dh.input.local_size, dh.total_steps, dh.input.batch_size) == (448, 140, 9000, 4096)
+  assert dh.init_from == "/d1" and dh.distill.teacher == "/t" and dh.recipe == "distill"
+  assert dh.model.image.width == 1024 and dh.optim.lr == 2e-4
 
 
 def test_wrong_key_names_key_and_valid_keys():

@@ -256,6 +256,7 @@ def validate(config: mlc.ConfigDict, *, num_devices: int | None = None, process_
   _choice("input.views", inp.views, VIEWS)
   _choice("input.mask_type", inp.mask_type, MASK_TYPES)
   _choice("input.augment", inp.augment, AUGMENTS)
+  _choice("input.augment_view2", inp.get("augment_view2"), (None,) + AUGMENTS)
   if not 0.0 <= float(inp.mask_ratio) < 1.0:
     raise ConfigError(f"config.input.mask_ratio={inp.mask_ratio}: must be in [0, 1)")
   if int(inp.batch_size) <= 0:

@@ -102,6 +102,7 @@ class ExampleSpec:
   """Everything the per-example function needs, resolved once from the config (picklable)."""
   views: str = 'two_views'
   augment: str = 'ito'
+  augment_view2: str | None = None  # multicrop_two_views: the second global view's augmentation
   global_size: int = 224
   local_size: int = 98
   num_local: int = 0
@@ -128,6 +129,10 @@ class ExampleSpec:
       raise ValueError(f'config.input.views={views!r}; valid values: {list(VIEWS)}')
     if augment not in AUGMENTS:
       raise ValueError(f'config.input.augment={augment!r}; valid values: {list(AUGMENTS)}')
+    augment_view2 = _get(inp, 'augment_view2', None)
+    if augment_view2 not in (None,) + tuple(AUGMENTS):
+      raise ValueError(f'config.input.augment_view2={augment_view2!r}; valid values: '
+                       f'{[None] + list(AUGMENTS)}')
     mask_type = _get(inp, 'mask_type', 'random')
     if mask_type not in masking.MASK_TYPES:
       raise ValueError(f'config.input.mask_type={mask_type!r}; valid: {list(masking.MASK_TYPES)}')
@@ -140,7 +145,7 @@ class ExampleSpec:
         max_aspect=float(_get(data, 'max_aspect', T.DEFAULT_LIMITS.max_aspect)),
         background=tuple(_get(data, 'background', T.DEFAULT_LIMITS.background)))
     return cls(
-        views=views, augment=augment,
+        views=views, augment=augment, augment_view2=augment_view2,
         global_size=int(_get(inp, 'global_size', 224)),
         local_size=int(_get(inp, 'local_size', 98)),
         num_local=int(_get(inp, 'num_local', 0) or 0) if 'multicrop' in views else 0,
@@ -163,7 +168,8 @@ class ExampleSpec:
     if 'multicrop' in self.views:
       return T.MultiCrop(self.global_size, self.local_size, self.num_local, self.global_scale,
                          self.local_scale, self.ratio, num_global=2 if two else 1,
-                         photometric=self.augment == 'ito', limits=self.limits)
+                         photometric=self.augment == 'ito', limits=self.limits,
+                         view2_photometric=(self.augment_view2 or self.augment) == 'ito')
     if self.augment == 'none':
       return None  # deterministic eval-style resize (see TrainExampleFn)
     return T.ITOTwoViews(self.global_size, self.global_scale, self.ratio, self.limits,

@@ -666,16 +666,19 @@ class MultiCrop(grain.RandomMapTransform):
   `global_scale`) -> 'image' (and 'image2'), plus `num_local` local crops at `local_size`
   (scale `local_scale`) -> 'local_crops' (M, s, s, 3). Crop + flip only unless `photometric`
   (then every crop gets the ITO photometric ops). The global crop is the teacher's unmasked view.
+  `view2_photometric` gives the second global crop ('image2', tipsito's ITO view) the ITO photometric
+  ops (colour jitter, grayscale, blur) while the first keeps the TIPS crop + flip.
   """
 
   def __init__(self, global_size: int = 224, local_size: int = 98, num_local: int = 6,
                global_scale=(0.32, 1.0), local_scale=(0.05, 0.32), ratio=(3 / 4, 4 / 3),
                num_global: int = 1, photometric: bool = False,
-               limits: ImageLimits = DEFAULT_LIMITS):
+               limits: ImageLimits = DEFAULT_LIMITS, view2_photometric: bool | None = None):
     self.global_size, self.local_size, self.num_local = global_size, local_size, num_local
     self.global_scale, self.local_scale = tuple(global_scale), tuple(local_scale)
     self.ratio, self.num_global = tuple(ratio), num_global
     self.photometric, self.limits = photometric, limits
+    self.view2_photometric = photometric if view2_photometric is None else view2_photometric
 
   def random_map(self, element, rng, trace: list | None = None, timings: dict | None = None):
     """grain RandomMapTransform entry point; `trace` (tests) receives the drawn params,
@@ -683,7 +686,8 @@ class MultiCrop(grain.RandomMapTransform):
     img = element['image']
     w, h = img.size
     glob = [sample_ito_view(rng, h, w, scale=self.global_scale, ratio=self.ratio,
-                            photometric=self.photometric) for _ in range(self.num_global)]
+                            photometric=self.photometric if i == 0 else self.view2_photometric)
+            for i in range(self.num_global)]
     loc = [sample_ito_view(rng, h, w, scale=self.local_scale, ratio=self.ratio,
                            photometric=self.photometric) for _ in range(self.num_local)]
     plan = [(v, self.global_size) for v in glob] + [(v, self.local_size) for v in loc]

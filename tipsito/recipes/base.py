@@ -23,7 +23,8 @@ default (`loss_opts.contrastive_view='unmasked'` [I]: the papers do not say; wit
 by the mask token, the CLS cannot carry what the caption names). 'masked' reuses the masked pass instead.
 Teacher features: head-only EMA -> stop_gradient(student encoder on the unmasked image) (reused from the
 student pass when nothing is masked); full EMA -> the EMA image encoder; distill -> the frozen teacher.
-Teacher heads are always `state.ema` (an EMA of the student heads).
+Teacher heads are `state.ema` (an EMA of the student heads), except for distillation from a tipsito
+training workdir, where the frozen teacher's own EMA heads arrive in `frozen` and there is no EMA.
 """
 from __future__ import annotations
 
@@ -213,7 +214,9 @@ def compute_losses(ctx: LossContext, params: dict, ema: dict, centers: dict, fro
     else:
       t_feat = apply(params, batch["image"], method=TrainModel.encode_image)
     t_feat = jax.lax.stop_gradient(t_feat)
-    t_params = jax.lax.stop_gradient({**params, **ema})
+    # Teacher heads: the frozen teacher's own heads (distillation from a training workdir), else the EMA.
+    t_heads = {k: frozen[k] for k in ("dino_head", "ibot_head") if k in frozen}
+    t_params = jax.lax.stop_gradient({**params, **ema, **t_heads})
     s_cls, s_patches = s_img["cls"][:, 0], s_img["patches"]
     metrics["collapse/cls_effective_rank"] = collapse.effective_rank(jax.lax.stop_gradient(s_cls))
     if "distill_proj" in params:

@@ -1,11 +1,12 @@
-"""Distillation (TIPSv2 §3.1): a frozen teacher (a tipsito export or imported official TIPS weights)
-supervises a randomly initialised student image encoder through DINO and iBOT++ on every patch with no
-masking; the text tower trains with the CLIP loss (random init, or the teacher's text tower when widths
-match: `config.distill.init_text`).
+"""Distillation (TIPSv2 §3.1, Table 2): a frozen teacher replaces the teacher branch f_t; the randomly
+initialised student image encoder learns through DINO and iBOT++ on every patch with no masking; the text
+tower trains with the CLIP loss (random init, or the teacher's text tower: `config.distill.init_text`).
 
-Why: TIPSv2's B/L/So400m models are distilled from g/14. The teacher's heads are not part of an export, so
-the teacher heads are the EMA of the student heads (head-only EMA, as in pretraining) applied to the frozen
-teacher features, and the student features pass a training-only `distill_proj` to the teacher width.
+Why: TIPSv2's B/L/So400m models are distilled from g/14. When the teacher is a tipsito training workdir,
+its own EMA DINO/iBOT heads are part of the frozen teacher and give the targets (no EMA in the student
+run). An export or official TIPS weights hold encoders only: the teacher heads are then the EMA of the
+student heads (head-only EMA, as in pretraining), applied to the frozen teacher features — our inference,
+logged at start. The student features pass a training-only `distill_proj` to the teacher width.
 """
 from tipsito.recipes.base import Recipe
 

@@ -7,11 +7,13 @@ train loop thin and guarantees that what `info` reports is what `train` runs.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
 import optax
+from absl import logging
 from jax.sharding import Mesh, NamedSharding
 
 from tipsito import recipes as recipes_lib
@@ -59,33 +61,92 @@ def tokenizer_vocab_size(config) -> int:
 
 @dataclasses.dataclass
 class Teacher:
-  """A frozen distillation teacher: its image tower module, config and params (+ its text tower, used
-  to initialise the student's text tower when `config.distill.init_text`)."""
+  """A frozen distillation teacher: its image tower module, config and params, its own DINO/iBOT heads when
+  it comes from a tipsito training workdir (`heads`: {'dino_head', 'ibot_head'} -> params, with
+  `heads_config` the teacher's `model.heads`), and its text tower (used to initialise the student's text
+  tower when `config.distill.init_text`)."""
   module: Any
   image_config: dict
   params: Any
   text_params: Any = None
+  heads: Optional[dict] = None
+  heads_config: Optional[dict] = None
+  source: str = ""
 
 
-def load_teacher(config) -> Teacher:
-  """Loads the frozen distillation teacher from a tipsito export or official TIPS .npz weights."""
+def is_training_workdir(path: Optional[str]) -> bool:
+  """A tipsito training workdir: config.json + checkpoints/ (an export has config.json + params/)."""
+  return bool(path) and os.path.isfile(os.path.join(path, "config.json")) and os.path.isdir(
+      os.path.join(path, "checkpoints"))
+
+
+def load_teacher(config, mesh: Optional[Mesh] = None) -> Teacher:
+  """Loads the frozen distillation teacher.
+
+  `config.distill.teacher` a training workdir (config.json + checkpoints/): the latest checkpoint's teacher
+  as it was trained, i.e. the image encoder the teacher features came from (the EMA encoder with full EMA,
+  the student encoder with head-only EMA) and its EMA DINO/iBOT heads (TIPSv2 §3.1: the frozen teacher
+  replaces f_t, heads included). An export directory or official TIPS .npz weights
+  (`distill.teacher_image_npz`) hold encoders only: the teacher heads are then the EMA of the student heads
+  (our inference; logged), as in head-only EMA pretraining.
+  """
   d = config.distill
+  from tipsito import models  # pylint: disable=import-outside-toplevel
+  heads, heads_cfg, source = None, None, ""
   if d.teacher_image_npz:
     from tipsito import checkpoint  # pylint: disable=import-outside-toplevel
     if d.teacher_text_npz:  # the text tower too (distill.init_text can start the student's from it)
       image_cfg, _, params, _ = checkpoint.import_tips_npz(d.teacher_image_npz, d.teacher_text_npz)
     else:
       image_cfg, params = checkpoint.import_tips_vision(d.teacher_image_npz)
+    source = f"official TIPS weights {d.teacher_image_npz}"
+  elif is_training_workdir(d.teacher):
+    image_cfg, params, heads, heads_cfg = _workdir_teacher(d.teacher, mesh)
+    source = f"training workdir {d.teacher}"
   else:
     from tipsito import inference  # pylint: disable=import-outside-toplevel
     enc = inference.load(d.teacher)
     image_cfg, params = _encoder_image_parts(enc)
-  from tipsito import models  # pylint: disable=import-outside-toplevel
+    source = f"export {d.teacher}"
   image_cfg = {k: v for k, v in dict(image_cfg).items()}
   image_cfg["use_mask_token"] = False
+  image_cfg["remat"] = False
   kw = _module_kwargs(image_cfg)
-  return Teacher(models.VisionTransformer(**kw), image_cfg, params["image"] if "image" in params else params,
-                 text_params=params.get("text"))
+  image_params = params["image"] if "image" in params else params
+  image_params = {k: v for k, v in image_params.items() if k != "mask_token"}
+  if heads is None:
+    logging.warning("Distillation teacher (%s) has no DINO/iBOT heads: the teacher heads are the EMA of "
+                    "the student heads (our inference, see README 'Distillation').", source)
+  else:
+    logging.info("Distillation teacher (%s): its own EMA DINO/iBOT heads give the targets.", source)
+  return Teacher(models.VisionTransformer(**kw), image_cfg, image_params, text_params=params.get("text"),
+                 heads=heads, heads_config=heads_cfg, source=source)
+
+
+def _workdir_teacher(workdir: str, mesh: Optional[Mesh]) -> tuple[dict, dict, dict, dict]:
+  """(image config, {'image', 'text'} params, teacher heads, heads config) of a training workdir's latest
+  checkpoint, rebuilt from its own config.json."""
+  from tipsito.train import checkpointing  # pylint: disable=import-outside-toplevel
+  from tipsito.train import loop  # pylint: disable=import-outside-toplevel
+  tcfg = loop.load_config(os.path.abspath(workdir))
+  if recipes_lib.get_recipe(tcfg.recipe).teacher == "frozen":
+    raise ValueError(f"config.distill.teacher={workdir!r} is a distillation run; use a pretraining workdir")
+  setup = build(tcfg, mesh)
+  ckpt = checkpointing.Checkpointer(os.path.join(os.path.abspath(workdir), "checkpoints"), every_steps=0,
+                                    keep=1, async_save=False)
+  try:
+    if ckpt.latest_step() is None:
+      raise ValueError(f"config.distill.teacher={workdir!r}: no checkpoint in {ckpt.directory}")
+    abstract = checkpointing.abstract_with_shardings(setup.state_shapes, setup.state_shardings)
+    state, _ = ckpt.restore(abstract, with_data=False)
+  finally:
+    ckpt.close()
+  params, ema = state.params, state.ema
+  teacher_view = {"image": ema.get("image", params["image"])}
+  if "text" in params:
+    teacher_view["text"] = params["text"]
+  heads = {k: ema.get(k, params[k]) for k in ("dino_head", "ibot_head") if k in params}
+  return dict(image_kwargs(tcfg)), teacher_view, (heads or None), dict(tcfg.model.heads)
 
 
 def _encoder_image_parts(enc) -> tuple[dict, dict]:
@@ -123,7 +184,12 @@ class Setup:
     """Frozen (non-trained, non-checkpointed) inputs of the step: the distillation teacher's params."""
     if self.teacher is None:
       return {}
-    return jax.device_put({"image": self.teacher.params}, self.frozen_shardings)
+    return jax.device_put(frozen_tree(self.teacher), self.frozen_shardings)
+
+
+def frozen_tree(teacher: Teacher) -> dict:
+  """The frozen step input: {'image': teacher encoder[, 'dino_head', 'ibot_head': the teacher's heads]}."""
+  return {"image": teacher.params, **(teacher.heads or {})}
 
 
 def build_model(config, recipe, *, vocab_size: Optional[int] = None,
@@ -173,10 +239,13 @@ def build(config, mesh: Optional[Mesh] = None, *, vocab_size: Optional[int] = No
   mesh = mesh or sharding_lib.make_mesh(config.mesh)
   recipe = recipes_lib.get_recipe(config.recipe)
   if recipe.teacher == "frozen" and teacher is None:
-    teacher = load_teacher(config)
+    teacher = load_teacher(config, mesh)
   teacher_width = None if teacher is None else int(teacher.image_config["width"])
   model = build_model(config, recipe, vocab_size=vocab_size, teacher_width=teacher_width)
   ema_keys = state_lib.ema_keys(recipe, config.ema.mode)
+  if teacher is not None and teacher.heads:
+    _check_teacher_heads(config, teacher)
+    ema_keys = ()  # the teacher's own frozen heads give the targets: no EMA of the student heads
   ctx = make_loss_context(config, recipe, model, ema_keys, teacher)
   images, ids = example_inputs(config)
 
@@ -206,12 +275,23 @@ def build(config, mesh: Optional[Mesh] = None, *, vocab_size: Optional[int] = No
                                                 min_size=int(config.sharding.min_size))
   frozen_shardings = None
   if teacher is not None:
-    frozen_shardings = sharding_lib.tree_shardings({"image": teacher.params}, mesh, rules,
+    frozen_shardings = sharding_lib.tree_shardings(frozen_tree(teacher), mesh, rules,
                                                    min_size=int(config.sharding.min_size))
   return Setup(config=config, mesh=mesh, recipe=recipe, model=model, ctx=ctx, tx=tx, schedule=schedule,
                state_shapes=state_shapes, state_shardings=state_shardings,
                batch_sharding=sharding_lib.batch_sharding(mesh), init_fn=init_fn, teacher=teacher,
                frozen_shardings=frozen_shardings)
+
+
+def _check_teacher_heads(config, teacher: Teacher) -> None:
+  """The student heads must have the teacher heads' shape (same `model.heads`), since the student's head
+  outputs are compared with the teacher's prototypes."""
+  keys = ("num_prototypes", "hidden_dim", "bottleneck_dim", "num_layers")
+  got = {k: config.model.heads.get(k) for k in keys}
+  want = {k: (teacher.heads_config or {}).get(k) for k in keys}
+  if got != want:
+    raise ValueError(f"config.model.heads {got} differs from the teacher's heads {want} "
+                     f"({teacher.source}); set --config.model.heads.<key> to the teacher's values")
 
 
 def loss_and_grads(setup: Setup, state: TrainState, batch: dict, frozen: dict):
