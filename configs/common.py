@@ -59,7 +59,7 @@ OPTIONAL_KEYS = {
     "data.build_options": object,
     "distill.teacher": str, "distill.teacher_image_npz": str, "distill.teacher_text_npz": str,
     "input.crop_ratio": tuple, "input.global_crop_scale": tuple, "input.local_crop_scale": tuple,
-    "input.num_epochs": int, "input.read_threads": int,
+    "input.num_epochs": int, "input.read_threads": int, "input.augment_view2": str,
     "model.embed_dim": int, "model.logit_scale_max": float, "model.text.out_dim": int,
     "model.text.vocab_size": int,
     "optim.clip_norm": float, "optim.clip_block_rms": float, "optim.momentum": float,
