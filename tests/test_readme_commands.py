@@ -149,7 +149,9 @@ _WORKER = textwrap.dedent("""\
         FLAGS(sys.argv)
         if tool == "train":
           from tipsito import config_validation
-          config_validation.validate(FLAGS.config)
+          # Files the commands name (tokenizer, data) are placeholders here; that a paper config refuses a
+          # tokenizer of the wrong size is tests/test_configs.py's job.
+          config_validation.validate(FLAGS.config, check_tokenizer=False)
       except BaseException as e:  # SystemExit from absl counts as a failure too
         errors.append([argv, f"{type(e).__name__}: {e}"])
     print("RESULT " + json.dumps(errors))
