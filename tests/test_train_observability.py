@@ -208,6 +208,55 @@ def test_library_info_lines_follow_verbosity(records, tmp_path, data_dir):
   assert "a warning still shows" in records.messages()
 
 
+class _Clock:
+  def __init__(self, t=100.0):
+    self.t = t
+
+  def __call__(self):
+    return self.t
+
+
+class _Writer:
+  def __init__(self):
+    self.scalars = {}
+
+  def write_scalars(self, step, scalars):
+    self.scalars[step] = dict(scalars)
+
+
+def test_step_monitor_intervals_on_a_fake_clock():
+  """Interval = from the first batch request after a sync point to the next log step; data wait is
+  the time inside data_wait(); work after a log step (evals, checkpoints) is not charged."""
+  c = common.tiny_config("clip", batch_size=8, total_steps=10)
+  c.peak_tflops = 1e-9
+  clock, writer, lines = _Clock(), _Writer(), []
+  m = ob.StepMonitor(c, writer=writer, workdir="unused", start_step=0, log=lines.append, clock=clock)
+  m.first_step(jax.jit(lambda a: a @ a), (jnp.ones((4, 4)),), step=1)
+  assert m.flops == 2 * 4 * 4 * 4 and lines[0].startswith("Step cost ")
+  clock.t += 50.0  # time between the first step's sync and the next batch request: not counted
+  for step, (wait, compute) in enumerate(((1.0, 3.0), (0.5, 2.5)), start=2):
+    with m.data_wait():
+      clock.t += wait
+    clock.t += compute
+    m.after_step(step, None)
+  s = m.write(3, {"loss/total": 1.0})
+  assert s["perf/step_time_s"] == pytest.approx(3.5)
+  assert s["perf/images_per_sec"] == pytest.approx(8 / 3.5)
+  assert s["perf/data_wait_fraction"] == pytest.approx(1.5 / 7.0)
+  assert s["perf/eta_s"] == pytest.approx(7 * 3.5)
+  assert s["perf/tflops_per_sec"] == pytest.approx(128 / 3.5 / 1e12)
+  assert s["perf/flop_utilisation"] == pytest.approx(128 / 3.5 / 1e12 / 1e-9)
+  assert writer.scalars[3] == s and lines[-1].startswith("step 3/10 | 0.29 it/s | 2 img/s | ETA 24s")
+  clock.t += 1000.0  # evals / checkpoint after the log step
+  with m.data_wait():
+    clock.t += 0.0
+  clock.t += 2.0
+  s = m.write(4, {})
+  assert s["perf/step_time_s"] == pytest.approx(2.0) and s["perf/data_wait_fraction"] == 0.0
+  again = m.write(4, {})  # no timed step since the last write: no rate made up
+  assert not [k for k in again if not k.startswith("perf/mem_")]
+
+
 def test_console_line_format():
   s = {"perf/steps_per_sec": 3.14, "perf/images_per_sec": 99.4, "perf/eta_s": 130.2,
        "perf/data_wait_fraction": 0.034, "perf/flop_utilisation": 0.4123, "perf/tflops_per_sec": 81.0,

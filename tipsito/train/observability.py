@@ -323,8 +323,9 @@ class StepMonitor:
   """
 
   def __init__(self, config, *, writer, workdir: str, start_step: int,
-               log: Callable[[str], None] = logging.info):
+               log: Callable[[str], None] = logging.info, clock: Callable[[], float] = time.perf_counter):
     self.writer = writer
+    self.clock = clock
     self.workdir = workdir
     self.total = int(config.total_steps)
     self.batch_size = int(config.input.batch_size)
@@ -344,13 +345,13 @@ class StepMonitor:
   @contextlib.contextmanager
   def data_wait(self):
     """Times fetching one batch; the first fetch after a reset starts the interval clock."""
-    t = time.perf_counter()
+    t = self.clock()
     if self._t0 is None:
       self._t0 = t
     try:
       yield
     finally:
-      self._wait += time.perf_counter() - t
+      self._wait += self.clock() - t
 
   def _reset(self, step: int) -> None:
     self._t0, self._t0_step, self._wait = None, step, 0.0
@@ -401,7 +402,7 @@ class StepMonitor:
 
   def interval_scalars(self, step: int) -> dict[str, float]:
     """perf/* scalars of the interval ending at `step` (empty when it has no timed step)."""
-    now = time.perf_counter()
+    now = self.clock()
     n = step - self._t0_step
     if self._t0 is None or n <= 0:
       return {}
