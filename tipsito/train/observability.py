@@ -398,7 +398,7 @@ class StepMonitor:
     self._profiling = False
     self.log(f"Profiler trace of steps {self._profile[0]}-{step} written to "
              f"{os.path.join(self.workdir, 'plugins', 'profile')} (TensorBoard: Profile tab, needs "
-             f"`pip install tipsito[profile]`)")
+             f"the [profile] extra)")
 
   def interval_scalars(self, step: int) -> dict[str, float]:
     """perf/* scalars of the interval ending at `step` (empty when it has no timed step)."""
