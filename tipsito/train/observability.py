@@ -316,7 +316,7 @@ class StepMonitor:
   Loop protocol (see `tipsito/train/loop.py`):
     with monitor.data_wait(): batch = ...          # every step
     state, metrics = train_step(...)
-    monitor.first_step(train_step, (state, batch, frozen))   # once, after the blocking first step
+    monitor.first_step(train_step, (state, batch, frozen), step)  # once, after the blocked-on first step
     monitor.after_step(step, metrics)              # every step (profiler)
     monitor.write(step, scalars)                   # at log steps, after the metrics were fetched
     monitor.close()                                # after the loop
