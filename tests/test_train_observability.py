@@ -266,8 +266,9 @@ def test_console_line_format():
       "step 400/800 | 3.1 it/s | 99 img/s | ETA 2m10s | loss 4.12 (clip 1.3, dino 2.82) | "
       "data wait 3% | lr 1.23e-03 | MFU 41.2% | mem 12.35 (peak 14.00) GiB")
   # Without a timed step, peak or memory (first log step, CPU): only what is known; skipped records show.
-  assert ob.console_line(1, 10, {"loss/total": 2.0, "loss/clip": 2.0, "data/skipped": 3.0}) == (
-      "step 1/10 | loss 2 (clip 2) | skipped 3")
+  assert ob.console_line(1, 10, {"loss/total": 2.0, "loss/clip": 2.0, "data/skipped": 3.0,
+                                 "train/nonfinite_steps": 2.0}) == (
+      "step 1/10 | loss 2 (clip 2) | skipped 3 | non-finite steps 2")
   assert ob.console_line(5, 10, {"perf/steps_per_sec": 0.25, "perf/images_per_sec": 2.0,
                                  "perf/eta_s": 7300, "perf/tflops_per_sec": 0.0123}) == (
       "step 5/10 | 0.25 it/s | 2 img/s | ETA 2h01m | 0.0123 TFLOP/s")
@@ -360,3 +361,15 @@ def test_config_keys_validated():
   c.peak_tflops = -2.0
   with pytest.raises(config_validation.ConfigError, match="config.peak_tflops"):
     config_validation.validate(c)
+
+
+def test_resume_guard_allows_observability_keys():
+  """Profiling or setting the peak on a resumed run is safe, also for a workdir saved before the keys."""
+  from tipsito.train import resume_guard
+  saved = common.tiny_config("clip").to_dict()
+  new = common.tiny_config("clip")
+  new.profile_steps, new.peak_tflops = 3, 100.0
+  assert set(resume_guard.check(saved, new, "W")) == {"profile_steps", "peak_tflops"}
+  for k in ("profile_steps", "peak_tflops"):
+    saved.pop(k)
+  assert set(resume_guard.check(saved, new, "W")) == {"profile_steps", "peak_tflops"}

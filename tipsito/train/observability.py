@@ -194,6 +194,8 @@ def console_line(step: int, total: int, scalars: Mapping[str, float]) -> str:
     parts.append(mem + " GiB")
   if scalars.get("data/skipped"):
     parts.append(f"skipped {int(scalars['data/skipped'])}")
+  if scalars.get("train/nonfinite_steps"):  # steps skipped by the non-finite guard (tipsito/train/nonfinite.py)
+    parts.append(f"non-finite steps {int(scalars['train/nonfinite_steps'])}")
   return " | ".join(parts)
 
 
