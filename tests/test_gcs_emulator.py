@@ -78,7 +78,6 @@ def gcs_env(tmp_path_factory):
 SCRIPT = textwrap.dedent("""\
     import json, logging, os, sys
     import jax, numpy as np
-    from clu import metric_writers
     from etils import epath
     logging.getLogger("gcsfs").setLevel(logging.ERROR)
 
@@ -90,8 +89,9 @@ SCRIPT = textwrap.dedent("""\
     local, bucket = sys.argv[1], sys.argv[2]
     G = f"gs://{bucket}"
     # TensorFlow's GCS filesystem cannot be pointed at the emulator: event files go to a local folder.
-    _writer = metric_writers.create_default_writer
-    metric_writers.create_default_writer = lambda d, **k: _writer(os.path.join(local, "events"), **k)
+    from tipsito.train import observability
+    _writer = observability.create_writer
+    observability.create_writer = lambda d, *a, **k: _writer(os.path.join(local, "events"), *a, **k)
     out = {}
 
     data = os.path.join(local, "data")

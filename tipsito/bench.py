@@ -31,7 +31,8 @@ def _define_flags() -> None:
   flags.DEFINE_list("ema", [], "EMA modes to compare for self-distillation recipes (head,full).")
   flags.DEFINE_integer("steps", 5, "Timed steps per entry (after one compile+warmup step).")
   flags.DEFINE_integer("batch", 0, "Global batch override (0 = config).")
-  flags.DEFINE_float("peak_tflops", 0.0, "Peak TFLOP/s of all devices (for utilisation); 0 = skip.")
+  flags.DEFINE_float("peak_tflops", 0.0, "Peak TFLOP/s of all devices (for utilisation); 0 = "
+                     "config.peak_tflops or the platform table (tipsito/train/observability.py).")
   flags.DEFINE_bool("data", False, "Run the input-pipeline benchmark (tipsito.data.bench) instead.")
   from tipsito import distributed  # pylint: disable=import-outside-toplevel
   distributed.define_flags()  # --distributed: one process per host, the step runs on the global mesh
@@ -41,6 +42,7 @@ def bench_one(config, *, steps: int = 5, peak_tflops: float = 0.0) -> dict[str, 
   """Builds `config`, compiles its step, times `steps` steps on a synthetic batch."""
   from tipsito import config_validation  # pylint: disable=import-outside-toplevel
   from tipsito.train import sharding, step as step_lib  # pylint: disable=import-outside-toplevel
+  from tipsito.train import observability  # pylint: disable=import-outside-toplevel
   config_validation.validate(config, num_devices=jax.device_count(), check_tokenizer=False)  # synthetic ids
   setup = step_lib.build(config)
   state = setup.init_state()
@@ -53,13 +55,11 @@ def bench_one(config, *, steps: int = 5, peak_tflops: float = 0.0) -> dict[str, 
   t0 = time.perf_counter()
   compiled = fn.lower(state, batch, frozen).compile()
   compile_s = time.perf_counter() - t0
-  flops = None
-  try:
-    ca = compiled.cost_analysis()
-    ca = ca[0] if isinstance(ca, (list, tuple)) else ca
-    flops = float(ca.get("flops", 0.0)) or None
-  except Exception:  # pylint: disable=broad-except
-    pass
+  # Global-batch FLOPs with scan iterations counted, as the train loop logs them (observability.py).
+  flops = observability.step_flops(fn, (state, batch, frozen))["flops"]
+  if not peak_tflops:  # config.peak_tflops or the per-platform table, times the devices
+    peak, _ = observability.peak_tflops_per_device(float(config.get("peak_tflops", 0.0) or 0.0))
+    peak_tflops = peak * jax.device_count() if peak else 0.0
   state, m = compiled(state, batch, frozen)
   jax.block_until_ready(m)
   times = []

@@ -251,6 +251,10 @@ def validate(config: mlc.ConfigDict, *, num_devices: int | None = None, process_
     raise ConfigError(f"config.optim.beta2_cap={o.beta2_cap}: must be in (0, 1]")
   if int(config.total_steps) <= 0:
     raise ConfigError(f"config.total_steps={config.total_steps}: must be > 0")
+  if int(config.get("profile_steps", 0)) < 0:
+    raise ConfigError(f"config.profile_steps={config.profile_steps}: must be >= 0 (0 = no trace)")
+  if float(config.get("peak_tflops", 0.0)) < 0:
+    raise ConfigError(f"config.peak_tflops={config.peak_tflops}: must be >= 0 (0 = per-platform table)")
 
   inp = config.input
   _choice("input.views", inp.views, VIEWS)

@@ -17,13 +17,12 @@ import ml_collections as mlc
 import numpy as np
 from absl import logging
 from clu import metric_writers
-from clu import parameter_overview
-from clu import periodic_actions
 
 from tipsito import config_validation
 from tipsito import paths
 from tipsito.train import checkpointing
 from tipsito.train import nonfinite
+from tipsito.train import observability
 from tipsito.train import resume_guard
 from tipsito.train import sharding as sharding_lib
 from tipsito.train import step as step_lib
@@ -252,7 +251,8 @@ def train_and_evaluate(config: mlc.ConfigDict, workdir: str, *, data_iter=None,
     check_data_available(config)
   history = guard_resume(config, workdir)
   save_config(config, workdir, history)
-  writer = metric_writers.create_default_writer(workdir, just_logging=jax.process_index() > 0)
+  observability.quiet_library_logs()
+  writer = observability.create_writer(workdir)
   writer.write_hparams({"recipe": config.recipe, "batch_size": int(config.input.batch_size),
                         "total_steps": int(config.total_steps)})
 
@@ -274,8 +274,7 @@ def train_and_evaluate(config: mlc.ConfigDict, workdir: str, *, data_iter=None,
   t_init = time.time()
   state = restore_or_init(setup, ckpt, data_iter)
   logging.info("Train state ready at step %d in %.1fs", int(jax.device_get(state.step)), time.time() - t_init)
-  if jax.process_index() == 0:
-    parameter_overview.log_parameter_overview(setup.state_shapes.params, include_stats=False)
+  observability.log_parameter_summary(setup.state_shapes.params)
   train_step = step_lib.jit_train_step(setup)
   frozen = setup.frozen()
   monitor = nonfinite.NonFiniteMonitor(int(config.nonfinite.max_consecutive))
@@ -289,8 +288,7 @@ def train_and_evaluate(config: mlc.ConfigDict, workdir: str, *, data_iter=None,
   total = int(config.total_steps)
   last = total if max_steps is None else min(total, int(max_steps))
   start = int(jax.device_get(state.step))
-  report = periodic_actions.ReportProgress(num_train_steps=total, writer=writer)
-  hooks = [report]
+  perf = observability.StepMonitor(config, writer=writer, workdir=workdir, start_step=start)
   log_every = int(config.log_every_steps)
   metrics_acc: list[dict] = []
   last_metrics: dict = {}
@@ -299,8 +297,9 @@ def train_and_evaluate(config: mlc.ConfigDict, workdir: str, *, data_iter=None,
   step = start
   with metric_writers.ensure_flushes(writer):
     while step < last:
-      batch = sharding_lib.global_batch(
-          {k: v for k, v in next(data_iter).items() if not k.startswith("_")}, setup.mesh)
+      with perf.data_wait():
+        batch = sharding_lib.global_batch(
+            {k: v for k, v in next(data_iter).items() if not k.startswith("_")}, setup.mesh)
       if step == start:
         t_first = time.time()
       state, metrics = train_step(state, batch, frozen)
@@ -309,9 +308,9 @@ def train_and_evaluate(config: mlc.ConfigDict, workdir: str, *, data_iter=None,
       if step == start + 1:
         jax.block_until_ready(metrics)
         logging.info("First step (incl. compilation) took %.1fs", time.time() - t_first)
+        perf.first_step(train_step, (state, batch, frozen), step)
       metrics_acc.append(metrics)
-      for h in hooks:
-        h(step)
+      perf.after_step(step, metrics)
       if step % log_every == 0 or step == last:
         summed = jax.device_get(metrics_acc)
         last_metrics = {k: float(np.mean([m[k] for m in summed])) for k in summed[-1]}
@@ -320,7 +319,7 @@ def train_and_evaluate(config: mlc.ConfigDict, workdir: str, *, data_iter=None,
         if isinstance(stats, dict):
           last_metrics.update({f"data/{k}": float(v) for k, v in stats.items()
                                if isinstance(v, (int, float, np.number))})
-        writer.write_scalars(step, last_metrics)
+        perf.write(step, last_metrics)
         metrics_acc = []
       if evaluators and step < last:
         _run_evals(setup, state, evaluators, step, writer, workdir, is_last=False)
@@ -335,6 +334,7 @@ def train_and_evaluate(config: mlc.ConfigDict, workdir: str, *, data_iter=None,
         logging.warning("Stopping at step %d after SIGTERM (checkpoint saved).", step)
         break
     monitor.flush()
+    perf.close()
     ckpt.wait()
     if owns_iter and hasattr(data_iter, "close"):
       data_iter.close()  # stops grain worker processes before the final evals need the CPU

@@ -26,6 +26,7 @@ SAFE_KEYS = (
     "evals.", "log_every_steps", "ckpt.every_steps", "ckpt.keep", "ckpt.async_save", "export.",
     "input.prefetch", "input.read_threads", "data.data_dir", "data.max_skip_fraction",
     "data.min_records_for_skip_check", "mesh.", "sharding.", "nonfinite.",
+    "profile_steps", "peak_tflops",  # observability only (tipsito/train/observability.py)
     "init_from",  # ignored once the workdir has its own checkpoints
 )
 
