@@ -130,6 +130,13 @@ def data_config(preset: str, **overrides: Any) -> mlc.ConfigDict:
   return typed_optionals(mlc.ConfigDict(d), "data")
 
 
+# Per tower: `remat` rematerialises each block with `remat_policy` (tipsito.models.layers.REMAT_POLICIES);
+# `scan` runs the blocks as one nn.scan (params stacked under 'blocks'; compiles once per tower instead of
+# once per block, see tipsito.models.layer_stack). Unrolled is the default; `python -m tipsito.plan --search`
+# picks these for a TPU topology.
+SCAN_DEFAULTS = dict(remat_policy="nothing_saveable", scan=False)
+
+
 def base_config(recipe_name: str, variant: str, *, text_variant: str | None = None,
                 total_steps: int = 1000, batch_size: int = 1024) -> mlc.ConfigDict:
   """The complete default config for `recipe_name` with image tower `variant` (e.g. 'B/14').
@@ -152,12 +159,12 @@ def base_config(recipe_name: str, variant: str, *, text_variant: str | None = No
   c.model.image = presets.vit_config(
       variant, num_cls_tokens=r.num_cls, posemb_grid=32, use_mask_token=r.mask_ratio > 0,
       dropout=0.0, stochastic_depth=0.0, remat=False, dtype="float32", param_dtype="float32",
-      pixel_mean=tuple(mean), pixel_std=tuple(std))
+      pixel_mean=tuple(mean), pixel_std=tuple(std), **SCAN_DEFAULTS)
   width = c.model.image.width
   clip_style = "image_proj" in r.parts
   c.model.text = presets.text_config(
       text_variant or variant, flavour="clip" if clip_style else "tips", vocab_size=32000, max_len=64,
-      out_dim=None, dropout=0.0, remat=False, dtype="float32", param_dtype="float32")
+      out_dim=None, dropout=0.0, remat=False, dtype="float32", param_dtype="float32", **SCAN_DEFAULTS)
   # CLIP/ITO: both towers project to embed_dim; TIPS: shared width, no projection.
   c.model.embed_dim = width if clip_style else None
   if clip_style:

@@ -209,6 +209,8 @@ def validate(config: mlc.ConfigDict, *, num_devices: int | None = None, process_
     for dk in ("dtype", "param_dtype"):
       if dk in m[tower]:
         _choice(f"model.{tower}.{dk}", str(m[tower][dk]), DTYPES)
+    if "remat_policy" in m[tower]:
+      _choice(f"model.{tower}.remat_policy", m[tower].remat_policy, sorted(models.layers.REMAT_POLICIES))
   if "image_proj" in recipe.parts and not m.embed_dim:
     raise ConfigError(f"config.model.embed_dim must be a positive int for recipe {recipe.name!r} "
                       "(it has an image projection)")

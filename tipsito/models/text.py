@@ -44,7 +44,8 @@ class TextEncoder(nn.Module):
   """Transformer text tower ('tips' or 'clip' flavour).
 
   Param tree: token_emb/embedding (V,D), [posemb (max_len,D) for 'clip'],
-  block_{i}/..., norm, [proj/kernel (D,out_dim) when out_dim].
+  block_{i}/..., norm, [proj/kernel (D,out_dim) when out_dim]. With `scan=True`
+  the blocks' params live under `blocks/...` with a leading depth axis.
   """
   flavour: str = 'tips'  # 'tips' | 'clip'
   vocab_size: int = 32000
@@ -56,6 +57,8 @@ class TextEncoder(nn.Module):
   out_dim: Optional[int] = None
   dropout: float = 0.0
   remat: bool = False
+  remat_policy: str = 'nothing_saveable'  # layers.REMAT_POLICIES
+  scan: bool = False  # blocks as one nn.scan, params stacked under 'blocks'
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
@@ -93,12 +96,20 @@ class TextEncoder(nn.Module):
     x = nn.Dropout(self.dropout)(x, deterministic=not train)
 
     attn_mask = valid[:, None, None, :]  # keys only: (B,1,1,L)
-    block_cls = layers.make_block_cls(self.remat)
-    for i in range(self.depth):
-      x = block_cls(num_heads=self.num_heads, mlp_dim=self.mlp_dim, ffn='mlp',
+    block_kw = dict(num_heads=self.num_heads, mlp_dim=self.mlp_dim, ffn='mlp',
                     activation=activation, mask_ffn=mask_ffn,
-                    is_causal=is_causal, dropout=self.dropout,
-                    name=f'block_{i}', **kw)(x, attn_mask, valid, train, False)
+                    is_causal=is_causal, dropout=self.dropout, **kw)
+    if self.scan:
+      stack = layers.scan_blocks(
+          layers.make_block_cls(self.remat, self.remat_policy, scan=True),
+          self.depth, name='blocks', **block_kw)
+      x, _ = stack(x, jnp.zeros((self.depth,), jnp.float32), attn_mask, valid,
+                   train, False)
+    else:
+      block_cls = layers.make_block_cls(self.remat, self.remat_policy)
+      for i in range(self.depth):
+        x = block_cls(name=f'block_{i}', **block_kw)(x, attn_mask, valid, train,
+                                                     False)
     x = layers.layer_norm('norm', **kw)(x)
 
     if self.flavour == 'tips':

@@ -58,6 +58,9 @@ class VisionTransformer(nn.Module):
   Param tree: patch_embed/{kernel,bias}, posemb (1,G,G,D), cls (1,n,D),
   [mask_token (D,)], block_{i}/{norm1,attn/{query,key,value,out},norm2,mlp},
   norm. `mask_token` only exists when `use_mask_token` (training only).
+  With `scan=True` the blocks are one `nn.scan` and their params live under
+  `blocks/...` with a leading depth axis (tipsito.models.layer_stack converts;
+  exports and the TIPS import stay per-layer).
   """
   patch_size: int = 14
   width: int = 768
@@ -71,6 +74,8 @@ class VisionTransformer(nn.Module):
   dropout: float = 0.0
   stochastic_depth: float = 0.0
   remat: bool = False
+  remat_policy: str = 'nothing_saveable'  # layers.REMAT_POLICIES
+  scan: bool = False  # blocks as one nn.scan, params stacked under 'blocks'
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
   pixel_mean: Sequence[float] = (0.0, 0.0, 0.0)
@@ -145,17 +150,27 @@ class VisionTransformer(nn.Module):
                                           (b, self.num_cls_tokens, d)), x], 1)
     x = nn.Dropout(self.dropout)(x, deterministic=not train)
 
-    block_cls = layers.make_block_cls(self.remat)
+    block_kw = dict(num_heads=self.num_heads, mlp_dim=self.mlp_dim,
+                    ffn=self.ffn, activation='gelu', dropout=self.dropout, **kw)
+    rates = [self.stochastic_depth * i / max(self.depth - 1, 1)
+             for i in range(self.depth)]
     values = None
-    for i in range(self.depth):
-      blk = block_cls(
-          num_heads=self.num_heads, mlp_dim=self.mlp_dim, ffn=self.ffn,
-          activation='gelu', dropout=self.dropout,
-          drop_path=self.stochastic_depth * i / max(self.depth - 1, 1),
-          name=f'block_{i}', **kw)
-      if return_values and i == self.depth - 1:
-        values = blk(x, None, None, train, True)
-      x = blk(x, None, None, train, False)
+    if self.scan:
+      stack = layers.scan_blocks(
+          layers.make_block_cls(self.remat, self.remat_policy, scan=True),
+          self.depth, drop_path=self.stochastic_depth, name='blocks',
+          **block_kw)
+      x, all_values = stack(x, jnp.asarray(rates, jnp.float32), None, None,
+                            train, return_values)
+      if return_values:
+        values = all_values[-1]
+    else:
+      block_cls = layers.make_block_cls(self.remat, self.remat_policy)
+      for i in range(self.depth):
+        blk = block_cls(drop_path=rates[i], name=f'block_{i}', **block_kw)
+        if return_values and i == self.depth - 1:
+          values = blk(x, None, None, train, True)
+        x = blk(x, None, None, train, False)
 
     norm = layers.layer_norm('norm', **kw)
     x = norm(x)

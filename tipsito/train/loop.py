@@ -20,6 +20,7 @@ from clu import metric_writers
 
 from tipsito import config_validation
 from tipsito import paths
+from tipsito.models import layer_stack
 from tipsito.train import checkpointing
 from tipsito.train import nonfinite
 from tipsito.train import observability
@@ -95,7 +96,8 @@ def export_params(params: dict) -> dict:
   from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
   out = {k: params[k] for k in EXPORT_KEYS if k in params}
   out["image"] = {k: v for k, v in out["image"].items() if k != "mask_token"}
-  return jax.tree.map(np.asarray, multihost_utils.process_allgather(out, tiled=True))
+  out = jax.tree.map(np.asarray, multihost_utils.process_allgather(out, tiled=True))
+  return layer_stack.to_per_layer(out)  # exports are per-layer (scanned towers unstacked)
 
 
 def export_configs(setup: step_lib.Setup) -> tuple[dict, dict]:
@@ -105,6 +107,9 @@ def export_configs(setup: step_lib.Setup) -> tuple[dict, dict]:
   img["remat"] = False
   txt = dict(setup.model.text_cfg)
   txt["remat"] = False
+  for d in (img, txt):
+    if "scan" in d:
+      d["scan"] = False  # export_params unstacks scanned towers
   for d in (img, txt):
     for k in ("dtype", "param_dtype"):
       if k in d:
