@@ -25,7 +25,7 @@ INSTALL_REQUIRES = [
 
 ENTRY_POINTS = [
     f"tipsito-{name}=tipsito.{name}:run"
-    for name in ("train", "evaluate", "export", "info", "bench")
+    for name in ("train", "evaluate", "export", "info", "bench", "plan")
 ]
 
 setuptools.setup(
@@ -43,6 +43,9 @@ setuptools.setup(
         "cuda": ["jax[cuda12]==0.10.2"],
         # TensorBoard's Profile tab, to open the traces written by config.profile_steps.
         "profile": ["tensorboard-plugin-profile==2.24.2"],
+        # `python -m tipsito.plan`: ahead-of-time compiles for TPU topologies from any machine. The libtpu
+        # that jax[tpu]==0.10.2 pins; CPU-only users do not need it.
+        "tpu-plan": ["libtpu==0.0.42.*"],
     },
     entry_points={"console_scripts": ENTRY_POINTS},
 )

@@ -60,6 +60,7 @@ def bench_one(config, *, steps: int = 5, peak_tflops: float = 0.0) -> dict[str, 
   if not peak_tflops:  # config.peak_tflops or the per-platform table, times the devices
     peak, _ = observability.peak_tflops_per_device(float(config.get("peak_tflops", 0.0) or 0.0))
     peak_tflops = peak * jax.device_count() if peak else 0.0
+  mem = _compiled_memory(compiled)
   state, m = compiled(state, batch, frozen)
   jax.block_until_ready(m)
   times = []
@@ -72,7 +73,8 @@ def bench_one(config, *, steps: int = 5, peak_tflops: float = 0.0) -> dict[str, 
   b = int(config.input.batch_size)
   out = {"recipe": config.recipe, "ema": config.ema.mode, "batch": b, "compile_s": round(compile_s, 2),
          "step_s": round(step_s, 4), "images_per_s": round(b / step_s, 1),
-         "step_tflop": None if flops is None else round(flops / 1e12, 4)}
+         "step_tflop": None if flops is None else float(f"{flops / 1e12:.4g}")}
+  out.update(mem)
   if flops and peak_tflops:
     out["flop_utilisation"] = round(flops / step_s / (peak_tflops * 1e12), 4)
   try:
@@ -82,6 +84,22 @@ def bench_one(config, *, steps: int = 5, peak_tflops: float = 0.0) -> dict[str, 
   except Exception:  # pylint: disable=broad-except
     pass
   return out
+
+
+def _compiled_memory(compiled) -> dict[str, float]:
+  """XLA's compiled memory analysis per device (GiB): arguments, outputs, temporaries.
+
+  Why next to step time: peak device memory is not reported on every platform (XLA:CPU keeps the
+  temporaries and has no memory stats), and remat/scan changes show up in `temp` first.
+  For TPU pods, `python -m tipsito.plan` gives the same numbers for the real topology.
+  """
+  try:
+    ma = compiled.memory_analysis()
+    return {"mem_args_GiB": round(ma.argument_size_in_bytes / 2 ** 30, 4),
+            "mem_out_GiB": round(ma.output_size_in_bytes / 2 ** 30, 4),
+            "mem_temp_GiB": round(ma.temp_size_in_bytes / 2 ** 30, 4)}
+  except Exception:  # pylint: disable=broad-except  # not every backend implements it
+    return {}
 
 
 def run_bench(config, recipes: Sequence[str] = (), ema_modes: Sequence[str] = (), *, steps: int = 5,
@@ -117,8 +135,11 @@ def run_bench(config, recipes: Sequence[str] = (), ema_modes: Sequence[str] = ()
       rows.append(bench_one(c, steps=steps, peak_tflops=peak_tflops))
   if rows:
     base = rows[0]["step_s"]
+    base_flop = rows[0].get("step_tflop")
     for row in rows:
       row["step_time_vs_first"] = round(row["step_s"] / base, 3)
+      if base_flop and row.get("step_tflop"):
+        row["flops_vs_first"] = round(row["step_tflop"] / base_flop, 3)
   return rows
 
 

@@ -391,6 +391,20 @@ def format_report(r: dict) -> str:
   return "\n".join(lines)
 
 
+TABLE_HEADER = ("| row | topology | towers (image) | global batch | params | optimizer | EMA | temporaries "
+                "| total / HBM per chip | fits | TFLOP/chip/step | compile |\n"
+                "|---|---|---|---|---|---|---|---|---|---|---|---|")
+
+
+def table_row(name: str, r: dict) -> str:
+  """One markdown row of the README plan table (per-chip GiB; `launch/plan_paper_configs.sh`)."""
+  gib = lambda k: f"{r[k] / GiB:.2f}"  # noqa: E731
+  return (f"| {name} | {r['topology']} ({r['chips']} chips) | {r['image']} | {r['global_batch']} | "
+          f"{gib('params_bytes')} | {gib('opt_state_bytes')} | {gib('ema_bytes')} | {gib('temp_bytes')} | "
+          f"{gib('total_bytes')} / {r['hbm_bytes'] / GiB:.0f} GiB | {'yes' if r['fits'] else '**no**'} | "
+          f"{(r['flops'] or 0) / 1e12:.1f} | {r['compile_s']:.0f} s |")
+
+
 # ---------------------------------------------------------------------------------------------------
 # CLI
 # ---------------------------------------------------------------------------------------------------
@@ -413,6 +427,7 @@ def _define_flags() -> None:
   flags.DEFINE_list("search_data", ["1"], "Search: sizes of the 'data' mesh axis.")
   flags.DEFINE_list("search_batch_per_chip", [], "Search: per-chip batches (default: the config's).")
   flags.DEFINE_string("teacher_variant", "g/14", "Distillation recipes: the teacher's image preset.")
+  flags.DEFINE_string("table_row", None, "Also print the train step as one README table row named so.")
 
 
 def main(argv: Sequence[str]) -> None:
@@ -455,6 +470,8 @@ def main(argv: Sequence[str]) -> None:
     reports += plan_evals(config, devices, topology=topo)
   for r in reports:
     print(format_report(r))
+  if f.table_row:
+    print(table_row(f.table_row, reports[0]))
   if f.json:
     print(json.dumps({"plan": reports}, default=str))
   sys.stdout.flush()
