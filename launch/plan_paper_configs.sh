@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 mkdir -p workdirs/plan
 declare -A ROWS=(
   [tipsv2_g14]="configs/tipsv2_g14.py --topology v5p:8x8x8"
+  [tipsv2_g14_fsdp]="configs/tipsv2_g14.py --topology v5p:8x8x8 --config.mesh.data=1 --config.mesh.fsdp=-1"
   [tipsv2_g14_full_ema]="configs/tipsv2_g14.py:ema=full --topology v5p:8x8x8"
   [tipsv2_g14_hires]="configs/tipsv2_g14_hires.py --topology v5p:8x8x8"
   [distill_B]="configs/tipsv2_distill.py:student=B --topology v5p:8x8x8"
@@ -16,12 +17,13 @@ declare -A ROWS=(
   [ito_b16]="configs/ito_b16.py --topology v5p:4x4x8"
   [tipsito_b16]="configs/tipsito_b16.py --topology v5p:4x4x8"
 )
-ORDER=(tipsv2_g14 tipsv2_g14_full_ema tipsv2_g14_hires distill_B distill_L distill_So400m ito_b16 tipsito_b16)
+ORDER=(tipsv2_g14 tipsv2_g14_fsdp tipsv2_g14_full_ema tipsv2_g14_hires distill_B distill_L distill_So400m ito_b16 tipsito_b16)
 SCAN="--config.model.image.scan=True --config.model.text.scan=True"
 python -c "from tipsito import plan; print(plan.TABLE_HEADER)"
 for row in "${@:-${ORDER[@]}}"; do
-  read -r cfg topo_flag topo <<<"${ROWS[$row]:?unknown row $row; rows: ${ORDER[*]}}"
-  python -m tipsito.plan --config "$cfg" "$topo_flag" "$topo" $SCAN --noevals --table_row "$row" \
+  read -r cfg rest <<<"${ROWS[$row]:?unknown row $row; rows: ${ORDER[*]}}"
+  # shellcheck disable=SC2086  # $rest and $SCAN are flag lists
+  python -m tipsito.plan --config "$cfg" $rest $SCAN --noevals --table_row "$row" \
     >"workdirs/plan/$row.txt" 2>"workdirs/plan/$row.log"
   tail -n 1 "workdirs/plan/$row.txt"
 done

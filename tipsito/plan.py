@@ -20,6 +20,7 @@ import dataclasses
 import itertools
 import json
 import os
+import re
 import sys
 import time
 from typing import Any, Optional, Sequence
@@ -168,12 +169,14 @@ def plan_train(config, devices: list, *, topology: str = "", teacher_variant: st
   frozen = {} if teacher is None else _abstract({"image": teacher.params}, setup.frozen_shardings)
   t0 = time.perf_counter()
   with mesh:
-    compiled = step_lib.jit_train_step(setup).lower(state, batch, frozen).compile()
+    lowered = step_lib.jit_train_step(setup).lower(state, batch, frozen)
+  compiled, oom = _compile(lowered)
   compile_s = time.perf_counter() - t0
-  # Per-chip bytes from the shardings the compiled executable actually takes (not just the requested
-  # ones): a rule that does not partition as intended shows up here.
-  in_sh = compiled.input_shardings[0]
-  state, batch = _abstract(state, in_sh[0]), _abstract(batch, in_sh[1])
+  if compiled is not None:
+    # Per-chip bytes from the shardings the compiled executable actually takes (not just the requested
+    # ones): a rule that does not partition as intended shows up here.
+    in_sh = compiled.input_shardings[0]
+    state, batch = _abstract(state, in_sh[0]), _abstract(batch, in_sh[1])
   b = int(config.input.batch_size)
   n = len(devices)
   other = {"step": state.step, "centers": state.centers, "rng": state.rng}
@@ -190,11 +193,40 @@ def plan_train(config, devices: list, *, topology: str = "", teacher_variant: st
       "num_params": sum(int(np.prod(x.shape, dtype=np.int64)) for x in jax.tree.leaves(state.params)),
       "compile_s": round(compile_s, 1),
   }
-  report.update(_analyses(compiled))
+  report.update(_analyses(compiled) if compiled is not None else _oom_analyses(oom, report))
+  # XLA's cost analysis counts a while-loop body once: with scanned towers the FLOPs (and the estimated
+  # time) leave out depth-1 of the blocks. Memory analysis is not affected.
+  report["flops_count_scan_body_once"] = any(bool(config.model[t].get("scan")) for t in ("image", "text")
+                                             if t in config.model and config.model[t])
   if topology:
     report["hbm_bytes"] = int(hbm_gib(topology) * GiB)
-    report["fits"] = report["total_bytes"] <= report["hbm_bytes"]
+    report["fits"] = compiled is not None and report["total_bytes"] <= report["hbm_bytes"]
   return report
+
+
+_OOM_RE = re.compile(r"required for HLO temporaries \(([\d.]+)([KMGT])\) exceeds available HBM")
+
+
+def _compile(lowered):
+  """(compiled, None), or (None, the compiler's message) when the TPU compiler refuses the program
+  because its temporaries alone exceed HBM (it reports how much it would need)."""
+  try:
+    return lowered.compile(), None
+  except Exception as e:  # pylint: disable=broad-except
+    if "RESOURCE_EXHAUSTED" in str(e) and _OOM_RE.search(str(e)):
+      return None, str(e)
+    raise
+
+
+def _oom_analyses(message: str, report: dict) -> dict:
+  """What an out-of-HBM compile still tells: the temporaries it needed; arguments from the shardings."""
+  m = _OOM_RE.search(message)
+  temp = int(float(m.group(1)) * 1024 ** "KMGT".index(m.group(2)) * 1024)
+  args = sum(report[k] for k in ("params_bytes", "opt_state_bytes", "ema_bytes", "other_state_bytes",
+                                 "batch_bytes", "frozen_bytes"))
+  return {"argument_bytes": args, "output_bytes": 0, "alias_bytes": 0, "temp_bytes": temp, "code_bytes": 0,
+          "total_bytes": args + temp, "flops": None, "estimated_step_s": None,
+          "compile_error": message.strip().splitlines()[-1][:300]}
 
 
 def _tower_desc(cfg) -> str:
@@ -384,7 +416,10 @@ def format_report(r: dict) -> str:
     fits = (f"  of {r['hbm_bytes'] / GiB:.0f} GiB HBM: {100 * r['total_bytes'] / r['hbm_bytes']:.0f}%, "
             f"{'fits' if r['fits'] else 'DOES NOT FIT'}")
   lines.append(f"  total           {g('total_bytes')}{fits}")
-  lines.append(f"  FLOPs per chip  {(r['flops'] or 0) / 1e12:9.3f} TFLOP per step")
+  lines.append(f"  FLOPs per chip  {(r['flops'] or 0) / 1e12:9.3f} TFLOP per step"
+               + ("  (scanned blocks counted once)" if r.get("flops_count_scan_body_once") else ""))
+  if r.get("compile_error"):
+    lines.append(f"  compiler        {r['compile_error']}")
   lines.append("  estimated step  " + (f"{r['estimated_step_s']:9.4f} s" if r["estimated_step_s"]
                                        else "  (the cost model reports none)"))
   lines.append(f"  compile time    {r['compile_s']:9.1f} s")
@@ -402,7 +437,8 @@ def table_row(name: str, r: dict) -> str:
   return (f"| {name} | {r['topology']} ({r['chips']} chips) | {r['image']} | {r['global_batch']} | "
           f"{gib('params_bytes')} | {gib('opt_state_bytes')} | {gib('ema_bytes')} | {gib('temp_bytes')} | "
           f"{gib('total_bytes')} / {r['hbm_bytes'] / GiB:.0f} GiB | {'yes' if r['fits'] else '**no**'} | "
-          f"{(r['flops'] or 0) / 1e12:.1f} | {r['compile_s']:.0f} s |")
+          f"{'-' if not r['flops'] else '%.1f%s' % (r['flops'] / 1e12, '*' if r.get('flops_count_scan_body_once') else '')}"
+          f" | {r['compile_s']:.0f} s |")
 
 
 # ---------------------------------------------------------------------------------------------------
