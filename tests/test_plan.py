@@ -61,6 +61,7 @@ def test_plan_inputs_fail_clearly(monkeypatch):
 
 def test_search_grid_and_overrides():
   assert plan.mesh_splits(512, [1, 2], [1, 4]) == [(1, 512, 1), (4, 128, 1), (1, 256, 2), (4, 64, 2)]
+  assert plan.mesh_splits(8) == [(1, 8, 1), (8, 1, 1)]
   cand = plan.Candidate("dots_saveable", True, (1, 256, 2), 16)
   ov = cand.overrides(512)
   assert ov["input.batch_size"] == 16 * 256 and ov["model.text.remat_policy"] == "dots_saveable"

@@ -334,11 +334,15 @@ def format_overrides(overrides: dict[str, Any]) -> str:
   return " ".join(f"--config.{k}={v}" for k, v in overrides.items())
 
 
-def mesh_splits(chips: int, model_sizes: Sequence[int] = (1,), data_sizes: Sequence[int] = (1,)) -> list:
-  """(data, fsdp, model) splits of `chips` with the given model / data axis sizes, fsdp the rest."""
+def mesh_splits(chips: int, model_sizes: Sequence[int] = (1,), data_sizes: Sequence[int] = (1, 0)) -> list:
+  """(data, fsdp, model) splits of `chips` with the given model / data axis sizes, fsdp the rest.
+
+  A data size of 0 means every chip the model axis leaves (pure data parallel, params replicated).
+  """
   out = []
   for m, d in itertools.product(model_sizes, data_sizes):
-    if chips % (m * d) == 0:
+    d = d or chips // m
+    if chips % (m * d) == 0 and (d, chips // (m * d), m) not in out:
       out.append((d, chips // (m * d), m))
   return out
 
@@ -460,7 +464,8 @@ def _define_flags() -> None:
   flags.DEFINE_list("search_remat", list(SEARCH_REMAT), "Search: remat policies ('none' = no remat).")
   flags.DEFINE_list("search_scan", ["true"], "Search: scan settings (true,false).")
   flags.DEFINE_list("search_model", ["1"], "Search: sizes of the 'model' mesh axis (fsdp = the rest).")
-  flags.DEFINE_list("search_data", ["1"], "Search: sizes of the 'data' mesh axis.")
+  flags.DEFINE_list("search_data", ["1", "0"], "Search: sizes of the 'data' mesh axis (0 = all chips: pure "
+                    "data parallel; 1 = pure FSDP).")
   flags.DEFINE_list("search_batch_per_chip", [], "Search: per-chip batches (default: the config's).")
   flags.DEFINE_string("teacher_variant", "g/14", "Distillation recipes: the teacher's image preset.")
   flags.DEFINE_string("table_row", None, "Also print the train step as one README table row named so.")
