@@ -24,7 +24,7 @@ README = ROOT / "README.md"
 
 # Module of each CLI (absl tools are parsed in a subprocess each; argparse ones in-process).
 ABSL_TOOLS = {"train": "tipsito.train.cli", "evaluate": "tipsito.evaluate", "export": "tipsito.export",
-              "info": "tipsito.info", "bench": "tipsito.bench"}
+              "info": "tipsito.info", "bench": "tipsito.bench", "plan": "tipsito.plan"}
 ARGPARSE_TOOLS = ("data.convert", "data.bench", "data.train_tokenizer")
 
 
