@@ -49,8 +49,10 @@ def _define_flags() -> None:
 
 
 def is_export(path: str) -> bool:
-  """An export has config.json + params/ (tipsito.checkpoint.write_export)."""
-  return os.path.isfile(os.path.join(path, "config.json")) and os.path.isdir(os.path.join(path, "params"))
+  """An export has config.json + params/ (tipsito.checkpoint.write_export); local or gs://."""
+  from tipsito import paths  # pylint: disable=g-import-not-at-top
+  p = paths.as_path(path)
+  return (p / "config.json").is_file() and (p / "params").is_dir()
 
 
 def load_encoder(config, checkpoint: str):
@@ -79,25 +81,18 @@ def _encoder_from_workdir(config, checkpoint: str):
   from tipsito.train import checkpointing  # pylint: disable=g-import-not-at-top
   from tipsito.train import loop  # pylint: disable=g-import-not-at-top
   from tipsito.train import step as step_lib  # pylint: disable=g-import-not-at-top
-  workdir = os.path.abspath(checkpoint)
-  if os.path.basename(workdir) == "checkpoints":
-    workdir = os.path.dirname(workdir)
-  if not (os.path.isfile(os.path.join(workdir, "config.json"))
-          and os.path.isdir(os.path.join(workdir, "checkpoints"))):
+  from tipsito import paths  # pylint: disable=g-import-not-at-top
+  workdir = paths.as_path(checkpoint)  # local or gs://
+  if workdir.name == "checkpoints":
+    workdir = workdir.parent
+  if not ((workdir / "config.json").is_file() and (workdir / "checkpoints").is_dir()):
     raise ValueError(f"{checkpoint!r} is neither an export (config.json + params/) nor a training "
                      "workdir (config.json + checkpoints/)")
   loop.configure_jax()
   train_config = loop.load_config(workdir)
   setup = step_lib.build(train_config)
-  ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"), every_steps=0, keep=1,
-                                    async_save=False)
-  try:
-    if ckpt.latest_step() is None:
-      raise ValueError(f"{workdir}: no checkpoint in {ckpt.directory}")
-    abstract = checkpointing.abstract_with_shardings(setup.state_shapes, setup.state_shardings)
-    state, _ = ckpt.restore(abstract, with_data=False)
-  finally:
-    ckpt.close()
+  state = checkpointing.restore_latest_state(workdir, setup.state_shapes, setup.state_shardings,
+                                             what=f"--checkpoint {checkpoint}")
   return loop.make_encoder(setup, state.params)
 
 
@@ -162,9 +157,10 @@ def evaluate(config, checkpoint: str, *, output: str | None = None, pictures_dir
   encoder, kind = load_encoder(config, checkpoint)
   data_dir = None
   if kind == "train":
-    wd = os.path.abspath(checkpoint)
-    wd = os.path.dirname(wd) if os.path.basename(wd) == "checkpoints" else wd
-    data_dir = os.path.join(wd, "data") if os.path.isdir(os.path.join(wd, "data")) else None
+    from tipsito import paths  # pylint: disable=g-import-not-at-top
+    wd = paths.as_path(checkpoint)
+    wd = wd.parent if wd.name == "checkpoints" else wd
+    data_dir = os.fspath(wd / "data") if (wd / "data").is_dir() else None
   evaluators = evals_lib.make_evaluators(_evals_config(config, only, max_examples, data_dir))
   if not evaluators:
     raise ValueError("config.evals is empty: nothing to evaluate")

@@ -248,6 +248,23 @@ def abstract_with_shardings(shapes: Any, shardings: Any) -> Any:
   return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, shardings)
 
 
+def restore_latest_state(workdir, state_shapes: Any, state_shardings: Any, *, what: str) -> Any:
+  """The latest TrainState of a training workdir (no data state), placed with `state_shardings`.
+
+  Why one function: `export --workdir`, `evaluate --checkpoint W` and distillation from a workdir
+  teacher all read a finished (or running) workdir the same way. `what` names the caller's flag or key in
+  the error.
+  """
+  ckpt = Checkpointer(as_path(workdir) / "checkpoints", every_steps=0, keep=1, async_save=False)
+  try:
+    if ckpt.latest_step() is None:
+      raise FileNotFoundError(f"{what}: no checkpoint in {ckpt.directory}")
+    state, _ = ckpt.restore(abstract_with_shardings(state_shapes, state_shardings), with_data=False)
+  finally:
+    ckpt.close()
+  return state
+
+
 def restore_params(path, abstract_params: Any) -> Any:
   """Params only, from another run's workdir/checkpoint dir (stage-2 init via `config.init_from`).
 

@@ -373,11 +373,6 @@ def export_from_workdir(workdir: str, output: str) -> str:
   configure_jax()
   config = load_config(workdir)
   setup = step_lib.build(config)
-  ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"), every_steps=0, keep=1,
-                                    async_save=False)
-  if ckpt.latest_step() is None:
-    raise FileNotFoundError(f"{workdir}: no checkpoint in {ckpt.directory}")
-  abstract = checkpointing.abstract_with_shardings(setup.state_shapes, setup.state_shardings)
-  state, _ = ckpt.restore(abstract, with_data=False)
-  ckpt.close()
+  state = checkpointing.restore_latest_state(workdir, setup.state_shapes, setup.state_shardings,
+                                             what=f"--workdir {workdir}")
   return write_export(setup, state.params, output, step=int(state.step))

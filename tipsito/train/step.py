@@ -76,8 +76,11 @@ class Teacher:
 
 def is_training_workdir(path: Optional[str]) -> bool:
   """A tipsito training workdir: config.json + checkpoints/ (an export has config.json + params/)."""
-  return bool(path) and os.path.isfile(os.path.join(path, "config.json")) and os.path.isdir(
-      os.path.join(path, "checkpoints"))
+  if not path:
+    return False
+  from tipsito import paths  # pylint: disable=import-outside-toplevel
+  p = paths.as_path(path)  # local or gs://
+  return (p / "config.json").is_file() and (p / "checkpoints").is_dir()
 
 
 def load_teacher(config, mesh: Optional[Mesh] = None) -> Teacher:
@@ -128,19 +131,12 @@ def _workdir_teacher(workdir: str, mesh: Optional[Mesh]) -> tuple[dict, dict, di
   checkpoint, rebuilt from its own config.json."""
   from tipsito.train import checkpointing  # pylint: disable=import-outside-toplevel
   from tipsito.train import loop  # pylint: disable=import-outside-toplevel
-  tcfg = loop.load_config(os.path.abspath(workdir))
+  tcfg = loop.load_config(workdir)
   if recipes_lib.get_recipe(tcfg.recipe).teacher == "frozen":
     raise ValueError(f"config.distill.teacher={workdir!r} is a distillation run; use a pretraining workdir")
   setup = build(tcfg, mesh)
-  ckpt = checkpointing.Checkpointer(os.path.join(os.path.abspath(workdir), "checkpoints"), every_steps=0,
-                                    keep=1, async_save=False)
-  try:
-    if ckpt.latest_step() is None:
-      raise ValueError(f"config.distill.teacher={workdir!r}: no checkpoint in {ckpt.directory}")
-    abstract = checkpointing.abstract_with_shardings(setup.state_shapes, setup.state_shardings)
-    state, _ = ckpt.restore(abstract, with_data=False)
-  finally:
-    ckpt.close()
+  state = checkpointing.restore_latest_state(workdir, setup.state_shapes, setup.state_shardings,
+                                             what=f"config.distill.teacher={workdir!r}")
   params, ema = state.params, state.ema
   teacher_view = {"image": ema.get("image", params["image"])}
   if "text" in params:
