@@ -69,6 +69,9 @@ def topology_devices(topology: str, num_slices: int = 1) -> list:
   os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
   os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5litepod-4")
   os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+  # Compile-only devices claim no chip, so planning must not take (or wait for) libtpu's one-process lock:
+  # another process on the machine (a second pytest worker, a run with libtpu installed) may hold it.
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
   kw = {"num_slices": int(num_slices)} if int(num_slices) > 1 else {}
   try:
