@@ -18,3 +18,13 @@ DATA_DIR = pathlib.Path(__file__).parent / "data"
 def conformance_dir() -> pathlib.Path:
   """Directory holding the reference vectors copied from shared/conformance."""
   return DATA_DIR
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> str:
+  """A tiny `shapes` dataset (48 train / 8 test images at 32 px) for tests that drive the real loop and
+  pipeline; a test module may define its own `data_dir` instead."""
+  from tipsito.data import convert  # pylint: disable=import-outside-toplevel
+  d = str(tmp_path_factory.mktemp("data"))
+  convert.convert("shapes", d, split_sizes={"train": 48, "test": 8}, image_size=32, verbose=False)
+  return d

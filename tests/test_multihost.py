@@ -161,14 +161,6 @@ def _ok(results):
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-  from tipsito.data import convert
-  d = str(tmp_path_factory.mktemp("data"))
-  convert.convert("shapes", d, split_sizes={"train": 48, "test": 8}, image_size=32, verbose=False)
-  return d
-
-
-@pytest.fixture(scope="module")
 def runs(tmp_path_factory, data_dir):
   base = tmp_path_factory.mktemp("mh")
   r = {"dirs": {k: str(base / k) for k in ("one", "two", "term")}}

@@ -57,14 +57,6 @@ def records():
   ob.quiet_library_logs()
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-  from tipsito.data import convert
-  d = str(tmp_path_factory.mktemp("data"))
-  convert.convert("shapes", d, split_sizes={"train": 48, "test": 8}, image_size=32, verbose=False)
-  return d
-
-
 def make_config(data_dir):
   c = common.tiny_config("tipsito", batch_size=BATCH, total_steps=STEPS)
   c.tokenizer = None

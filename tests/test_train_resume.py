@@ -29,14 +29,6 @@ def compile_cache(tmp_path_factory):
   jax.config.update("jax_persistent_cache_min_compile_time_secs", old[1])
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-  from tipsito.data import convert
-  d = str(tmp_path_factory.mktemp("data"))
-  convert.convert("shapes", d, split_sizes={"train": 48, "test": 8}, image_size=32, verbose=False)
-  return d
-
-
 def make_config(data_dir):
   c = common.tiny_config("tipsito", batch_size=8, total_steps=2 * N)
   c.tokenizer = None
