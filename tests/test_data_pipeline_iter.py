@@ -1,4 +1,4 @@
-"""The per-host grain pipeline: sharding, exact resume, skip-and-count, eval padding, batch format.
+"""The per-host grain training pipeline: sharding, exact resume, skip-and-count, batch format.
 
 Why: a TPU pod trains for days across preemptions; each host must read its own disjoint part of
 the data, resume to the very next batch, and survive bad records while counting them. These tests
@@ -237,42 +237,6 @@ def test_caption_sampling_uniform_through_pipeline():
   expected = counts.sum() / 3
   chi2 = float(((counts - expected) ** 2 / expected).sum())
   assert chi2 < 13.82, (chi2, counts)  # chi-square 0.999 quantile, 2 dof
-
-
-@pytest.mark.parametrize('procs', [1, 3])
-def test_eval_iterator_pads_and_counts_each_example_once(procs):
-  src = make_source(23)
-  src[4]['image'] = b''  # a bad eval record is invalid (and counted), not fatal
-  cfg = make_config()
-  indices, nb = [], []
-  for p in range(procs):
-    with pipeline.make_eval_iterator(cfg, source=src, batch_size=6, image_size=16,
-                                     process_index=p, process_count=procs,
-                                     tokenizer=StubTokenizer()) as it:
-      batches = list(it)
-      stats = it.stats
-    nb.append(len(batches))
-    for b in batches:
-      assert b['image'].shape == (6 // procs, 16, 16, 3) and b['_valid'].dtype == bool
-      assert b['text'].shape == (6 // procs, 6)
-      indices.extend(b['index'][b['_valid']].tolist())
-      assert (b['index'][~b['_valid']] >= -1).all()
-      np.testing.assert_array_equal(b['label'][b['_valid']], b['index'][b['_valid']])
-  assert len(set(nb)) == 1  # every process yields the same number of batches
-  assert sorted(indices) == [i for i in range(23) if i != 4]
-  if procs == 1:
-    assert stats['skipped_by_reason'] == {'empty_image': 1} and stats['seen'] == 23
-
-
-def test_to_global_batch_single_process():
-  import jax
-  from jax.sharding import Mesh, PartitionSpec
-  mesh = Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ('data', 'fsdp'))
-  batch = {'image': np.zeros((4, 8, 8, 3), np.uint8), 'text': np.ones((4, 6), np.int32)}
-  out = pipeline.to_global_batch(batch, mesh)
-  assert out['image'].shape == (4, 8, 8, 3) and out['image'].dtype == np.uint8
-  assert out['text'].sharding.spec == PartitionSpec(('data', 'fsdp'))
-  np.testing.assert_array_equal(np.asarray(out['text']), batch['text'])
 
 
 def test_examples_identical_with_and_without_workers():

@@ -210,19 +210,19 @@ def test_caption_fallbacks_and_bad_text():
   assert e.value.reason == 'missing_text'
 
 
-def test_eval_transforms_deterministic():
+def test_fixed_resize_deterministic():
   img = _jpeg(120, 200)
-  a = T.eval_image(T.open_image(img), 64, 'center_crop')
-  b = T.eval_image(T.open_image(img), 64, 'center_crop')
+  a = T.fixed_size_image(T.open_image(img), 64, 'center_crop')
+  b = T.fixed_size_image(T.open_image(img), 64, 'center_crop')
   np.testing.assert_array_equal(a, b)
   assert a.shape == (64, 64, 3)
-  p = T.eval_image(T.open_image(img), 64, 'pad')
-  assert p.shape == (64, 64, 3) and (p[40:] == 0).all() and p[:38].std() > 0  # 120/200*64=38.4
   seg = np.zeros((120, 200), np.uint8)
   seg[:, 100:] = 3
-  s = T.eval_mask(seg, 64, 'center_crop')
+  _, s = T.fixed_resize(T.decode_rgb(img), seg, 64, 'center_crop')
   assert s.shape == (64, 64) and set(np.unique(s)) == {0, 3}
   assert (s[:, :30] == 0).all() and (s[:, 34:] == 3).all()
+  r, s = T.fixed_resize(T.decode_rgb(img), seg, 64, 'resize')  # squashed: all content kept
+  assert r.shape == (64, 64, 3) and (s[:, :31] == 0).all() and (s[:, 33:] == 3).all()
 
 
 def test_gaussian_blur_is_a_normalised_gaussian():

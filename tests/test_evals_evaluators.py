@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from tipsito.data import eval_input
 from tipsito.evals import make_evaluator
 from tipsito.evals import make_evaluators
 from tipsito.evals import registry
@@ -293,7 +294,7 @@ def test_make_evaluators_from_configdict():
 
 def test_pad_batch():
   ex = [{"image": np.ones((2, 2, 3), np.uint8), "label": np.int32(3), "captions": ["a"]}]
-  b = registry.pad_batch(ex, 3)
+  b = eval_input.pad_batch(ex, 3)
   assert b["image"].shape == (3, 2, 2, 3) and b["image"][1:].sum() == 0
   np.testing.assert_array_equal(b["_valid"], [True, False, False])
   assert b["captions"] == [["a"], [], []]
@@ -333,9 +334,9 @@ def test_run_evaluators_writes_scalars_images_and_pngs(tmp_path):
 
 
 def test_subset_is_spread_and_deterministic():
-  np.testing.assert_array_equal(registry.subset_indices(10, 4), [0, 2, 5, 7])
-  np.testing.assert_array_equal(registry.subset_indices(3, 10), [0, 1, 2])
-  assert len(set(registry.subset_indices(785, 100).tolist())) == 100
+  np.testing.assert_array_equal(eval_input.subset_indices(10, 4), [0, 2, 5, 7])
+  np.testing.assert_array_equal(eval_input.subset_indices(3, 10), [0, 1, 2])
+  assert len(set(eval_input.subset_indices(785, 100).tolist())) == 100
 
 
 def test_builtin_suites():

@@ -13,8 +13,8 @@ import pytest
 tfds = pytest.importorskip("tensorflow_datasets")
 tf = pytest.importorskip("tensorflow")
 
+from tipsito.data import eval_input  # noqa: E402
 from tipsito.evals import make_evaluator  # noqa: E402
-from tipsito.evals import registry  # noqa: E402
 
 D = 8
 
@@ -59,7 +59,7 @@ def data_dir(tmp_path_factory):
 
 
 def test_open_records_falls_back_to_tfds(data_dir):
-  src, names = registry.open_records("tipsito_evals_adhoc", "test", data_dir, image_key="img", label_key="cls")
+  src, names = eval_input.open_records("tipsito_evals_adhoc", "test", data_dir, image_key="img", label_key="cls")
   assert len(src) == 6 and names[0] == "class_#0"
 
 
@@ -73,4 +73,4 @@ def test_zeroshot_and_retrieval_on_generic_tfds(data_dir):
   res = ret.run(OneHotEncoder())
   assert res["ret/num_texts"] == 12 and res["ret/i2t_r1"] == 100.0 and res["ret/t2i_r1"] == 100.0
   with pytest.raises(FileNotFoundError):
-    registry.open_records("tipsito_no_such_dataset", "test", data_dir)
+    eval_input.open_records("tipsito_no_such_dataset", "test", data_dir)

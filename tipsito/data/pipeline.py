@@ -1,6 +1,6 @@
-"""Per-host grain input pipelines for training and evaluation.
+"""Per-host grain input pipeline for training.
 
-Why it is built this way (see DESIGN.md "Data flow"):
+Why it is built this way:
 
   range(N) -> shuffle(shuffle_seed, reseeded per epoch) -> repeat -> tag (epoch, record)
     -> shard by JAX process (strided slice of the global stream: disjoint and covering)
@@ -19,8 +19,10 @@ Why it is built this way (see DESIGN.md "Data flow"):
 * The returned object is a grain `DatasetIterator`: `get_state()` is JSON-serialisable, so the
   training checkpoint (grain's PyGrainCheckpointHandler or our own JSON) stores it; `set_state()`
   resumes exactly (same next batches), with or without workers (same worker count).
-* Per-host batches are numpy dicts (contract); `to_global_batch` assembles them into global jax
-  arrays with `jax.make_array_from_process_local_data`.
+* Per-host batches are numpy dicts; the training step assembles them into global arrays.
+
+Evaluation batches (deterministic, padded, masked) come from `tipsito.data.eval_input`, which
+decodes and resizes with the same `transforms` functions.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from typing import Any, Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import grain.python as grain
 from grain import experimental as grain_exp
@@ -38,8 +40,8 @@ from tipsito.data import masking
 from tipsito.data import transforms as T
 
 __all__ = [
-    'TooManySkippedError', 'ExampleSpec', 'TrainExampleFn', 'EvalExampleFn', 'make_train_iterator',
-    'make_eval_iterator', 'to_global_batch', 'open_source', 'VIEWS', 'AUGMENTS',
+    'TooManySkippedError', 'ExampleSpec', 'TrainExampleFn', 'make_train_iterator', 'open_source',
+    'VIEWS', 'AUGMENTS',
 ]
 
 VIEWS = ('single', 'two_views', 'multicrop', 'multicrop_two_views')
@@ -171,7 +173,7 @@ class ExampleSpec:
                          photometric=self.augment == 'ito', limits=self.limits,
                          view2_photometric=(self.augment_view2 or self.augment) == 'ito')
     if self.augment == 'none':
-      return None  # deterministic eval-style resize (see TrainExampleFn)
+      return None  # the deterministic resize evaluations use (see TrainExampleFn)
     return T.ITOTwoViews(self.global_size, self.global_scale, self.ratio, self.limits,
                          photometric=self.augment == 'ito', num_views=2 if two else 1)
 
@@ -217,13 +219,23 @@ def _example_rngs(seed: int, epoch: int, record: int, n: int):
   return [np.random.Generator(np.random.Philox(s)) for s in ss.spawn(n)]
 
 
-class _ExampleFnBase:
-  """Shared record reading / guarding for the train and eval per-example functions."""
+class TrainExampleFn:
+  """(epoch, record index) -> training example dict, or a skip marker for bad records.
+
+  Output fields (per example): 'image' (S,S,3) uint8, 'image2' (two-view modes), 'local_crops'
+  (M,s,s,3) uint8 (multicrop, M>0), 'mask' (gh,gw) bool (mask_ratio>0), 'text' / 'text2' (L,)
+  int32, 'label' () int32 (label_key set)."""
 
   _warned = 0
 
-  def __init__(self, source, spec: ExampleSpec, tokenizer: _Tokenizer | None):
+  def __init__(self, source, spec: ExampleSpec, tokenizer: _Tokenizer | None, seed: int):
     self.source, self.spec, self.tokenizer = source, spec, tokenizer
+    self.seed = int(seed)
+    self.views = spec.view_transform()
+    self.captions = T.ChooseCaptions(spec.alt_text_key, spec.caption_keys)
+
+  def __call__(self, item) -> dict:
+    return self._guard(self._process, int(item[0]), int(item[1]))
 
   def _read(self, index: int) -> Mapping:
     """source[index] with read failures turned into a counted skip."""
@@ -250,28 +262,11 @@ class _ExampleFnBase:
     except T.SkipExample as e:
       return _skip_marker(e.reason)
     except Exception as e:  # pylint: disable=broad-except
-      if _ExampleFnBase._warned < 5:  # a bug guard: count it, say it loudly a few times
-        _ExampleFnBase._warned += 1
+      if TrainExampleFn._warned < 5:  # a bug guard: count it, say it loudly a few times
+        TrainExampleFn._warned += 1
         log.warning('tipsito.data: unexpected error in example transform (counted as skip '
                     "'other'): %s: %s", type(e).__name__, e, exc_info=True)
       return _skip_marker('other')
-
-
-class TrainExampleFn(_ExampleFnBase):
-  """(epoch, record index) -> training example dict, or a skip marker for bad records.
-
-  Output fields (per example): 'image' (S,S,3) uint8, 'image2' (two-view modes), 'local_crops'
-  (M,s,s,3) uint8 (multicrop, M>0), 'mask' (gh,gw) bool (mask_ratio>0), 'text' / 'text2' (L,)
-  int32, 'label' () int32 (label_key set)."""
-
-  def __init__(self, source, spec: ExampleSpec, tokenizer: _Tokenizer | None, seed: int):
-    super().__init__(source, spec, tokenizer)
-    self.seed = int(seed)
-    self.views = spec.view_transform()
-    self.captions = T.ChooseCaptions(spec.alt_text_key, spec.caption_keys)
-
-  def __call__(self, item) -> dict:
-    return self._guard(self._process, int(item[0]), int(item[1]))
 
   def _process(self, epoch: int, index: int) -> dict:
     """The actual per-example work; raises SkipExample for bad records."""
@@ -294,7 +289,7 @@ class TrainExampleFn(_ExampleFnBase):
       out['text'], out['text2'] = ids[0], ids[1]
     img = T.open_image(record.get(spec.image_key), spec.limits)
     if self.views is None:
-      out['image'] = T.eval_image(img, spec.global_size, 'center_crop', spec.limits)
+      out['image'] = T.fixed_size_image(img, spec.global_size, 'center_crop', spec.limits)
       if 'two_views' in spec.views:
         out['image2'] = out['image']
     else:
@@ -305,68 +300,6 @@ class TrainExampleFn(_ExampleFnBase):
         out['mask'] = masking.make_mask(rng_mask, g, g, spec.mask_ratio, spec.mask_type)
       else:
         out['mask'] = np.zeros((g, g), bool)
-    return out
-
-
-class EvalExampleFn(_ExampleFnBase):
-  """Padded-stream position -> deterministic eval example; padding and bad records come back as
-  zero examples with '_valid' False (and bad ones as counted skips), so a padded final batch lets
-  every real example count exactly once."""
-
-  def __init__(self, source, spec: ExampleSpec, tokenizer: _Tokenizer | None, num_records: int,
-               image_size: int, resize: str, with_text: bool, with_segmentation: bool,
-               segmentation_key: str = 'segmentation'):
-    super().__init__(source, spec, tokenizer)
-    self.n, self.size, self.resize = int(num_records), int(image_size), resize
-    self.with_text, self.with_seg, self.seg_key = with_text, with_segmentation, segmentation_key
-    self.max_len = tokenizer.max_len if tokenizer is not None else 0
-
-  def _blank(self, index: int) -> dict:
-    """An all-zero, invalid example (padding / skipped eval record)."""
-    out = {'image': np.zeros((self.size, self.size, 3), np.uint8), '_valid': np.bool_(False),
-           'index': np.int32(index)}
-    if self.spec.label_key:
-      out['label'] = np.int32(-1)
-    if self.with_text:
-      out['text'] = np.zeros((self.max_len,), np.int32)
-    if self.with_seg:
-      out['segmentation'] = np.zeros((self.size, self.size), np.uint8)
-    return out
-
-  def __call__(self, position) -> dict:
-    position = int(position)
-    if position >= self.n:
-      out = self._blank(-1)
-      out[_SEEN] = 0
-      return out
-    res = self._guard(self._process, position)
-    if _SKIP in res:
-      out = self._blank(position)
-      out[_SKIP] = res[_SKIP]
-      res = out
-    res[_SEEN] = 1
-    return res
-
-  def _process(self, index: int) -> dict:
-    """The actual per-example work; raises SkipExample for bad records."""
-    spec = self.spec
-    record = self._read(index)
-    out = {'_valid': np.bool_(True), 'index': np.int32(index)}
-    if spec.label_key:
-      out['label'] = self._label(record)
-    if self.with_text:
-      txt = T.decode_text(record.get(spec.alt_text_key)) if spec.alt_text_key else None
-      out['text'] = (self.tokenizer([txt])[0] if txt is not None
-                     else np.zeros((self.max_len,), np.int32))
-    el = {'image': T.open_image(record.get(spec.image_key), spec.limits)}
-    if self.with_seg:
-      if record.get(self.seg_key) is None:
-        raise T.SkipExample('other', f'missing {self.seg_key}')
-      el['segmentation'] = record[self.seg_key]
-    el = T.EvalResize(self.size, self.resize, spec.limits).map(el)
-    out['image'] = el['image']
-    if self.with_seg:
-      out['segmentation'] = el['segmentation']
     return out
 
 
@@ -409,11 +342,10 @@ class _SkipBatchIterDataset(grain.IterDataset):
   would otherwise spin forever)."""
 
   def __init__(self, parent, batch_size: int, name: str, max_skip_fraction: float,
-               min_records: int, drop_remainder: bool = True):
+               min_records: int):
     super().__init__(parent)
     self.batch_size, self.name = int(batch_size), name
     self.max_skip_fraction, self.min_records = float(max_skip_fraction), int(min_records)
-    self.drop_remainder = drop_remainder
 
   def __iter__(self):
     return _SkipBatchIterator(self._parent.__iter__(), self)
@@ -434,12 +366,7 @@ class _SkipBatchIterator(grain.DatasetIterator):
     good, counts, seen = [], np.zeros(len(T.SKIP_REASONS), np.int64), 0
     guard = max(cfg.min_records, 4 * cfg.batch_size)
     while len(good) < cfg.batch_size:
-      try:
-        ex = next(self._parent)
-      except StopIteration:
-        if good and not cfg.drop_remainder:
-          break
-        raise
+      ex = next(self._parent)  # StopIteration ends the epoch-limited stream (no partial batch)
       seen += 1
       if _SKIP in ex:
         counts[int(ex[_SKIP])] += 1
@@ -478,7 +405,7 @@ class _AccountingIterDataset(grain.IterDataset):
 
 
 class PipelineIterator(grain.DatasetIterator):
-  """The iterator returned by make_train_iterator / make_eval_iterator.
+  """The iterator returned by make_train_iterator.
 
   `stats` -> {'seen', 'skipped', 'skip_fraction', 'skipped_by_reason'} (cumulative over the run,
   restored with the state); `get_state()` / `set_state()` for exact resume (JSON-serialisable);
@@ -565,12 +492,10 @@ def _ensure_absl_flags_parsed():
     flags.FLAGS.mark_as_parsed()
 
 
-def _finish(ds: grain.MapDataset, *, batch: Callable | None, name: str, num_workers: int,
-            prefetch: int, max_skip: float, min_records: int, read_options) -> PipelineIterator:
-  """Shared tail: to_iter_dataset -> batcher -> workers -> thread prefetch -> accounting."""
-  it = ds.to_iter_dataset(read_options)
-  if batch is not None:
-    it = batch(it)
+def _finish(ds: grain.MapDataset, *, per_host: int, name: str, num_workers: int, prefetch: int,
+            max_skip: float, min_records: int, read_options) -> PipelineIterator:
+  """The tail: to_iter_dataset -> skip-and-count batcher -> workers -> thread prefetch -> accounting."""
+  it = _SkipBatchIterDataset(ds.to_iter_dataset(read_options), per_host, name, max_skip, min_records)
   if num_workers > 0:
     _ensure_absl_flags_parsed()
     it = it.mp_prefetch(grain.MultiprocessingOptions(
@@ -638,100 +563,5 @@ def make_train_iterator(config, *, source=None, process_index: int | None = None
   ds = ds.slice(slice(pi, None, pc))              # disjoint, covering per-process shards
   ds = ds.map(TrainExampleFn(source, spec, _tokenizer_for(config, tokenizer), seed))
   return _finish(
-      ds, batch=lambda it: _SkipBatchIterDataset(it, per_host, name, max_skip, min_records),
-      name=name, num_workers=num_workers, prefetch=prefetch, max_skip=max_skip,
+      ds, per_host=per_host, name=name, num_workers=num_workers, prefetch=prefetch, max_skip=max_skip,
       min_records=min_records, read_options=_read_options(num_workers, inp, per_host))
-
-
-def make_eval_iterator(config, *, eval_name: str | None = None, source=None,
-                       batch_size: int | None = None, image_size: int | None = None,
-                       resize: str | None = None, with_text: bool | None = None,
-                       with_segmentation: bool | None = None, process_index: int | None = None,
-                       process_count: int | None = None, tokenizer=None,
-                       num_workers: int | None = None) -> PipelineIterator:
-  """Deterministic, sharded, padded eval iterator: one pass, every example exactly once.
-
-  Fields: 'image' (b,S,S,3) uint8, '_valid' (b,) bool (False on padding and skipped records),
-  'index' (b,) int32 record index (-1 on padding), 'label' (b,) int32 when data.label_key,
-  'text' (b,L) int32 alt-text tokens when `with_text`, 'segmentation' (b,S,S) uint8 when
-  `with_segmentation`. All processes yield the same number of batches (global-array friendly).
-  Settings come from keywords, else `config.evals[eval_name]` (batch_size, image_size, resize,
-  dataset/split/data_dir override config.data), else config.input / config.data.
-  """
-  pi, pc = _process_info(process_index, process_count)
-  ev = config.evals[eval_name] if eval_name is not None else None
-  data = config.data
-  if ev is not None and _get(ev, 'dataset', None):
-    data = dict(data.to_dict() if hasattr(data, 'to_dict') else data)
-    data.update(name=ev.dataset, split=_get(ev, 'split', data.get('split')),
-                data_dir=_get(ev, 'data_dir', data.get('data_dir')))
-    for k in ('image_key', 'alt_text_key', 'label_key', 'caption_keys', 'segmentation_key'):
-      if _get(ev, k, None) is not None:
-        data[k] = _get(ev, k)
-    if _get(ev, 'type', '') in ('zeroshot', 'knn') and not data.get('label_key'):
-      data['label_key'] = 'label'  # classification evals need the (schema-named) label
-  global_bs = int(batch_size or _get(ev, 'batch_size', None) or config.input.batch_size)
-  if global_bs % pc:
-    raise ValueError(f'eval batch_size={global_bs} is not divisible by the process count {pc}')
-  per_host = global_bs // pc
-  size = int(image_size or _get(ev, 'image_size', None) or _get(config.input, 'global_size', 224))
-  resize = resize or _get(ev, 'resize', None) or 'center_crop'
-  name = str(_get(data, 'name', 'dataset'))
-  spec = dataclasses.replace(
-      ExampleSpec.from_config(config), image_key=_get(data, 'image_key', 'image') or 'image',
-      alt_text_key=_get(data, 'alt_text_key', 'alt_text'), label_key=_get(data, 'label_key', None))
-  seg_key = _get(data, 'segmentation_key', None) or 'segmentation'
-  if source is None:
-    source, keys = open_source(data)
-    spec = dataclasses.replace(spec, **keys)
-    seg_key = 'segmentation'  # the builders' reader renames the mask field to this
-  n = len(source)
-  if with_text is None:
-    with_text = bool(spec.alt_text_key) and (tokenizer is not None or eval_name is None or
-                                             _get(ev, 'type', '') == 'retrieval')
-  with_segmentation = bool(with_segmentation if with_segmentation is not None
-                           else _get(ev, 'type', '') == 'segmentation')
-  tok = _tokenizer_for(config, tokenizer) if with_text else None
-  steps = -(-n // (per_host * pc))
-  total = steps * per_host * pc
-  workers = int(num_workers if num_workers is not None else _get(config.input, 'num_workers', 0))
-  max_skip, min_records = _skip_settings(data)
-  fn = EvalExampleFn(source, spec, tok, n, size, resize, with_text, with_segmentation, seg_key)
-  ds = grain.MapDataset.range(total).slice(slice(pi, None, pc)).map(fn)
-  ds = ds.batch(per_host, drop_remainder=False, batch_fn=_eval_batch)
-  return _finish(ds, batch=None, name=name, num_workers=workers,
-                 prefetch=int(_get(config.input, 'prefetch', 2) or 0), max_skip=max_skip,
-                 min_records=min_records, read_options=_read_options(workers, config.input, 1))
-
-
-def _eval_batch(examples: Sequence[dict]) -> dict:
-  """Stacks eval examples and turns per-example skip markers into the batch's `_skips` counts."""
-  counts = np.zeros(len(T.SKIP_REASONS), np.int64)
-  for e in examples:
-    if _SKIP in e:
-      counts[int(e[_SKIP])] += 1
-  keys = [k for k in examples[0] if k not in (_SKIP, _SEEN)]
-  batch = {k: np.stack([np.asarray(e[k]) for e in examples]) for k in keys}
-  batch[_SKIPS] = counts
-  batch[_SEEN] = np.int64(sum(int(e[_SEEN]) for e in examples))
-  return batch
-
-
-def to_global_batch(batch: Mapping[str, Any], mesh, spec=None) -> dict:
-  """Per-host numpy batch -> global jax.Arrays via `jax.make_array_from_process_local_data`.
-
-  `spec`: a PartitionSpec for the leading (batch) dim of every field, or a mapping field -> spec;
-  default shards the batch dim over the mesh's ('data', 'fsdp') axes that exist. Trailing dims
-  are replicated. Non-array entries are dropped."""
-  import jax  # pylint: disable=g-import-not-at-top
-  from jax.sharding import NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
-  axes = tuple(a for a in ('data', 'fsdp') if a in mesh.axis_names)
-  default = PartitionSpec(axes if axes else None)
-  spec = default if spec is None else spec
-  out = {}
-  for k, v in batch.items():
-    if not isinstance(v, (np.ndarray, np.generic)) or np.ndim(v) == 0:
-      continue
-    s = spec.get(k, default) if isinstance(spec, Mapping) else spec
-    out[k] = jax.make_array_from_process_local_data(NamedSharding(mesh, s), np.asarray(v))
-  return out

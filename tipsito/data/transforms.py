@@ -30,9 +30,9 @@ __all__ = [
     'CropParams', 'JitterParams', 'sample_resized_crop', 'sample_color_jitter',
     'apply_color_jitter', 'adjust_hue', 'adjust_brightness', 'adjust_contrast',
     'adjust_saturation', 'image_mean_grey', 'hue_shift_planes', 'gaussian_kernel', 'gaussian_blur',
-    'gaussian_blur_array', 'ITOViewParams', 'sample_ito_view', 'apply_view',
-    'DecodeImage', 'ITOTwoViews', 'MultiCrop', 'ResizedCropFlip', 'EvalResize', 'eval_geometry',
-    'eval_image', 'eval_mask', 'decode_text', 'choose_caption', 'ChooseCaptions',
+    'gaussian_blur_array', 'ITOViewParams', 'sample_ito_view', 'apply_view', 'alpha_channel',
+    'ITOTwoViews', 'MultiCrop', 'FIXED_RESIZE_MODES', 'fixed_resize', 'fixed_size_image',
+    'decode_text', 'choose_caption', 'ChooseCaptions',
 ]
 
 # PIL refuses images over ~179M pixels with DecompressionBombError (and warns above ~89M); we
@@ -214,6 +214,20 @@ def decode_rgb(value: Any, limits: ImageLimits = DEFAULT_LIMITS) -> np.ndarray:
   """Convenience: any supported image value -> (H, W, 3) uint8 at full resolution (up to caps)."""
   rgb, _ = load_rgb(open_image(value, limits), 1.0, limits)
   return np.asarray(rgb)
+
+
+def alpha_channel(img: Image.Image) -> np.ndarray | None:
+  """The (H, W) uint8 alpha of an opened image, or None when it has no transparency.
+
+  Why separate from `load_rgb` (which composites transparency away): zero-shot segmentation reads
+  foreground masks of cut-out images (tuxpaint stamps) from their alpha.
+  """
+  if 'A' not in img.getbands() and 'transparency' not in img.info:
+    return None
+  try:
+    return np.asarray(img.convert('RGBA'))[..., 3]
+  except Exception as e:  # pylint: disable=broad-except
+    raise SkipExample('corrupt_image', f'{type(e).__name__}: {e}') from None
 
 
 # --------------------------------------------------------------------------------------------
@@ -608,22 +622,6 @@ def _max_reduce(views: Sequence[tuple[ITOViewParams, int]]) -> float:
 # --------------------------------------------------------------------------------------------
 
 
-class DecodeImage(grain.MapTransform):
-  """element[key] (bytes / array) -> element['image'] as a lazily decoded PIL image (validated).
-
-  Pixel decoding is deferred to the view transform so JPEG draft mode can match the crops."""
-
-  def __init__(self, key: str = 'image', limits: ImageLimits = DEFAULT_LIMITS):
-    self.key = key
-    self.limits = limits
-
-  def map(self, element):
-    """grain MapTransform entry point (see the class docstring)."""
-    element = dict(element)
-    element['image'] = open_image(element.get(self.key), self.limits)
-    return element
-
-
 class ITOTwoViews(grain.RandomMapTransform):
   """ITO two views (METHOD §4): element['image'] (PIL) -> 'image', 'image2' (S, S, 3) uint8."""
 
@@ -651,14 +649,6 @@ class ITOTwoViews(grain.RandomMapTransform):
     if trace is not None:
       trace.extend(views)
     return out
-
-
-class ResizedCropFlip(ITOTwoViews):
-  """TIPS-style single view: RandomResizedCrop + flip only (no photometric ops)."""
-
-  def __init__(self, size: int = 224, scale=(0.32, 1.0), ratio=(3 / 4, 4 / 3),
-               limits: ImageLimits = DEFAULT_LIMITS, num_views: int = 1):
-    super().__init__(size, scale, ratio, limits, photometric=False, num_views=num_views)
 
 
 class MultiCrop(grain.RandomMapTransform):
@@ -709,75 +699,57 @@ class MultiCrop(grain.RandomMapTransform):
     return out
 
 
-def eval_geometry(width: int, height: int, size: int, mode: str = 'center_crop'):
-  """Deterministic eval geometry: ('center_crop') resize the shorter side to `size` then take the
-  centre size x size; ('pad') resize the longer side to `size` and pad bottom/right with zeros.
-  Returns (resized (w, h), crop box in resized coords or None, paste offset or None)."""
-  if mode == 'center_crop':
-    r = size / min(width, height)
-    rw, rh = max(size, int(round(width * r))), max(size, int(round(height * r)))
-    left, top = (rw - size) // 2, (rh - size) // 2
-    return (rw, rh), (left, top, left + size, top + size)
-  if mode == 'pad':
-    r = size / max(width, height)
-    rw, rh = max(1, min(size, int(round(width * r)))), max(1, min(size, int(round(height * r))))
-    return (rw, rh), None
-  raise ValueError(f"eval resize mode must be 'center_crop' or 'pad', got {mode!r}")
+# --------------------------------------------------------------------------------------------
+# Deterministic resize (evaluation, and training with input.augment='none')
+# --------------------------------------------------------------------------------------------
+
+#: 'center_crop': shorter side to S, then the centre S x S (classification / retrieval standard);
+#: 'resize': squash to S x S, keeping all content (zero-shot segmentation at a fixed size).
+FIXED_RESIZE_MODES = ('center_crop', 'resize')
 
 
-def eval_image(img: Image.Image, size: int, mode: str = 'center_crop',
-               limits: ImageLimits = DEFAULT_LIMITS) -> np.ndarray:
-  """Deterministic eval preprocessing of a (lazily opened) image -> (size, size, 3) uint8."""
-  w, h = img.size
-  (rw, rh), box = eval_geometry(w, h, size, mode)
-  rgb, factor = load_rgb(img, min(w / rw, h / rh), limits)
-  if box is not None:  # crop-before-resize: map the centre box back to decoded pixels
-    sx, sy = rgb.width / rw, rgb.height / rh
-    src = (box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy)
-    return np.asarray(rgb.resize((size, size), BICUBIC, box=src, reducing_gap=3.0))
-  out = np.zeros((size, size, 3), np.uint8)
-  out[:rh, :rw] = np.asarray(rgb.resize((rw, rh), BICUBIC, reducing_gap=3.0))
-  return out
+def _resize_array(arr: np.ndarray, size_hw: tuple[int, int], nearest: bool) -> np.ndarray:
+  """PIL resize of a uint8 (H,W) or (H,W,C) array to (h,w); bicubic (antialiased) or nearest."""
+  h, w = size_hw
+  if arr.shape[:2] == (h, w):
+    return arr
+  resample = Image.Resampling.NEAREST if nearest else BICUBIC
+  if arr.ndim == 3 and arr.shape[-1] not in (3, 4):
+    return np.stack([_resize_array(arr[..., c], size_hw, nearest) for c in range(arr.shape[-1])], -1)
+  return np.asarray(Image.fromarray(arr).resize((w, h), resample=resample))
 
 
-def eval_mask(mask: np.ndarray, size: int, mode: str = 'center_crop',
-              fill: int = 0) -> np.ndarray:
-  """Same geometry as `eval_image` for a per-pixel label map (nearest neighbour)."""
-  mask = np.asarray(mask)
-  if mask.ndim == 3:
-    mask = mask[..., 0]
-  h, w = mask.shape
-  (rw, rh), box = eval_geometry(w, h, size, mode)
-  pil = Image.fromarray(mask.astype(np.uint8)).resize((rw, rh), Image.Resampling.NEAREST)
-  arr = np.asarray(pil)
-  if box is not None:
-    return np.ascontiguousarray(arr[box[1]:box[3], box[0]:box[2]])
-  out = np.full((size, size), fill, np.uint8)
-  out[:rh, :rw] = arr
-  return out
+def fixed_resize(image: np.ndarray, mask: np.ndarray | None, size: int | Sequence[int],
+                 mode: str = 'center_crop') -> tuple[np.ndarray, np.ndarray | None]:
+  """Resizes a decoded uint8 image (and its label map, nearest neighbour) to a fixed (S, S).
+
+  The geometry comes from the image, so a label map stays aligned with it. The whole image is
+  resized before the centre crop (not crop-before-resize): evaluation numbers are defined by exactly
+  this resampling, so it must not change with speed tricks.
+  """
+  if isinstance(size, (int, np.integer)):
+    size = (int(size), int(size))
+  th, tw = int(size[0]), int(size[1])
+  if mode == 'resize':
+    out = _resize_array(image, (th, tw), nearest=False)
+    return out, None if mask is None else _resize_array(mask, (th, tw), nearest=True)
+  if mode != 'center_crop':
+    raise ValueError(f'unknown resize mode {mode!r}; valid: {list(FIXED_RESIZE_MODES)}')
+  h, w = image.shape[:2]
+  scale = max(th / h, tw / w)
+  nh, nw = max(th, int(round(h * scale))), max(tw, int(round(w * scale)))
+  top, left = (nh - th) // 2, (nw - tw) // 2
+  img = _resize_array(image, (nh, nw), nearest=False)[top:top + th, left:left + tw]
+  if mask is not None:
+    mask = _resize_array(mask, (nh, nw), nearest=True)[top:top + th, left:left + tw]
+  return img, mask
 
 
-class EvalResize(grain.MapTransform):
-  """grain op: element['image'] (lazy PIL or raw value) -> uint8 (size, size, 3); also resizes
-  element['segmentation'] identically when present."""
-
-  def __init__(self, size: int = 224, mode: str = 'center_crop',
-               limits: ImageLimits = DEFAULT_LIMITS):
-    self.size, self.mode, self.limits = size, mode, limits
-
-  def map(self, element):
-    """grain MapTransform entry point (see the class docstring)."""
-    out = dict(element)
-    img = out['image']
-    if not isinstance(img, Image.Image):
-      img = open_image(img, self.limits)
-    out['image'] = eval_image(img, self.size, self.mode, self.limits)
-    if out.get('segmentation') is not None:
-      seg = out['segmentation']
-      if not isinstance(seg, np.ndarray) or seg.dtype.kind in 'SVO':
-        seg = np.asarray(Image.open(io.BytesIO(seg if isinstance(seg, bytes) else seg.item())))
-      out['segmentation'] = eval_mask(seg, self.size, self.mode)
-    return out
+def fixed_size_image(img: Image.Image, size: int, mode: str = 'center_crop',
+                     limits: ImageLimits = DEFAULT_LIMITS) -> np.ndarray:
+  """A lazily opened image decoded at full resolution (no JPEG draft) and `fixed_resize`d."""
+  rgb, _ = load_rgb(img, 1.0, limits)
+  return np.ascontiguousarray(fixed_resize(np.asarray(rgb), None, size, mode)[0])
 
 
 # --------------------------------------------------------------------------------------------

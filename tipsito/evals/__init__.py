@@ -10,15 +10,17 @@ Public API:
   Evaluator.should_run(step, is_last=False)
   run_evaluators(evaluators, encoder, step=, writer=, picture_dir=, only_due=, is_last=)
   builtin_evals(dataset, ...) -> config.evals entries of a built-in dataset's standard suite
-Submodules: metrics, templates, pictures, zeroshot, retrieval, segmentation, knn, registry.
+Submodules: registry (config -> evaluator, built-in suites), evaluator (the base class), runner
+(summaries and pictures), zeroshot, retrieval, segmentation, knn (one protocol each), metrics,
+templates, pictures. Eval data come from `tipsito.data.eval_input`.
 """
 
+from tipsito.evals.evaluator import Evaluator
 from tipsito.evals.registry import EVALUATOR_TYPES
-from tipsito.evals.registry import Evaluator
 from tipsito.evals.registry import builtin_evals
 from tipsito.evals.registry import make_evaluator
 from tipsito.evals.registry import make_evaluators
-from tipsito.evals.registry import run_evaluators
+from tipsito.evals.runner import run_evaluators
 
 __all__ = ["EVALUATOR_TYPES", "Evaluator", "builtin_evals", "make_evaluator", "make_evaluators",
            "run_evaluators"]

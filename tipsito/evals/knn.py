@@ -5,7 +5,7 @@ The train split's L2-normalised CLS features (`cls_index`, backbone features: `p
 form the bank; each test feature votes with its k nearest bank entries weighted by exp(cos / T)
 (k=20, T=0.07 as in DINO).
 
-Config keys (besides registry.COMMON_DEFAULTS): `train_split` ('train'), `max_train_examples` (None),
+Config keys (besides evaluator.COMMON_DEFAULTS): `train_split` ('train'), `max_train_examples` (None),
 `k` (20), `temperature` (0.07), `topk` ((1, 5)), `num_classes` (None = len(class_names) or max label+1).
 Metrics: '<name>/top1', '<name>/top5' (percent), '<name>/num_examples', '<name>/num_train'.
 """
@@ -15,10 +15,10 @@ from __future__ import annotations
 import numpy as np
 
 from tipsito.evals import metrics as metrics_lib
-from tipsito.evals import registry
+from tipsito.evals import evaluator
 
 
-class KnnEvaluator(registry.Evaluator):
+class KnnEvaluator(evaluator.Evaluator):
   """Weighted kNN accuracy: train split as bank, eval split as queries."""
 
   TYPE = "knn"
@@ -53,7 +53,7 @@ class KnnEvaluator(registry.Evaluator):
     ks = tuple(int(k) for k in self.cfg["topk"])
     acc = metrics_lib.knn_accuracy(queries, query_labels, bank, bank_labels, int(num_classes),
                                    k=int(self.cfg["k"]), temperature=float(self.cfg["temperature"]), ks=ks)
-    res = {self.key(f"top{k}"): registry.pct(acc[k]) for k in ks}
+    res = {self.key(f"top{k}"): evaluator.pct(acc[k]) for k in ks}
     res[self.key("num_examples")] = float(len(queries))
     res[self.key("num_train")] = float(len(bank))
     return res

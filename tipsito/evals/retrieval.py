@@ -6,7 +6,7 @@ R@1). The gallery is the whole eval split: every image with *all* of its caption
 TFDS coco_captions). Image->text: an image is a hit at k if any of its captions is among its k most
 similar texts. Text->image: a caption is a hit if its own image is among its k most similar images.
 
-Config keys (besides registry.COMMON_DEFAULTS): `ks` ((1, 5, 10)), `caption_keys` (None = all),
+Config keys (besides evaluator.COMMON_DEFAULTS): `ks` ((1, 5, 10)), `caption_keys` (None = all),
 `max_captions_per_image` (None = all), `chunk_size` (1024 query rows per similarity block).
 Metrics: '<name>/i2t_r1', ..., '<name>/t2i_r10' (percent), '<name>/num_images', '<name>/num_texts'.
 """
@@ -16,10 +16,10 @@ from __future__ import annotations
 import numpy as np
 
 from tipsito.evals import metrics as metrics_lib
-from tipsito.evals import registry
+from tipsito.evals import evaluator
 
 
-class RetrievalEvaluator(registry.Evaluator):
+class RetrievalEvaluator(evaluator.Evaluator):
   """Bidirectional recall@k over the whole split (all captions of every image)."""
 
   TYPE = "retrieval"

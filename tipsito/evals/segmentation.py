@@ -23,7 +23,7 @@ alpha >= 128, labelled label+1 when `alpha_label='label'`, else 1). `reduce_zero
 v -> v-1 (ADE20K convention). GT is resized with nearest neighbour together with the image, and metrics
 are computed at the eval resolution.
 
-Config keys (besides registry.COMMON_DEFAULTS): protocol ('whole'), crop_size (None), stride (None =
+Config keys (besides evaluator.COMMON_DEFAULTS): protocol ('whole'), crop_size (None), stride (None =
 crop_size * 2 // 3), background_index (0), background_name ('background'), bg_threshold (None),
 ignore_index (255), reduce_zero_label (False), mask_source ('auto'), alpha_label ('label'),
 templates (None = 'tcl'), resize ('resize').
@@ -34,15 +34,14 @@ Metrics: '<name>/miou', '<name>/pixel_acc', '<name>/mean_acc' (percent), '<name>
 from __future__ import annotations
 
 import functools
-from typing import Mapping
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tipsito.data import eval_input
 from tipsito.evals import metrics as metrics_lib
 from tipsito.evals import pictures as pictures_lib
-from tipsito.evals import registry
+from tipsito.evals import evaluator
 
 
 @functools.partial(jax.jit, static_argnames=("out_hw",))
@@ -82,7 +81,7 @@ def window_positions(size: int, crop: int, stride: int) -> list[int]:
   return sorted({min(i * stride, size - crop) for i in range(n)})
 
 
-class SegmentationEvaluator(registry.Evaluator):
+class SegmentationEvaluator(evaluator.Evaluator):
   """mIoU of zero-shot segmentation by value-embedding / text cosine."""
 
   TYPE = "segmentation"
@@ -116,34 +115,13 @@ class SegmentationEvaluator(registry.Evaluator):
     return emb, prompted
 
   # ------------------------------------------------------------------ GT masks
-  def make_mask(self, record: Mapping, image: np.ndarray) -> np.ndarray:
-    """GT label map from the segmentation field or from alpha; applies reduce_zero_label."""
-    src = self.cfg["mask_source"]
-    raw = registry.get_field(record, self.cfg["segmentation_key"])
-    if src == "segmentation" or (src == "auto" and raw is not None):
-      if raw is None:
-        raise KeyError(f"record has no segmentation field {self.cfg['segmentation_key']!r}")
-      mask = registry.decode_mask(raw)
-    elif src in ("alpha", "auto"):
-      mask = self._mask_from_alpha(record, image)
-    else:
-      raise ValueError(f"unknown mask_source {src!r}")
-    if self.cfg["reduce_zero_label"]:
-      ign = int(self.cfg["ignore_index"])
-      m = mask.astype(np.int32)
-      mask = np.where(m == 0, ign, np.where(m == ign, ign, m - 1)).astype(np.uint8)
-    return mask
-
-  def _mask_from_alpha(self, record: Mapping, image: np.ndarray) -> np.ndarray:
-    """Foreground = alpha >= 128, labelled label+1 (or 1); images without alpha are all ignore."""
-    ign = int(self.cfg["ignore_index"])
-    if image.shape[-1] != 4:
-      return np.full(image.shape[:2], ign, np.uint8)  # no alpha: nothing to score
-    fg = image[..., 3] >= 128
-    value = 1
-    if self.cfg["alpha_label"] == "label":
-      value = int(np.asarray(registry.get_field(record, self.cfg["label_key"])).reshape(-1)[0]) + 1
-    return (fg * value).astype(np.uint8)
+  def mask_spec(self) -> eval_input.MaskSpec:
+    """GT label maps from the segmentation field or from alpha (see the module docstring)."""
+    cfg = self.cfg
+    return eval_input.MaskSpec(
+        source=cfg["mask_source"], key=cfg["segmentation_key"],
+        alpha_label_key=cfg["label_key"] if cfg["alpha_label"] == "label" else None,
+        reduce_zero_label=bool(cfg["reduce_zero_label"]), ignore_index=int(cfg["ignore_index"]))
 
   # ------------------------------------------------------------------ dense cosines
   def _values(self, encoder, images: np.ndarray):
@@ -229,9 +207,9 @@ class SegmentationEvaluator(registry.Evaluator):
     self.last_iou = dict(zip(names, (float(x) for x in r["iou"])))
     self.last_confusion = cm.matrix
     return {
-        self.key("miou"): registry.pct(r["miou"]),
-        self.key("pixel_acc"): registry.pct(r["pixel_acc"]),
-        self.key("mean_acc"): registry.pct(r["mean_acc"]),
+        self.key("miou"): evaluator.pct(r["miou"]),
+        self.key("pixel_acc"): evaluator.pct(r["pixel_acc"]),
+        self.key("mean_acc"): evaluator.pct(r["mean_acc"]),
         self.key("num_examples"): float(n),
         self.key("num_classes"): float(num_classes),
     }

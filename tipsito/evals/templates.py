@@ -152,7 +152,7 @@ TEMPLATE_SETS: dict[str, tuple[str, ...]] = {
 }
 
 # Class names for datasets whose builders store only integer labels; builders that carry ClassLabel names
-# win over these (see registry.class_names_for).
+# win over these (see `class_names_for`).
 FASHION_MNIST_CLASSES = (
     "t-shirt", "trouser", "pullover", "dress", "coat", "sandal", "shirt", "sneaker", "bag", "ankle boot",
 )

@@ -5,7 +5,7 @@ represented by its name inserted into prompt templates; the prompts are embedded
 averaged over templates and renormalised (CLIP's prompt ensembling). An image is classified by the cosine
 between its L2-normalised CLS embedding (`cls_index`) and the class embeddings.
 
-Config keys (besides registry.COMMON_DEFAULTS): `topk` ((1, 5)); `templates` defaults to the dataset's
+Config keys (besides evaluator.COMMON_DEFAULTS): `topk` ((1, 5)); `templates` defaults to the dataset's
 list (templates.DEFAULT_TEMPLATES) or CLIP's 80 ImageNet templates.
 Metrics: '<name>/top1', '<name>/top5' (percent), '<name>/num_examples'.
 """
@@ -15,10 +15,10 @@ from __future__ import annotations
 import numpy as np
 
 from tipsito.evals import metrics as metrics_lib
-from tipsito.evals import registry
+from tipsito.evals import evaluator
 
 
-class ZeroShotEvaluator(registry.Evaluator):
+class ZeroShotEvaluator(evaluator.Evaluator):
   """Top-k zero-shot accuracy from class-name prompts."""
 
   TYPE = "zeroshot"

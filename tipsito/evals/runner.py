@@ -1,0 +1,50 @@
+"""Running evaluators: merged metrics, scalar summaries and pictures (the training-loop hook).
+
+Why separate from the evaluators: this is the only eval code that writes (TensorBoard scalars and
+images through a clu metric writer, PNG files); the evaluators only compute.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from tipsito.evals.evaluator import Evaluator
+
+
+def run_evaluators(evaluators: Mapping[str, Evaluator] | Sequence[Evaluator], encoder, *, step: int = 0,
+                   writer=None, picture_dir: str | None = None, only_due: bool = False,
+                   is_last: bool = False, log: Callable[[str], None] | None = None) -> dict[str, float]:
+  """Runs evaluators, merges their metrics, and writes scalars/pictures (the training-loop hook).
+
+  writer: a clu metric writer (write_scalars / write_images), optional.
+  picture_dir: PNG output folder for pictures, optional.
+  only_due: run only evaluators whose `should_run(step, is_last=is_last)` is True.
+  """
+  evs = list(evaluators.values()) if isinstance(evaluators, Mapping) else list(evaluators)
+  results: dict[str, float] = {}
+  pics: dict[str, np.ndarray] = {}
+  for ev in evs:
+    if only_due and not ev.should_run(step, is_last=is_last):
+      continue
+    res = ev.run(encoder)
+    results.update(res)
+    pics.update(ev.pictures)
+    if log is not None:
+      log(f"eval {ev.name} @ step {step}: " + ", ".join(f"{k.split('/', 1)[-1]}={v:.2f}"
+                                                       for k, v in res.items()))
+  if writer is not None and results:
+    writer.write_scalars(step, {k: v for k, v in results.items() if np.isfinite(v)})
+  if pics:
+    from tipsito.evals import pictures as pictures_lib  # pylint: disable=g-import-not-at-top
+    import jax  # pylint: disable=g-import-not-at-top
+    # Every process computes the same pictures; only process 0 writes PNGs (shared file systems).
+    pictures_lib.write_pictures(pics, step=step, writer=writer,
+                                directory=picture_dir if jax.process_index() == 0 else None)
+  if writer is not None:
+    try:
+      writer.flush()
+    except Exception:  # pylint: disable=broad-except
+      pass
+  return results
