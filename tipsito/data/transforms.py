@@ -540,7 +540,7 @@ def sample_ito_view(rng: np.random.Generator, height: int, width: int, *,
                     scale=(0.5, 1.0), ratio=(3 / 4, 4 / 3), photometric: bool = True,
                     jitter=(0.4, 0.4, 0.4, 0.1), jitter_p=0.8, gray_p=0.2, blur_p=0.5,
                     sigma=(0.1, 2.0), flip_p=0.5) -> ITOViewParams:
-  """Draws one view of METHOD §4: RandomResizedCrop, then (ITO only) ColorJitter p=0.8,
+  """Draws one ITO view: RandomResizedCrop, then (ITO only) ColorJitter p=0.8,
   grayscale p=0.2, Gaussian blur sigma~U(0.1,2) p=0.5, and horizontal flip p=0.5."""
   crop = sample_resized_crop(rng, height, width, scale, ratio)
   if photometric:
@@ -623,7 +623,7 @@ def _max_reduce(views: Sequence[tuple[ITOViewParams, int]]) -> float:
 
 
 class ITOTwoViews(grain.RandomMapTransform):
-  """ITO two views (METHOD §4): element['image'] (PIL) -> 'image', 'image2' (S, S, 3) uint8."""
+  """ITO two views: element['image'] (PIL) -> 'image', 'image2' (S, S, 3) uint8."""
 
   def __init__(self, size: int = 224, scale=(0.5, 1.0), ratio=(3 / 4, 4 / 3),
                limits: ImageLimits = DEFAULT_LIMITS, photometric: bool = True,

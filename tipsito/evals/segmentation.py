@@ -1,4 +1,4 @@
-"""Zero-shot semantic segmentation from value embeddings (TIPS / TIPSv2 protocol, METHOD §1 and §6).
+"""Zero-shot semantic segmentation from value embeddings (the TIPS / TIPSv2 protocol).
 
 Why this protocol: it measures dense patch-text alignment, the property TIPSv2's iBOT++ targets. Patch
 features are the *value embeddings* of the last block (MaskCLIP trick, `embed_images(...)['values']`,
