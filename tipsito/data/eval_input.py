@@ -45,11 +45,6 @@ MASK_SOURCES = ('auto', 'segmentation', 'alpha')
 # --------------------------------------------------------------------------------------------
 
 
-def base_name(dataset: str | None) -> str:
-  """'shapes/tiny:1.0.0' -> 'shapes' (built-in converters and dataset defaults use the builder name)."""
-  return str(dataset or '').split(':')[0].split('/')[0]
-
-
 def open_records(dataset: str, split: str, data_dir: str | None = None, prepare: bool = True, *,
                  image_key: str = 'image', label_key: str | None = 'label',
                  segmentation_key: str | None = 'segmentation'):
@@ -63,7 +58,7 @@ def open_records(dataset: str, split: str, data_dir: str | None = None, prepare:
   data_cfg = dict(name=dataset, split=split, data_dir=data_dir, image_key=image_key,
                   alt_text_key='alt_text', caption_keys=None, label_key=label_key,
                   segmentation_key=segmentation_key)
-  builtin = base_name(dataset) in sources.BUILT_IN_CONVERTERS
+  builtin = sources.base_name(dataset) in sources.BUILT_IN_CONVERTERS
   for attempt in range(2):
     try:
       src, info = _open_tipsito_source(data_cfg, split)
@@ -72,7 +67,7 @@ def open_records(dataset: str, split: str, data_dir: str | None = None, prepare:
       named_config = '/' in dataset.split(':')[0]  # e.g. 'shapes/tiny': built by the user, not here
       if attempt == 0 and prepare and builtin and not named_config:
         from tipsito.data import convert  # pylint: disable=g-import-not-at-top
-        convert.convert(base_name(dataset), data_dir, verbose=True)  # no downloads (see convert)
+        convert.convert(sources.base_name(dataset), data_dir, verbose=True)  # no downloads (see convert)
         continue
       if builtin:
         raise

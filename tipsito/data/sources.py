@@ -71,6 +71,11 @@ def _version_key(name: str):
 
 
 BUILT_IN_CONVERTERS = ("shapes", "tuxpaint", "fashion_mnist")
+
+
+def base_name(name: str | None) -> str:
+  """'shapes/tiny:1.0.0' -> 'shapes': the builder name, which converters and dataset defaults use."""
+  return str(name or "").split(":")[0].split("/")[0]
 FILE_CONVERTERS = ("table", "webdataset")
 
 

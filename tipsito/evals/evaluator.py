@@ -35,6 +35,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import numpy as np
 
 from tipsito.data import eval_input
+from tipsito.data import sources
 from tipsito.evals import metrics as metrics_lib
 from tipsito.evals import templates as templates_lib
 
@@ -193,7 +194,7 @@ class Evaluator:
     """Prompt templates from the config (or the dataset / evaluator default)."""
     spec = self.cfg.get("templates")
     if (spec is None and default is not None
-        and templates_lib.base_name(self.cfg.get("dataset")) not in templates_lib.DEFAULT_TEMPLATES):
+        and sources.base_name(self.cfg.get("dataset")) not in templates_lib.DEFAULT_TEMPLATES):
       spec = default
     return templates_lib.get_templates(spec, self.cfg.get("dataset"))
 

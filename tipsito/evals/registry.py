@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
+from tipsito.data import sources
 from tipsito.evals import knn
 from tipsito.evals import retrieval
 from tipsito.evals import segmentation
-from tipsito.evals import templates as templates_lib
 from tipsito.evals import zeroshot
 from tipsito.evals.evaluator import Evaluator
 from tipsito.evals.evaluator import as_dict
@@ -65,7 +65,7 @@ def builtin_evals(dataset: str = "shapes", *, types: Sequence[str] | None = None
   the same name means the same protocol everywhere. `dataset` may name a config ('shapes/tiny');
   `overrides` apply to every entry (e.g. tokenizer=...).
   """
-  base = templates_lib.base_name(dataset)
+  base = sources.base_name(dataset)
   if base not in BUILTIN_SUITES:
     raise KeyError(f"no built-in eval suite for {dataset!r}; known: {sorted(BUILTIN_SUITES)}")
   suite = BUILTIN_SUITES[base]

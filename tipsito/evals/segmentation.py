@@ -21,7 +21,7 @@ inserted at `background_index` (tipsito builders: mask value = class + 1, 0 = ba
 GT masks: the record's segmentation field, or the alpha channel (`mask_source='alpha'`: foreground =
 alpha >= 128, labelled label+1 when `alpha_label='label'`, else 1). `reduce_zero_label` maps 0 -> 255 and
 v -> v-1 (ADE20K convention). GT is resized with nearest neighbour together with the image, and metrics
-are computed at the eval resolution.
+are computed at the eval resolution. The GT maps are read by `tipsito.data.eval_input` (`MaskSpec`).
 
 Config keys (besides evaluator.COMMON_DEFAULTS): protocol ('whole'), crop_size (None), stride (None =
 crop_size * 2 // 3), background_index (0), background_name ('background'), bg_threshold (None),
@@ -34,14 +34,15 @@ Metrics: '<name>/miou', '<name>/pixel_acc', '<name>/mean_acc' (percent), '<name>
 from __future__ import annotations
 
 import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from tipsito.data import eval_input
+from tipsito.evals import evaluator
 from tipsito.evals import metrics as metrics_lib
 from tipsito.evals import pictures as pictures_lib
-from tipsito.evals import evaluator
 
 
 @functools.partial(jax.jit, static_argnames=("out_hw",))

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from tipsito.data import sources
+
 IMAGENET80 = (
     "a bad photo of a {}.",
     "a photo of many {}.",
@@ -168,7 +170,7 @@ def class_names_for(dataset: str | None) -> tuple[str, ...] | None:
   tuxpaint's ClassLabel names are folder names ('naturalforces'); its builder also defines the words
   its captions use ('force of nature'), which are what a prompt should say.
   """
-  base = base_name(dataset)
+  base = sources.base_name(dataset)
   if base == "tuxpaint":
     try:
       from tipsito.data.builders import tuxpaint  # pylint: disable=g-import-not-at-top
@@ -186,11 +188,6 @@ DEFAULT_TEMPLATES: dict[str, str] = {
 }
 
 
-def base_name(dataset: str | None) -> str:
-  """'shapes/tiny:1.0.0' -> 'shapes' (dataset defaults are keyed by the builder name)."""
-  return str(dataset or "").split(":")[0].split("/")[0]
-
-
 def get_templates(spec: str | Sequence[str] | None, dataset: str | None = None) -> tuple[str, ...]:
   """Resolves a template spec (set name, explicit list, or None = dataset default) to format strings.
 
@@ -198,7 +195,7 @@ def get_templates(spec: str | Sequence[str] | None, dataset: str | None = None) 
   each template must contain exactly one `{}` so that a class name can be substituted.
   """
   if spec is None:
-    spec = DEFAULT_TEMPLATES.get(base_name(dataset), "imagenet80")
+    spec = DEFAULT_TEMPLATES.get(sources.base_name(dataset), "imagenet80")
   if isinstance(spec, str):
     if spec in TEMPLATE_SETS:
       templates = TEMPLATE_SETS[spec]

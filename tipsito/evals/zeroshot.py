@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tipsito.evals import metrics as metrics_lib
 from tipsito.evals import evaluator
+from tipsito.evals import metrics as metrics_lib
 
 
 class ZeroShotEvaluator(evaluator.Evaluator):
