@@ -617,6 +617,24 @@ def _max_reduce(views: Sequence[tuple[ITOViewParams, int]]) -> float:
   return min(min(v.crop.width, v.crop.height) / size for v, size in views)
 
 
+def _decode_for(img: Image.Image, plan: Sequence[tuple[ITOViewParams, int]], limits: ImageLimits,
+                timings: dict | None) -> tuple[Image.Image, tuple[float, float]]:
+  """Decodes `img` once, as small as every planned (view, output size) allows; returns the RGB image
+  and the (x, y) factor from source to decoded pixels."""
+  w, h = img.size  # before decoding: JPEG draft mode changes img.size
+  t0 = time.process_time() if timings is not None else 0.0
+  rgb, _ = load_rgb(img, _max_reduce(plan), limits)
+  _tick(timings, 'decode', t0)
+  return rgb, (w / rgb.width, h / rgb.height)
+
+
+def _put_global_views(out: dict, rgb: Image.Image, views: Sequence[ITOViewParams], factor,
+                      size: int, timings: dict | None) -> None:
+  """Renders the global views into out['image'], out['image2'], ..."""
+  for i, v in enumerate(views):
+    out['image' if i == 0 else f'image{i + 1}'] = apply_view(rgb, v, factor, size, timings)
+
+
 # --------------------------------------------------------------------------------------------
 # grain transforms
 # --------------------------------------------------------------------------------------------
@@ -638,14 +656,9 @@ class ITOTwoViews(grain.RandomMapTransform):
     w, h = img.size
     views = [sample_ito_view(rng, h, w, scale=self.scale, ratio=self.ratio,
                              photometric=self.photometric) for _ in range(self.num_views)]
-    t0 = time.process_time() if timings is not None else 0.0
-    rgb, _ = load_rgb(img, _max_reduce([(v, self.size) for v in views]), self.limits)
-    _tick(timings, 'decode', t0)
-    factor = (w / rgb.width, h / rgb.height)
+    rgb, factor = _decode_for(img, [(v, self.size) for v in views], self.limits, timings)
     out = dict(element)
-    for i, v in enumerate(views):
-      out['image' if i == 0 else f'image{i + 1}'] = apply_view(rgb, v, factor, self.size,
-                                                               timings)
+    _put_global_views(out, rgb, views, factor, self.size, timings)
     if trace is not None:
       trace.extend(views)
     return out
@@ -681,14 +694,9 @@ class MultiCrop(grain.RandomMapTransform):
     loc = [sample_ito_view(rng, h, w, scale=self.local_scale, ratio=self.ratio,
                            photometric=self.photometric) for _ in range(self.num_local)]
     plan = [(v, self.global_size) for v in glob] + [(v, self.local_size) for v in loc]
-    t0 = time.process_time() if timings is not None else 0.0
-    rgb, _ = load_rgb(img, _max_reduce(plan), self.limits)
-    _tick(timings, 'decode', t0)
-    factor = (w / rgb.width, h / rgb.height)
+    rgb, factor = _decode_for(img, plan, self.limits, timings)
     out = dict(element)
-    for i, v in enumerate(glob):
-      out['image' if i == 0 else f'image{i + 1}'] = apply_view(rgb, v, factor, self.global_size,
-                                                               timings)
+    _put_global_views(out, rgb, glob, factor, self.global_size, timings)
     if self.num_local:
       crops = np.empty((self.num_local, self.local_size, self.local_size, 3), np.uint8)
       for i, v in enumerate(loc):
