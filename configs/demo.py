@@ -40,24 +40,19 @@ probe of the same tiny towers on two-colour data, 800 steps; zero-shot shape acc
         tipsv2, big_vision Adafactor, paper settings, TIPS pixels    18.5% / 26.5% / 9.5%
   * global crops keep >= 70% of the image so the single object stays in view.
 """
-import importlib.util
-import os
-
-_spec = importlib.util.spec_from_file_location("tipsito_configs_common",
-                                               os.path.join(os.path.dirname(__file__), "common.py"))
-common = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(common)
-presets = common.presets
+from tipsito.config import args
+from tipsito.config import defaults
+from tipsito.models import presets
 
 
 def get_config(arg=None):
   """Demo config; see the module docstring for args."""
-  a = common.parse_arg(arg, steps=800, batch=32, size=64, recipe="tipsito", evals=True, optim="adamw",
+  a = args.parse_arg(arg, steps=800, batch=32, size=64, recipe="tipsito", evals=True, optim="adamw",
                        pixels="clip")
-  common.check_choice("recipe", a.recipe, ("clip", "siglip", "ito", "tips", "tipsv2", "tipsito"))
-  common.check_choice("optim", a.optim, ("adamw", "adafactor"))
-  common.check_choice("pixels", a.pixels, ("clip", "tips"))
-  c = common.base_config(a.recipe, "tiny/16", total_steps=a.steps, batch_size=a.batch)
+  args.check_choice("recipe", a.recipe, ("clip", "siglip", "ito", "tips", "tipsv2", "tipsito"))
+  args.check_choice("optim", a.optim, ("adamw", "adafactor"))
+  args.check_choice("pixels", a.pixels, ("clip", "tips"))
+  c = defaults.base_config(a.recipe, "tiny/16", total_steps=a.steps, batch_size=a.batch)
   c.tokenizer = None  # the shipped demo SentencePiece model
   c.max_len = 32
   c.model.text.update(dict(vocab_size=None, max_len=32))  # vocab from the tokenizer
@@ -86,7 +81,7 @@ def get_config(arg=None):
                         weight_decay=1e-4, clip_norm=1.0, momentum=0.9, momentum_dtype="float32",
                         decay_rate=0.8, beta2_cap=0.999, min_dim_size_to_factor=32, eps=1e-30))
   c.ema.momentum = 0.99  # few steps: a faster teacher
-  c.data = common.data_config("shapes", build_if_missing=True, caption_keys=("caption_detailed",),
+  c.data = defaults.data_config("shapes", build_if_missing=True, caption_keys=("caption_detailed",),
                               label_key="label")
   # 10k distinct training images: with 2k the tower memorises them (a supervised shape probe over 1200
   # steps reached 69% train and 19% test accuracy); building 10k takes ~10 s.

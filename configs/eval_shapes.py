@@ -10,15 +10,10 @@ default), image_size (224), batch_size (32), max_examples (0 = all), num_picture
 tokenizer ('' = shipped demo model).
   python -m tipsito.evaluate --config configs/eval_shapes.py:image_size=56,max_examples=64 --checkpoint D
 """
-import importlib.util
-import os
-
 import ml_collections as mlc
 
-_spec = importlib.util.spec_from_file_location("tipsito_configs_common",
-                                               os.path.join(os.path.dirname(__file__), "common.py"))
-common = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(common)
+from tipsito.config import args
+from tipsito.config import defaults
 
 _DEFAULTS = dict(datasets="shapes", data_dir="", image_size=224, batch_size=32, max_examples=0,
                  num_pictures=4, cls_index=0, tokenizer="")
@@ -28,7 +23,7 @@ def get_config(arg=None):
   """Eval-only config (see module docstring)."""
   from tipsito.evals import registry  # pylint: disable=g-import-not-at-top
 
-  a = common.parse_arg(arg, **_DEFAULTS)
+  a = args.parse_arg(arg, **_DEFAULTS)
   c = mlc.ConfigDict()
   evals = {}
   for ds in a["datasets"].split("+"):
@@ -38,4 +33,4 @@ def get_config(arg=None):
         cls_index=a["cls_index"]))
   c.evals = mlc.ConfigDict(evals)
   c.tokenizer = a["tokenizer"] or None
-  return common.typed_optionals(c)
+  return defaults.typed_optionals(c)

@@ -3,22 +3,17 @@ contrasted with the alt-text and the fusion NT-Xent loss (lambda 2).
 
 Args: data (webli | cc12m | ...), steps, batch.
 """
-import importlib.util
-import os
-
-_spec = importlib.util.spec_from_file_location("tipsito_configs_common",
-                                               os.path.join(os.path.dirname(__file__), "common.py"))
-common = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(common)
+from tipsito.config import args
+from tipsito.config import defaults
 
 
 def get_config(arg=None):
   """tipsito B/16."""
-  a = common.parse_arg(arg, data="webli", steps=90000, batch=4096)
-  c = common.base_config("tipsito", "B/16", total_steps=a.steps, batch_size=a.batch)
+  a = args.parse_arg(arg, data="webli", steps=90000, batch=4096)
+  c = defaults.base_config("tipsito", "B/16", total_steps=a.steps, batch_size=a.batch)
   c.model.image.update(dict(dtype="bfloat16", remat=True))
   c.model.text.update(dict(dtype="bfloat16"))
-  c.data = common.data_config(a.data)
+  c.data = defaults.data_config(a.data)
   c.input.update(dict(views="multicrop_two_views", num_local=6, mask_ratio=0.75, augment="tips",
                       num_workers=32))
   c.optim.update(dict(lr=1e-3, warmup_steps=10000, momentum_dtype="bfloat16"))

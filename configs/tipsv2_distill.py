@@ -10,25 +10,11 @@ paper. Stage 2 at 448 px: `tipsv2_distill_hires.py`. Set --config.tokenizer to t
 
 Args: student (B | L | So400m), teacher (workdir or export dir), steps, batch.
 """
-import importlib.util
-import os
-
-_spec = importlib.util.spec_from_file_location("tipsito_configs_common",
-                                               os.path.join(os.path.dirname(__file__), "common.py"))
-common = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(common)
+from tipsito.config import args
+from tipsito.config import paper
 
 
 def get_config(arg=None):
   """Distillation config; `student=B` -> B/14 student."""
-  a = common.parse_arg(arg, student="B", teacher="", steps=90000, batch=8192)
-  common.check_choice("student", a.student, ("B", "L", "So400m"))
-  c = common.base_config("distill", f"{a.student}/14", total_steps=a.steps, batch_size=a.batch)
-  c.model.image.update(dict(dtype="bfloat16", remat=True))
-  c.model.text.update(dict(dtype="bfloat16", remat=True))
-  c.distill.teacher = a.teacher or "PATH/TO/tipsv2_g14_export"
-  c.data = common.data_config("webli", caption_keys=("caption_paligemma", "caption_gemini"))
-  c.input.update(dict(mask_ratio=0.0, num_local=6, num_workers=32))
-  c.optim.update(dict(lr=1e-3, warmup_steps=10000, momentum_dtype="bfloat16"))
-  c.mesh.update(dict(data=1, fsdp=-1, model=1))
-  return c
+  a = args.parse_arg(arg, student="B", teacher="", steps=90000, batch=8192)
+  return paper.tipsv2_distill(a.student, teacher=a.teacher, total_steps=a.steps, batch_size=a.batch)

@@ -8,8 +8,8 @@ import pathlib
 
 import pytest
 
-from tipsito import config_validation
-from tipsito.config_validation import ConfigError
+from tipsito.config import validation as config_validation
+from tipsito.config.validation import ConfigError
 
 CONFIGS = pathlib.Path(__file__).resolve().parent.parent / "configs"
 PAPER = {

@@ -9,11 +9,10 @@ import io
 import numpy as np
 from PIL import Image
 
-from tipsito import config_validation
+from tipsito.config import defaults
 from tipsito.data import pipeline
 from tipsito.data import transforms as T
 
-common = config_validation.load_common()
 
 
 def _jpeg(seed=0):
@@ -24,7 +23,7 @@ def _jpeg(seed=0):
 
 
 def test_tipsito_view2_is_ito_augmented_view1_is_not():
-  c = common.tiny_config("tipsito")
+  c = defaults.tiny_config("tipsito")
   assert c.input.augment == "tips" and c.input.augment_view2 == "ito"
   tr = pipeline.ExampleSpec.from_config(c).view_transform()
   assert isinstance(tr, T.MultiCrop) and tr.num_global == 2
@@ -44,12 +43,12 @@ def test_tipsito_view2_is_ito_augmented_view1_is_not():
 
 def test_other_recipes_keep_their_augmentation():
   for recipe, photometric in (("tipsv2", False), ("ito", True)):
-    c = common.tiny_config(recipe)
+    c = defaults.tiny_config(recipe)
     assert c.input.augment_view2 is None
     tr = pipeline.ExampleSpec.from_config(c).view_transform()
     if isinstance(tr, T.MultiCrop):
       assert tr.photometric == tr.view2_photometric == photometric
-  c = common.tiny_config("tipsito")
+  c = defaults.tiny_config("tipsito")
   c.input.augment_view2 = None  # same as view 1
   tr = pipeline.ExampleSpec.from_config(c).view_transform()
   assert not tr.photometric and not tr.view2_photometric

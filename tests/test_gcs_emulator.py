@@ -82,7 +82,7 @@ SCRIPT = textwrap.dedent("""\
     logging.getLogger("gcsfs").setLevel(logging.ERROR)
 
     import tipsito
-    from tipsito import config_validation
+    from tipsito.config import defaults
     from tipsito.data import convert, sources, tokenizer as tok_lib
     from tipsito.train import checkpointing, loop, resume_guard, step as step_lib
 
@@ -106,15 +106,13 @@ SCRIPT = textwrap.dedent("""\
         dst.write_bytes(open(src, "rb").read())
     (epath.Path(G) / "sp.model").write_bytes(open(tok_lib.DEFAULT_TOKENIZER, "rb").read())
 
-    common = config_validation.load_common()
-
     def cfg(export_dir, batch=8):
-      c = common.tiny_config("clip", batch_size=batch, total_steps=4)
+      c = defaults.tiny_config("clip", batch_size=batch, total_steps=4)
       c.tokenizer = f"{G}/sp.model"
       c.max_len = 16
       c.model.text.update(dict(vocab_size=None, max_len=16, depth=1))
       c.model.image.update(dict(depth=1, posemb_grid=4))
-      c.data = common.data_config("shapes", data_dir=data, caption_keys=("caption_detailed",))
+      c.data = defaults.data_config("shapes", data_dir=data, caption_keys=("caption_detailed",))
       c.ckpt.update(dict(every_steps=1, keep=3, async_save=True))
       c.export.dir = export_dir
       return c
@@ -158,7 +156,7 @@ SCRIPT = textwrap.dedent("""\
     out["init_from"] = all(np.array_equal(np.asarray(x), np.asarray(y))
                            for x, y in zip(leaves_w, jax.tree.leaves(state.params["image"])))
 
-    tcfg = common.tiny_config("distill", batch_size=8)                     # distillation teacher on gs://
+    tcfg = defaults.tiny_config("distill", batch_size=8)                     # distillation teacher on gs://
     tcfg.distill.teacher = f"{G}/export"
     teacher = step_lib.load_teacher(tcfg)
     out["teacher"] = all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tipsito import config_validation
+from tipsito.config import validation as config_validation
 from tipsito.models import TextEncoder, VisionTransformer, layer_stack, text_config, vit_config
 
 KEY = jax.random.PRNGKey(0)
@@ -125,8 +125,8 @@ def test_scanned_training_model_exports_per_layer(tmp_path):
   model's), loads into the plain inference encoder and gives the training model's outputs."""
   from tipsito import inference
   from tipsito.train import loop, step as step_lib
-  common = config_validation.load_common()
-  c = common.tiny_config("clip", image_size=32)
+  from tipsito.config import defaults
+  c = defaults.tiny_config("clip", image_size=32)
   for tower in ("image", "text"):
     c.model[tower].update(dict(scan=True, remat=True, remat_policy="dots_saveable"))
   config_validation.validate(c)
@@ -154,8 +154,8 @@ def test_scanned_training_model_exports_per_layer(tmp_path):
 def test_remat_policy_is_validated():
   with pytest.raises(ValueError, match="dots_saveable"):
     VisionTransformer(**vit_config("tiny/16", remat=True, remat_policy="dots")).init(KEY, _images(1, 16, 16))
-  common = config_validation.load_common()
-  c = common.tiny_config("clip")
+  from tipsito.config import defaults
+  c = defaults.tiny_config("clip")
   c.model.image.remat_policy = "dots"
   with pytest.raises(config_validation.ConfigError, match="model.image.remat_policy"):
     config_validation.validate(c)

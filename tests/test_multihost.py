@@ -49,17 +49,16 @@ WORKER = textwrap.dedent(r'''
   absl_logging.set_verbosity("info")
   absl_logging.set_stderrthreshold("info")
   jax.config.update("jax_default_matmul_precision", "highest")
-  from tipsito import config_validation
+  from tipsito.config import defaults
   from tipsito.data import pipeline
   from tipsito.train import checkpointing, loop
-  common = config_validation.load_common()
 
-  c = common.tiny_config(args["recipe"], batch_size=8, total_steps=args["total"])
+  c = defaults.tiny_config(args["recipe"], batch_size=8, total_steps=args["total"])
   c.tokenizer = None
   c.max_len = 16
   c.model.text.update(dict(vocab_size=None, max_len=16, depth=1))
   c.model.image.update(dict(depth=1, posemb_grid=4))
-  c.data = common.data_config("shapes", data_dir=args["data_dir"], caption_keys=("caption_detailed",))
+  c.data = defaults.data_config("shapes", data_dir=args["data_dir"], caption_keys=("caption_detailed",))
   c.ckpt.update(dict(every_steps=args["ckpt_every"], keep=5, async_save=True))
   c.sharding.min_size = 1  # shard every divisible leaf: the export and evals must gather real shards
   c.log_every_steps = 1

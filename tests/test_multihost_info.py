@@ -7,14 +7,13 @@ import jax
 import numpy as np
 import pytest
 
-from tipsito import config_validation
+from tipsito.config import defaults
 from tipsito import info
 
-common = config_validation.load_common()
 
 
 def _config():
-  c = common.tiny_config("tipsito", batch_size=8)
+  c = defaults.tiny_config("tipsito", batch_size=8)
   c.sharding.min_size = 1
   return c
 

@@ -8,14 +8,16 @@ import jax
 import numpy as np
 import pytest
 
-from tipsito import config_validation, plan
+from tipsito import plan
+from tipsito.config import defaults
+from tipsito.config import validation as config_validation
 
 needs_libtpu = pytest.mark.skipif(not plan.libtpu_available(),
                                   reason="libtpu not installed (pip install -e '.[tpu-plan]')")
 
 
 def _tiny():
-  c = config_validation.load_common().tiny_config("clip", batch_size=8)
+  c = defaults.tiny_config("clip", batch_size=8)
   c.sharding.min_size = 256  # shard (almost) every matrix of the tiny towers over the 4 chips
   return c
 

@@ -3,7 +3,7 @@
 Why: a command that fails in flag parsing (e.g. `--config.data.data_dir=/x` on a key whose default is
 None) is the first thing a new user runs into. Nothing trains here: each CLI's own flag definitions parse
 each command line (one subprocess per absl tool, since absl flags are process-global), `tipsito.train`
-commands are also validated with `tipsito.config_validation`, and the launch scripts run with fake
+commands are also validated with `tipsito.config.validation`, and the launch scripts run with fake
 `gcloud` / `python` executables that record the command they would run on the pod.
 """
 from __future__ import annotations
@@ -148,7 +148,7 @@ _WORKER = textwrap.dedent("""\
       try:
         FLAGS(sys.argv)
         if tool == "train":
-          from tipsito import config_validation
+          from tipsito.config import validation as config_validation
           # Files the commands name (tokenizer, data) are placeholders here; that a paper config refuses a
           # tokenizer of the wrong size is tests/test_configs.py's job.
           config_validation.validate(FLAGS.config, check_tokenizer=False)
@@ -231,8 +231,7 @@ def test_every_readme_and_launch_command_parses(tmp_path, monkeypatch):
 def test_every_none_default_is_overridable():
   """Each key whose value is None in a shipped config can be set from the command line."""
   from ml_collections import config_dict
-  from tipsito import config_validation
-  common = config_validation.load_common()
+  from tipsito.config import defaults
   import importlib.util
 
   def walk(c, prefix=""):
@@ -245,8 +244,6 @@ def test_every_none_default_is_overridable():
 
   untyped = []
   for path in sorted((ROOT / "configs").glob("*.py")):
-    if path.name == "common.py":
-      continue
     spec = importlib.util.spec_from_file_location(path.stem, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -254,4 +251,4 @@ def test_every_none_default_is_overridable():
       if not (isinstance(field, config_dict.FieldReference) and field.get_type() is not type(None)):
         untyped.append(f"{path.name}: {key}")
   assert not untyped, f"None-valued keys that the command line cannot set: {untyped}"
-  assert common.OPTIONAL_KEYS["data.data_dir"] is str
+  assert defaults.OPTIONAL_KEYS["data.data_dir"] is str

@@ -12,11 +12,11 @@ import jax
 import numpy as np
 import pytest
 
-from tipsito import config_validation
+from tipsito.config import defaults
+from tipsito.config import validation as config_validation
 from tipsito.train import sharding
 from tipsito.train import step as step_lib
 
-common = config_validation.load_common()
 DATA = pathlib.Path(__file__).parent / "data" / "tips_model"
 STEPS = 6
 
@@ -24,13 +24,13 @@ STEPS = 6
 def tiny(recipe: str):
   """Depth-1 tiny config of `recipe` (32px global crops, 2 local crops of 16px)."""
   if recipe == "distill":
-    c = common.tiny_config("distill", image_size=28)
+    c = defaults.tiny_config("distill", image_size=28)
     c.model.image.update(dict(patch_size=14))
     c.distill.teacher_image_npz = str(DATA / "tiny_vit_mlp_vision.npz")
     c.distill.teacher_text_npz = str(DATA / "tiny_text.npz")
     c.loss.feature = 1.0
   else:
-    c = common.tiny_config(recipe)
+    c = defaults.tiny_config(recipe)
   c.model.image.update(dict(depth=1, posemb_grid=4))
   c.model.text.depth = 1
   c.ema.momentum = 0.9

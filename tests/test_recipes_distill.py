@@ -12,14 +12,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tipsito import config_validation
+from tipsito.config import defaults
+from tipsito.config import validation as config_validation
 from tipsito.recipes import base
 from tipsito.train import checkpointing
 from tipsito.train import loop as loop_lib
 from tipsito.train import sharding
 from tipsito.train import step as step_lib
 
-common = config_validation.load_common()
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TIPS = pathlib.Path(__file__).parent / "data" / "tips_model"
 
@@ -34,7 +34,7 @@ def paper_distill_config():
 def tiny_student(teacher=None, npz=False):
   """The paper distillation config's losses, views, EMA and optimizer on tiny depth-1 towers."""
   paper = paper_distill_config()
-  c = common.tiny_config("distill", image_size=28)
+  c = defaults.tiny_config("distill", image_size=28)
   for key in ("loss", "loss_opts", "ema"):
     c[key] = paper[key]
   c.optim.update({k: v for k, v in paper.optim.items() if k not in ("lr", "warmup_steps", "momentum_dtype")})
@@ -77,7 +77,7 @@ def teacher_workdir(tmp_path_factory):
   """A tiny tipsv2 pretraining workdir (config.json + one checkpoint) whose EMA heads differ from its
   student heads, so the test can tell which ones the distillation uses."""
   wd = tmp_path_factory.mktemp("teacher")
-  c = common.tiny_config("tipsv2", image_size=28)
+  c = defaults.tiny_config("tipsv2", image_size=28)
   c.model.image.update(dict(patch_size=14, depth=1, posemb_grid=4))
   c.model.text.update(dict(depth=1, vocab_size=100))
   mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tipsito import config_validation
+from tipsito.config import defaults
 from tipsito.losses import contrastive as con_lib
 from tipsito.losses import self_distill as sd_lib
 from tipsito.recipes import base
@@ -22,13 +22,12 @@ from tipsito.train import loop as loop_lib
 from tipsito.train import sharding
 from tipsito.train import step as step_lib
 
-common = config_validation.load_common()
 
 
 def build(recipe="tipsv2", ema_mode=None, **loss_opts):
   """(setup, state, batch) of a depth-1 tiny config; CLS tokens and the EMA teacher are perturbed so that
   CLS1 != CLS2 and teacher heads != student heads (at init they are equal, which would hide swaps)."""
-  c = common.tiny_config(recipe)
+  c = defaults.tiny_config(recipe)
   c.model.image.update(dict(depth=1, posemb_grid=4))
   c.model.text.depth = 1
   if ema_mode:
@@ -317,7 +316,7 @@ def distill_setup(**loss):
   """Tiny distillation from the official-format tiny TIPS teacher in tests/data/tips_model."""
   import pathlib  # pylint: disable=import-outside-toplevel
   data = pathlib.Path(__file__).parent / "data" / "tips_model"
-  c = common.tiny_config("distill", image_size=28)
+  c = defaults.tiny_config("distill", image_size=28)
   c.model.image.update(dict(patch_size=14, depth=1, posemb_grid=4))
   c.model.text.depth = 1
   c.distill.teacher_image_npz = str(data / "tiny_vit_mlp_vision.npz")

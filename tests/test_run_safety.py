@@ -18,12 +18,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tipsito import config_validation
+from tipsito.config import defaults
+from tipsito.config import validation as config_validation
 from tipsito.train import loop
 from tipsito.train import nonfinite
 from tipsito.train import resume_guard
 
-common = config_validation.load_common()
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -37,11 +37,11 @@ def data_dir(tmp_path_factory):
 
 
 def tiny(data_dir, **kw):
-  c = common.tiny_config("clip", batch_size=8, total_steps=kw.pop("steps", 2))
+  c = defaults.tiny_config("clip", batch_size=8, total_steps=kw.pop("steps", 2))
   c.max_len = 16
   c.model.text.update(dict(vocab_size=None, max_len=16, depth=1))
   c.model.image.update(dict(depth=1, posemb_grid=4))
-  c.data = common.data_config("shapes", data_dir=data_dir, caption_keys=("caption_detailed",))
+  c.data = defaults.data_config("shapes", data_dir=data_dir, caption_keys=("caption_detailed",))
   c.ckpt.update(dict(every_steps=1, keep=3, async_save=False))
   for k, v in kw.items():
     node = c
@@ -90,7 +90,7 @@ def test_resume_refuses_unsafe_change_before_writing(trained, data_dir, change, 
 
 
 def test_resume_refuses_changed_recipe(trained, data_dir):
-  c = common.tiny_config("siglip", batch_size=8, total_steps=2)
+  c = defaults.tiny_config("siglip", batch_size=8, total_steps=2)
   c.data = tiny(data_dir).data
   with pytest.raises(resume_guard.ResumeConfigError, match=r"config.recipe: 'clip' -> 'siglip'"):
     loop.train_and_evaluate(c, trained)
@@ -109,8 +109,8 @@ def test_resume_accepts_safe_changes_and_keeps_history(trained, data_dir):
 
 
 def test_resume_guard_classification():
-  a = common.tiny_config("clip")
-  b = common.tiny_config("clip")
+  a = defaults.tiny_config("clip")
+  b = defaults.tiny_config("clip")
   b.evals.x = dict(type="knn", dataset="shapes")
   b.ckpt.every_steps = 7
   b.data.data_dir = "gs://bucket/tfds"
@@ -119,7 +119,7 @@ def test_resume_guard_classification():
       "evals.x.type", "evals.x.dataset", "ckpt.every_steps", "data.data_dir", "mesh.fsdp"}
   for key, value in (("seed", 1), ("tokenizer", "/x.model"), ("input.views", "two_views"),
                      ("data.name", "table/x"), ("input.num_workers", 3), ("optim.name", "adafactor")):
-    c = common.tiny_config("clip")
+    c = defaults.tiny_config("clip")
     node = c
     *path, last = key.split(".")
     for p in path:
@@ -199,7 +199,7 @@ def test_collapse_signal_values():
 
 def test_self_distillation_recipes_log_collapse_metrics():
   from tipsito.train import step as step_lib
-  c = common.tiny_config("tipsv2", batch_size=4)
+  c = defaults.tiny_config("tipsv2", batch_size=4)
   setup = step_lib.build(c, vocab_size=100)
   batch = jax.tree.map(jnp.asarray, step_lib.synthetic_batch(c))
   _, metrics, _, _ = jax.eval_shape(lambda s, b: step_lib.loss_and_grads(setup, s, b, {}),

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 from absl import logging as absl_logging
 
-from tipsito import config_validation
+from tipsito.config import defaults
+from tipsito.config import validation as config_validation
 from tipsito.train import loop
 from tipsito.train import observability as ob
 
-common = config_validation.load_common()
 STEPS, BATCH, PEAK = 4, 8, 1.0
 
 
@@ -58,12 +58,12 @@ def records():
 
 
 def make_config(data_dir):
-  c = common.tiny_config("tipsito", batch_size=BATCH, total_steps=STEPS)
+  c = defaults.tiny_config("tipsito", batch_size=BATCH, total_steps=STEPS)
   c.tokenizer = None
   c.max_len = 16
   c.model.text.update(dict(vocab_size=None, max_len=16, depth=1))
   c.model.image.update(dict(depth=1, posemb_grid=4))
-  c.data = common.data_config("shapes", data_dir=data_dir, caption_keys=("caption_detailed",))
+  c.data = defaults.data_config("shapes", data_dir=data_dir, caption_keys=("caption_detailed",))
   c.ckpt.update(dict(every_steps=2, keep=2, async_save=True))
   c.log_every_steps = 2
   c.export.enabled = False
@@ -219,7 +219,7 @@ class _Writer:
 def test_step_monitor_intervals_on_a_fake_clock():
   """Interval = from the first batch request after a sync point to the next log step; data wait is
   the time inside data_wait(); work after a log step (evals, checkpoints) is not charged."""
-  c = common.tiny_config("clip", batch_size=8, total_steps=10)
+  c = defaults.tiny_config("clip", batch_size=8, total_steps=10)
   c.peak_tflops = 1e-9
   clock, writer, lines = _Clock(), _Writer(), []
   m = ob.StepMonitor(c, writer=writer, workdir="unused", start_step=0, log=lines.append, clock=clock)
@@ -345,7 +345,7 @@ def test_parameter_summary_rows_are_parts():
 
 
 def test_config_keys_validated():
-  c = common.tiny_config("clip")
+  c = defaults.tiny_config("clip")
   c.profile_steps = -1
   with pytest.raises(config_validation.ConfigError, match="config.profile_steps"):
     config_validation.validate(c)
@@ -358,8 +358,8 @@ def test_config_keys_validated():
 def test_resume_guard_allows_observability_keys():
   """Profiling or setting the peak on a resumed run is safe, also for a workdir saved before the keys."""
   from tipsito.train import resume_guard
-  saved = common.tiny_config("clip").to_dict()
-  new = common.tiny_config("clip")
+  saved = defaults.tiny_config("clip").to_dict()
+  new = defaults.tiny_config("clip")
   new.profile_steps, new.peak_tflops = 3, 100.0
   assert set(resume_guard.check(saved, new, "W")) == {"profile_steps", "peak_tflops"}
   for k in ("profile_steps", "peak_tflops"):

@@ -11,10 +11,9 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from tipsito import config_validation
+from tipsito.config import defaults
 from tipsito.train import loop
 
-common = config_validation.load_common()
 N = 2
 
 
@@ -30,12 +29,12 @@ def compile_cache(tmp_path_factory):
 
 
 def make_config(data_dir):
-  c = common.tiny_config("tipsito", batch_size=8, total_steps=2 * N)
+  c = defaults.tiny_config("tipsito", batch_size=8, total_steps=2 * N)
   c.tokenizer = None
   c.max_len = 16
   c.model.text.update(dict(vocab_size=None, max_len=16, depth=1))
   c.model.image.update(dict(depth=1, posemb_grid=4))
-  c.data = common.data_config("shapes", data_dir=data_dir, caption_keys=("caption_detailed",))
+  c.data = defaults.data_config("shapes", data_dir=data_dir, caption_keys=("caption_detailed",))
   c.ckpt.update(dict(every_steps=N, keep=3, async_save=True))
   c.log_every_steps = 1
   return c

@@ -52,10 +52,9 @@ WORKER = textwrap.dedent(r'''
   jax.config.update("jax_threefry_partitionable", True)
   jax.config.update("jax_default_matmul_precision", "highest")
   sys.path.insert(0, ROOT)
-  from tipsito import config_validation
   from tipsito.train import sharding, step as step_lib
-  common = config_validation.load_common()
-  c = common.tiny_config("tipsito", batch_size=8)
+  from tipsito.config import defaults
+  c = defaults.tiny_config("tipsito", batch_size=8)
   c.model.image.update(dict(depth=1, posemb_grid=4))
   c.model.text.depth = 1
   c.sharding.min_size = 1  # shard every divisible leaf, to exercise FSDP on tiny params

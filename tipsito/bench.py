@@ -40,7 +40,7 @@ def _define_flags() -> None:
 
 def bench_one(config, *, steps: int = 5, peak_tflops: float = 0.0) -> dict[str, Any]:
   """Builds `config`, compiles its step, times `steps` steps on a synthetic batch."""
-  from tipsito import config_validation  # pylint: disable=import-outside-toplevel
+  from tipsito.config import validation as config_validation  # pylint: disable=import-outside-toplevel
   from tipsito.train import sharding, step as step_lib  # pylint: disable=import-outside-toplevel
   from tipsito.train import observability  # pylint: disable=import-outside-toplevel
   config_validation.validate(config, num_devices=jax.device_count(), check_tokenizer=False)  # synthetic ids
@@ -106,14 +106,13 @@ def run_bench(config, recipes: Sequence[str] = (), ema_modes: Sequence[str] = ()
               batch: int = 0, peak_tflops: float = 0.0) -> list[dict]:
   """Benchmarks the config for each requested recipe x EMA mode; adds ratios to the first entry."""
   import ml_collections as mlc  # pylint: disable=import-outside-toplevel
-  from tipsito import config_validation  # pylint: disable=import-outside-toplevel
-  common = config_validation.load_common()
+  from tipsito.config import defaults  # pylint: disable=import-outside-toplevel
   rows = []
   for r in (recipes or [config.recipe]):
     for e in (ema_modes or [None]):
       c = mlc.ConfigDict(config.to_dict())
       if r != config.recipe:  # same model sizes, the other recipe's losses/parts/views.
-        ref = common.base_config(r, "tiny/16")
+        ref = defaults.base_config(r, "tiny/16")
         for k in ("loss", "ema"):
           c[k] = ref[k]
         c.input.views = ref.input.views

@@ -124,7 +124,7 @@ def optimizer_convention(o) -> str:
 def compute_info(config, *, with_sharding: bool = False, devices: int = 0,
                  processes: int = 1) -> dict[str, Any]:
   """All numbers as a JSON-friendly dict (see module docstring)."""
-  from tipsito import config_validation  # pylint: disable=import-outside-toplevel
+  from tipsito.config import validation as config_validation  # pylint: disable=import-outside-toplevel
   from tipsito.train import sharding as sharding_lib  # pylint: disable=import-outside-toplevel
   config_validation.validate(config, check_tokenizer=False)  # sizes only: nothing is tokenized
   mesh = sharding_lib.make_mesh({"data": 1, "fsdp": 1, "model": 1}, jax.devices()[:1])

@@ -159,7 +159,7 @@ def _analyses(compiled) -> dict:
 
 def plan_train(config, devices: list, *, topology: str = "", teacher_variant: str = "g/14") -> dict:
   """Compiles the train step of `config` for `devices`; returns the per-chip report (see module doc)."""
-  from tipsito import config_validation  # pylint: disable=import-outside-toplevel
+  from tipsito.config import validation as config_validation  # pylint: disable=import-outside-toplevel
   from tipsito import recipes as recipes_lib  # pylint: disable=import-outside-toplevel
   from tipsito.train import sharding, step as step_lib  # pylint: disable=import-outside-toplevel
   jax.config.update("jax_threefry_partitionable", True)

@@ -18,7 +18,7 @@ import numpy as np
 from absl import logging
 from clu import metric_writers
 
-from tipsito import config_validation
+from tipsito.config import validation as config_validation
 from tipsito import paths
 from tipsito.models import layer_stack
 from tipsito.train import checkpointing

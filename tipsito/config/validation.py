@@ -3,25 +3,29 @@ allowed.
 
 Why: a typo in `--config.loss.ibot=...` or `--config.input.views=multicrops` must cost seconds on a laptop,
 not a pod allocation and a 20-minute compile. The allowed key set is the reference config of the same
-recipe (`configs/common.base_config`), the allowed module kwargs are the dataclass fields of the modules.
+recipe (`tipsito.config.defaults.base_config`), the allowed module kwargs are the dataclass fields of the
+modules, and each enumeration is the one the module that uses it defines (views and augmentations:
+tipsito/data/pipeline.py, mask types: tipsito/data/masking.py, optimizers and schedules:
+tipsito/train/optim.py, EMA modes: tipsito/recipes/base.py).
 """
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import pathlib
 from typing import Any, Iterable
 
 import ml_collections as mlc
 
+from tipsito import models
 from tipsito import recipes as recipes_lib
+from tipsito.config import defaults
+from tipsito.data.masking import MASK_TYPES
+from tipsito.data.pipeline import AUGMENTS, VIEWS
+from tipsito.recipes.base import EMA_MODES
+from tipsito.train import sharding
+from tipsito.train.optim import OPTIMIZERS, SCHEDULES
 
-VIEWS = ("single", "two_views", "multicrop", "multicrop_two_views")
-MASK_TYPES = ("random", "block")
-AUGMENTS = ("ito", "tips", "none")
+# Enumerations that only validation checks (the modules reading these keys branch on the values).
 DTYPES = ("float32", "bfloat16", "float16")
-OPTIMIZERS = ("adafactor", "adamw", "sgd")
-SCHEDULES = ("cosine", "linear", "constant")
 TEACHER_METHODS = ("centering", "sinkhorn")
 EMA_SCHEDULES = ("constant", "cosine")
 TOKEN_NORMS = ("masked", "patches")
@@ -33,19 +37,6 @@ FREE_FORM = ("evals", "optim.lr_mults")
 
 class ConfigError(ValueError):
   """A config key or value is wrong; the message names the key and the allowed keys/values."""
-
-
-def _repo_configs_dir() -> pathlib.Path:
-  return pathlib.Path(__file__).resolve().parent.parent / "configs"
-
-
-def load_common():
-  """Imports configs/common.py by path (configs/ is not a package; config files do the same)."""
-  path = _repo_configs_dir() / "common.py"
-  spec = importlib.util.spec_from_file_location("tipsito_configs_common", path)
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod
 
 
 def _choice(key: str, value: Any, allowed: Iterable) -> None:
@@ -183,16 +174,24 @@ def validate(config: mlc.ConfigDict, *, num_devices: int | None = None, process_
     check_tokenizer: load `config.tokenizer` and compare its vocabulary with `model.text.vocab_size`
       (`check_text_vocab`). Off only for tools that never tokenize (info, bench on synthetic batches).
   """
-  from tipsito import models  # Local import: keeps `import tipsito.config_validation` light.
   if "recipe" not in config:
     raise ConfigError(f"config.recipe is missing; valid values: {sorted(recipes_lib.RECIPES)}")
   _choice("recipe", config.recipe, recipes_lib.RECIPES)
   recipe = recipes_lib.get_recipe(config.recipe)
-  common = load_common()
-  variant = "tiny/16"
-  ref = common.base_config(config.recipe, variant)
-  _compare_tree("", config, ref)
+  _compare_tree("", config, defaults.base_config(config.recipe, "tiny/16"))
+  _check_model(config, recipe)
+  weights = _check_loss(config, recipe)
+  _check_optim(config)
+  _check_input(config, recipe, weights)
+  if num_devices is not None:
+    _check_batch_split(config, num_devices, process_count)
+  _check_keys("mesh", config.mesh, ("data", "fsdp", "model"))
+  if check_tokenizer:
+    check_text_vocab(config)
 
+
+def _check_model(config: mlc.ConfigDict, recipe) -> None:
+  """Module kwargs are the modules' dataclass fields; enumerations, geometry and the projection rule."""
   m = config.model
   _check_keys("model.image", m.image, _module_fields(models.VisionTransformer))
   _check_keys("model.text", m.text, _module_fields(models.TextEncoder))
@@ -220,7 +219,9 @@ def validate(config: mlc.ConfigDict, *, num_devices: int | None = None, process_
                         f"model.text.width ({m.text.width}) must equal model.image.width "
                         f"({m.image.width}) (TIPS: shared width, no projection)")
 
-  # Loss terms: keys restricted to the recipe's terms.
+
+def _check_loss(config: mlc.ConfigDict, recipe) -> dict[str, float]:
+  """Loss weights (keys restricted to the recipe's terms), loss options and EMA; returns the non-zero weights."""
   for k, v in config.loss.items():
     if k not in recipe.terms:
       raise ConfigError(f"config.loss.{k} is not a loss term of recipe {recipe.name!r}; valid keys: "
@@ -234,15 +235,19 @@ def validate(config: mlc.ConfigDict, *, num_devices: int | None = None, process_
   _choice("loss_opts.teacher_method", lo.teacher_method, TEACHER_METHODS)
   _choice("loss_opts.ibot_token_norm", lo.ibot_token_norm, TOKEN_NORMS)
   _choice("loss_opts.contrastive_view", lo.contrastive_view, ("unmasked", "masked"))
-  _choice("loss_opts.fusion_cls", lo.fusion_cls, tuple(range(m.image.get("num_cls_tokens", 1))))
-  _choice("ema.mode", config.ema.mode, recipes_lib.EMA_MODES)
+  _choice("loss_opts.fusion_cls", lo.fusion_cls, tuple(range(config.model.image.get("num_cls_tokens", 1))))
+  _choice("ema.mode", config.ema.mode, EMA_MODES)
   if not 0.0 <= float(config.ema.momentum) <= 1.0:
     raise ConfigError(f"config.ema.momentum={config.ema.momentum}: must be in [0, 1]")
   _choice("ema.schedule", config.ema.get("schedule", "constant"), EMA_SCHEDULES)
   if recipe.teacher == "frozen" and config.ema.mode == "full":
     raise ConfigError("config.ema.mode='full' is not allowed for recipe 'distill' (the teacher encoder is "
                       "frozen); valid values: ['head', 'none']")
+  return weights
 
+
+def _check_optim(config: mlc.ConfigDict) -> None:
+  """Optimizer, schedule, step counts and the observability knobs."""
   o = config.optim
   _choice("optim.name", o.name, OPTIMIZERS)
   _choice("optim.schedule", o.schedule, SCHEDULES)
@@ -258,11 +263,14 @@ def validate(config: mlc.ConfigDict, *, num_devices: int | None = None, process_
   if float(config.get("peak_tflops", 0.0)) < 0:
     raise ConfigError(f"config.peak_tflops={config.peak_tflops}: must be >= 0 (0 = per-platform table)")
 
+
+def _check_input(config: mlc.ConfigDict, recipe, weights: dict[str, float]) -> None:
+  """Views, masking, augmentation and crop ranges, and the inputs the weighted loss terms need."""
   inp = config.input
   _choice("input.views", inp.views, VIEWS)
   _choice("input.mask_type", inp.mask_type, MASK_TYPES)
   _choice("input.augment", inp.augment, AUGMENTS)
-  _choice("input.augment_view2", inp.get("augment_view2"), (None,) + AUGMENTS)
+  _choice("input.augment_view2", inp.get("augment_view2"), (None,) + tuple(AUGMENTS))
   if not 0.0 <= float(inp.mask_ratio) < 1.0:
     raise ConfigError(f"config.input.mask_ratio={inp.mask_ratio}: must be in [0, 1)")
   if int(inp.batch_size) <= 0:
@@ -280,23 +288,22 @@ def validate(config: mlc.ConfigDict, *, num_devices: int | None = None, process_
   if ("clip_view2" in weights or "fusion" in weights) and "two_views" not in inp.views:
     raise ConfigError(f"config.input.views={inp.views!r}: loss terms {sorted(set(weights) & {'clip_view2', 'fusion'})} "
                       "need a second view; valid values: ['two_views', 'multicrop_two_views']")
-  if "ibot" in weights and inp.mask_ratio > 0 and not m.image.get("use_mask_token"):
+  if "ibot" in weights and inp.mask_ratio > 0 and not config.model.image.get("use_mask_token"):
     raise ConfigError("config.model.image.use_mask_token must be True when config.loss.ibot > 0 and "
                       "config.input.mask_ratio > 0")
   if recipe.teacher == "frozen" and not (config.distill.teacher or config.distill.teacher_image_npz):
     raise ConfigError("config.distill.teacher (an export dir) or config.distill.teacher_image_npz "
                       "(official TIPS weights) is required for recipe 'distill'")
 
-  if num_devices is not None:
-    from tipsito.train import sharding
-    try:
-      shape = sharding.mesh_shape(config.mesh, num_devices)
-    except ValueError as e:
-      raise ConfigError(str(e)) from None
-    split = shape[0] * shape[1]
-    if inp.batch_size % split or inp.batch_size % process_count:
-      raise ConfigError(f"config.input.batch_size={inp.batch_size} must be divisible by mesh data*fsdp="
-                        f"{split} and the process count {process_count}")
-  _check_keys("mesh", config.mesh, ("data", "fsdp", "model"))
-  if check_tokenizer:
-    check_text_vocab(config)
+
+def _check_batch_split(config: mlc.ConfigDict, num_devices: int, process_count: int) -> None:
+  """The mesh fits `num_devices` and the global batch splits over (data, fsdp) and over the hosts."""
+  try:
+    shape = sharding.mesh_shape(config.mesh, num_devices)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
+  split = shape[0] * shape[1]
+  batch_size = config.input.batch_size
+  if batch_size % split or batch_size % process_count:
+    raise ConfigError(f"config.input.batch_size={batch_size} must be divisible by mesh data*fsdp="
+                      f"{split} and the process count {process_count}")

@@ -1,8 +1,9 @@
-"""Shared config building blocks: big_vision-style arg parsing, model/data presets, the full default config.
+"""The complete default config: every key that exists, with its default; data presets; typed optional keys.
 
-Why: every experiment file (demo.py, tipsv2_g14.py, ...) is a short `get_config(arg)` that starts from
-`base_config(recipe, variant)` and overrides what the paper says; all keys exist here with their defaults,
-so `tipsito.config_validation` can reject unknown keys and wrong values before anything compiles.
+Why: every experiment file (configs/demo.py, configs/tipsv2_g14.py, ...) is a short `get_config(arg)` that
+starts from `base_config(recipe, variant)` and overrides what the paper says; all keys exist here with
+their defaults, so `tipsito.config.validation` can reject unknown keys and wrong values before anything
+compiles.
 """
 from __future__ import annotations
 
@@ -13,39 +14,8 @@ import ml_collections as mlc
 from ml_collections import config_dict
 
 from tipsito import recipes
+from tipsito.config import args
 from tipsito.models import presets
-
-
-def parse_arg(arg: str | None, **defaults: Any) -> mlc.ConfigDict:
-  """big_vision-style 'k=v,k2=v2' config argument; values are cast to the type of the default.
-
-  Unknown keys fail naming the key and the known ones (the same rule as every other config key).
-  """
-  out = dict(defaults)
-  for kv in (arg or "").split(","):
-    if not kv.strip():
-      continue
-    if "=" not in kv:
-      raise ValueError(f"config arg {kv!r}: expected k=v; known keys: {sorted(defaults)}")
-    k, v = (s.strip() for s in kv.split("=", 1))
-    if k not in defaults:
-      raise ValueError(f"config arg key {k!r} unknown; known keys: {sorted(defaults)}")
-    d = defaults[k]
-    if isinstance(d, bool):
-      v = v.lower() in ("1", "true", "yes")
-    elif isinstance(d, int):
-      v = int(v)
-    elif isinstance(d, float):
-      v = float(v)
-    out[k] = v
-  return mlc.ConfigDict(out)
-
-
-def check_choice(name: str, value: Any, allowed) -> Any:
-  """Config-arg enumerations fail with the allowed values (e.g. `student=B|L|So400m`)."""
-  if value not in allowed:
-    raise ValueError(f"config arg {name}={value!r} not allowed; valid values: {list(allowed)}")
-  return value
 
 
 # Keys whose value may be None, with the type a command-line value is parsed as. Why: ml_collections can
@@ -116,7 +86,7 @@ DATA_PRESETS = {
 
 def data_config(preset: str, **overrides: Any) -> mlc.ConfigDict:
   """`config.data` for a named preset (see DATA_PRESETS)."""
-  check_choice("data", preset, DATA_PRESETS)
+  args.check_choice("data", preset, DATA_PRESETS)
   d = dict(name=preset, split="train", data_dir=None, image_key="image", alt_text_key="alt_text",
            caption_keys=(), label_key=None, max_skip_fraction=0.05,
            min_records_for_skip_check=None, build_if_missing=False, build_options=None,
@@ -151,30 +121,7 @@ def base_config(recipe_name: str, variant: str, *, text_variant: str | None = No
   c.tokenizer = None
   c.max_len = 64
   c.total_steps = total_steps
-
-  tips_px = r.pixel == "tips"
-  mean = presets.TIPS_PIXEL_MEAN if tips_px else presets.CLIP_PIXEL_MEAN
-  std = presets.TIPS_PIXEL_STD if tips_px else presets.CLIP_PIXEL_STD
-  c.model = mlc.ConfigDict()
-  c.model.image = presets.vit_config(
-      variant, num_cls_tokens=r.num_cls, posemb_grid=32, use_mask_token=r.mask_ratio > 0,
-      dropout=0.0, stochastic_depth=0.0, remat=False, dtype="float32", param_dtype="float32",
-      pixel_mean=tuple(mean), pixel_std=tuple(std), **SCAN_DEFAULTS)
-  width = c.model.image.width
-  clip_style = "image_proj" in r.parts
-  c.model.text = presets.text_config(
-      text_variant or variant, flavour="clip" if clip_style else "tips", vocab_size=32000, max_len=64,
-      out_dim=None, dropout=0.0, remat=False, dtype="float32", param_dtype="float32", **SCAN_DEFAULTS)
-  # CLIP/ITO: both towers project to embed_dim; TIPS: shared width, no projection.
-  c.model.embed_dim = width if clip_style else None
-  if clip_style:
-    c.model.text.out_dim = width
-  c.model.heads = mlc.ConfigDict(dict(num_prototypes=32768, hidden_dim=2048, bottleneck_dim=256,
-                                      num_layers=3))
-  c.model.fusion = mlc.ConfigDict(dict(width=512, depth=2, num_heads=8))
-  c.model.logit_scale_init = math.log(10.0) if recipe_name == "siglip" else math.log(1 / 0.07)
-  c.model.logit_scale_max = math.log(100.0) if clip_style else None
-  c.model.logit_bias_init = -10.0
+  c.model = _model_config(r, variant, text_variant or variant)
 
   c.loss = mlc.ConfigDict(dict(r.loss))
   c.loss_opts = mlc.ConfigDict(dict(
@@ -183,32 +130,70 @@ def base_config(recipe_name: str, variant: str, *, text_variant: str | None = No
       teacher_method="centering", fusion_cls=0, contrastive_view="unmasked"))
   # EMA teacher momentum: `constant`, or `cosine` from `momentum` at step 0 to 1 at the last step (DINO).
   c.ema = mlc.ConfigDict(dict(mode=r.ema_mode, momentum=0.996, schedule="constant"))
+  c.optim = _optim_config(r.optimizer, total_steps)
+  c.mesh = mlc.ConfigDict(dict(data=1, fsdp=-1, model=1))
+  c.sharding = mlc.ConfigDict(dict(rules=(), min_size=2 ** 12))
+  c.data = data_config("shapes")
+  c.input = _input_config(r, batch_size)
+  c.evals = mlc.ConfigDict()
+  _add_run_keys(c)
+  return typed_optionals(c)
 
-  # Adafactor follows big_vision (`big_vision/optax.py`): -sched * (lr * adafactor(clip(g)) + wd * p_kernel),
-  # second-moment decay min(beta2_cap, 1 - t^-decay_rate), momentum an EMA (not a trace) kept in
-  # momentum_dtype (bfloat16 in the pod configs as big_vision's default; float32 here, for tests).
-  # AdamW follows optax.adamw: the decoupled decay is multiplied by the learning rate.
-  if r.optimizer == "adafactor":
-    c.optim = mlc.ConfigDict(dict(
+
+def _model_config(r: recipes.Recipe, variant: str, text_variant: str) -> mlc.ConfigDict:
+  """`config.model`: the towers of `variant` / `text_variant`, the heads, the fusion block, the logit scale."""
+  tips_px = r.pixel == "tips"
+  mean = presets.TIPS_PIXEL_MEAN if tips_px else presets.CLIP_PIXEL_MEAN
+  std = presets.TIPS_PIXEL_STD if tips_px else presets.CLIP_PIXEL_STD
+  m = mlc.ConfigDict()
+  m.image = presets.vit_config(
+      variant, num_cls_tokens=r.num_cls, posemb_grid=32, use_mask_token=r.mask_ratio > 0,
+      dropout=0.0, stochastic_depth=0.0, remat=False, dtype="float32", param_dtype="float32",
+      pixel_mean=tuple(mean), pixel_std=tuple(std), **SCAN_DEFAULTS)
+  width = m.image.width
+  clip_style = "image_proj" in r.parts
+  m.text = presets.text_config(
+      text_variant, flavour="clip" if clip_style else "tips", vocab_size=32000, max_len=64,
+      out_dim=None, dropout=0.0, remat=False, dtype="float32", param_dtype="float32", **SCAN_DEFAULTS)
+  # CLIP/ITO: both towers project to embed_dim; TIPS: shared width, no projection.
+  m.embed_dim = width if clip_style else None
+  if clip_style:
+    m.text.out_dim = width
+  m.heads = mlc.ConfigDict(dict(num_prototypes=32768, hidden_dim=2048, bottleneck_dim=256, num_layers=3))
+  m.fusion = mlc.ConfigDict(dict(width=512, depth=2, num_heads=8))
+  m.logit_scale_init = math.log(10.0) if r.name == "siglip" else math.log(1 / 0.07)
+  m.logit_scale_max = math.log(100.0) if clip_style else None
+  m.logit_bias_init = -10.0
+  return m
+
+
+def _optim_config(name: str, total_steps: int) -> mlc.ConfigDict:
+  """`config.optim` for the recipe's optimizer, with the other optimizer's keys present too.
+
+  Adafactor follows big_vision (`big_vision/optax.py`): -sched * (lr * adafactor(clip(g)) + wd * p_kernel),
+  second-moment decay min(beta2_cap, 1 - t^-decay_rate), momentum an EMA (not a trace) kept in
+  momentum_dtype (bfloat16 in the pod configs as big_vision's default; float32 here, for tests).
+  AdamW follows optax.adamw: the decoupled decay is multiplied by the learning rate.
+  """
+  if name == "adafactor":
+    return mlc.ConfigDict(dict(
         name="adafactor", lr=1e-3, warmup_steps=min(10000, total_steps // 10), schedule="cosine",
         min_lr_ratio=0.0, weight_decay=1e-4, clip_norm=1.0, momentum=0.9, momentum_dtype="float32",
         decay_rate=0.8, beta2_cap=0.999, min_dim_size_to_factor=32, eps=1e-30, clip_block_rms=None,
         b1=0.9, b2=0.999, lr_mults={}, frozen=()))
-  else:
-    c.optim = mlc.ConfigDict(dict(
-        name="adamw", lr=5e-4, warmup_steps=min(2000, total_steps // 10), schedule="cosine",
-        min_lr_ratio=0.0, weight_decay=0.1, clip_norm=1.0, b1=0.9, b2=0.98, eps=1e-6,
-        momentum=None, momentum_dtype="float32", decay_rate=0.8, beta2_cap=0.999, min_dim_size_to_factor=32,
-        clip_block_rms=None, lr_mults={}, frozen=()))
+  return mlc.ConfigDict(dict(
+      name="adamw", lr=5e-4, warmup_steps=min(2000, total_steps // 10), schedule="cosine",
+      min_lr_ratio=0.0, weight_decay=0.1, clip_norm=1.0, b1=0.9, b2=0.98, eps=1e-6,
+      momentum=None, momentum_dtype="float32", decay_rate=0.8, beta2_cap=0.999, min_dim_size_to_factor=32,
+      clip_block_rms=None, lr_mults={}, frozen=()))
 
-  c.mesh = mlc.ConfigDict(dict(data=1, fsdp=-1, model=1))
-  c.sharding = mlc.ConfigDict(dict(rules=(), min_size=2 ** 12))
 
-  c.data = data_config("shapes")
-  c.input = mlc.ConfigDict(dict(
+def _input_config(r: recipes.Recipe, batch_size: int) -> mlc.ConfigDict:
+  """`config.input`: views, crop sizes, masking and augmentation of the recipe; loader settings."""
+  return mlc.ConfigDict(dict(
       batch_size=batch_size, views=r.views, global_size=224, local_size=98,
       num_local=6 if "multicrop" in r.views else 0, mask_ratio=r.mask_ratio, mask_type="random",
-      mask_prob=1.0, augment="tips" if tips_px else "ito",
+      mask_prob=1.0, augment="tips" if r.pixel == "tips" else "ito",
       # multicrop_two_views (tipsito): ITO's photometric augmentation on the second view, which ITO credits
       # for its gain; view 1 keeps the TIPS crop + flip. None = same as `augment`.
       augment_view2="ito" if r.views == "multicrop_two_views" else None,
@@ -217,8 +202,10 @@ def base_config(recipe_name: str, variant: str, *, text_variant: str | None = No
       # Crop area fractions and aspect range; None = the augmentation's default (ITO global (0.5, 1),
       # DINO global (0.32, 1), local (0.05, 0.32), ratio (3/4, 4/3)).
       global_crop_scale=None, local_crop_scale=None, crop_ratio=None))
-  c.evals = mlc.ConfigDict()
 
+
+def _add_run_keys(c: mlc.ConfigDict) -> None:
+  """Checkpointing, guards, logging, profiling, export, initialisation and distillation-teacher keys."""
   c.ckpt = mlc.ConfigDict(dict(every_steps=1000, keep=3, async_save=True))
   # Non-finite guard (tipsito/train/step.py): a step with a non-finite loss, gradient or update leaves the
   # state unchanged; this many such steps in a row stop the run.
@@ -233,7 +220,6 @@ def base_config(recipe_name: str, variant: str, *, text_variant: str | None = No
   c.init_from = None
   c.distill = mlc.ConfigDict(dict(teacher=None, teacher_image_npz=None, teacher_text_npz=None,
                                   init_text=False))
-  return typed_optionals(c)
 
 
 def tiny_config(recipe_name: str, *, batch_size: int = 8, total_steps: int = 10,

@@ -1,0 +1,98 @@
+"""Paper config families: what a paper config shares with its stage-2 or larger-tower follow-up.
+
+Why here and not in configs/: configs/tipsv2_g14_hires.py, configs/tipsv2_distill_hires.py and
+configs/ito_l16.py start from another experiment's config. Files under configs/ are loaded by path (they
+are the user's `--config` files, not a package), so the part they share lives in the package and each of
+them imports it like any module. The paper references for each setting are in the docstrings of those
+experiment files.
+"""
+from __future__ import annotations
+
+import ml_collections as mlc
+
+from tipsito.config import args
+from tipsito.config import defaults
+
+TIPSV2_VARIANTS = ("g/14", "So400m/14", "L/14", "B/14", "S/14")
+TIPSV2_EMA_MODES = ("head", "full")
+DISTILL_STUDENTS = ("B", "L", "So400m")
+ITO_VARIANTS = ("B/16", "L/16")
+# ITO steps per data set: ~32 epochs for CC3M/CC12M/YFCC, one pass-equivalent budget for the large sets.
+ITO_STEPS = dict(cc3m=12000, cc12m=48000, yfcc15m=60000, laion100m=120000, datacomp1b=160000)
+
+
+def tipsv2(variant: str, *, ema: str, total_steps: int, batch_size: int) -> mlc.ConfigDict:
+  """TIPSv2 stage 1 (configs/tipsv2_g14.py): ViT `variant`, 1 x 224 + 6 x 98 crops, mask 0.75, Adafactor."""
+  args.check_choice("variant", variant, TIPSV2_VARIANTS)
+  args.check_choice("ema", ema, TIPSV2_EMA_MODES)
+  c = defaults.base_config("tipsv2", variant, total_steps=total_steps, batch_size=batch_size)
+  # Scanned blocks: one block body to compile instead of 40 (the step compiles in minutes; same numbers).
+  c.model.image.update(dict(dtype="bfloat16", remat=True, scan=True))
+  c.model.text.update(dict(dtype="bfloat16", remat=True, scan=True))
+  c.ema.mode = ema
+  c.data = defaults.data_config("webli", caption_keys=("caption_paligemma", "caption_gemini"))
+  c.input.update(dict(global_size=224, local_size=98, num_local=6, mask_ratio=0.75, augment="tips",
+                      num_workers=32, prefetch=4))
+  c.loss_opts.teacher_temp_warmup_steps = 30000
+  c.optim.update(dict(lr=1e-3, warmup_steps=10000, weight_decay=1e-4, clip_norm=1.0, momentum=0.9,
+                      momentum_dtype="bfloat16"))
+  # Data parallel over every chip (params replicated, 16 images per chip). `python -m tipsito.plan` on
+  # v5p:8x8x8 (README "Planning a pod run"): FSDP over all chips (data=1, fsdp=-1) does not fit (the
+  # compiler needs ~449 GiB of temporaries per chip: activations end up gathered over the batch), data
+  # parallel does.
+  c.mesh.update(dict(data=-1, fsdp=1, model=1))
+  c.ckpt.update(dict(every_steps=1000, keep=3, async_save=True))
+  c.evals.zeroshot = dict(type="zeroshot", dataset="imagenet2012", split="validation", every_steps=10000,
+                          batch_size=1024, image_size=224)
+  c.evals.retrieval = dict(type="retrieval", dataset="coco_captions", split="val", every_steps=10000,
+                           batch_size=1024, image_size=224)
+  c.evals.segmentation = dict(type="segmentation", dataset="ade20k", split="validation",
+                              every_steps=10000, batch_size=64, image_size=448, cls_index=1)
+  return c
+
+
+def tipsv2_distill(student: str, *, teacher: str, total_steps: int, batch_size: int) -> mlc.ConfigDict:
+  """TIPSv2 distillation stage 1 (configs/tipsv2_distill.py): a `student`/14 from a frozen teacher, no mask."""
+  args.check_choice("student", student, DISTILL_STUDENTS)
+  c = defaults.base_config("distill", f"{student}/14", total_steps=total_steps, batch_size=batch_size)
+  c.model.image.update(dict(dtype="bfloat16", remat=True))
+  c.model.text.update(dict(dtype="bfloat16", remat=True))
+  c.distill.teacher = teacher or "PATH/TO/tipsv2_g14_export"
+  c.data = defaults.data_config("webli", caption_keys=("caption_paligemma", "caption_gemini"))
+  c.input.update(dict(mask_ratio=0.0, num_local=6, num_workers=32))
+  c.optim.update(dict(lr=1e-3, warmup_steps=10000, momentum_dtype="bfloat16"))
+  c.mesh.update(dict(data=1, fsdp=-1, model=1))
+  return c
+
+
+def high_resolution_stage(c: mlc.ConfigDict, *, init: str) -> mlc.ConfigDict:
+  """Stage 2 of a TIPSv2 config, in place: 448 + 6 x 140 crops, a fresh short schedule, params from `init`.
+
+  The same stage for pretraining (configs/tipsv2_g14_hires.py) and distillation
+  (configs/tipsv2_distill_hires.py); `init` = '' leaves `init_from` unset (--config.init_from sets it).
+  """
+  c.input.update(dict(global_size=448, local_size=140))
+  c.optim.update(dict(lr=2e-4, warmup_steps=500))
+  c.loss_opts.teacher_temp_warmup_steps = 0
+  c.init_from = init or None
+  return c
+
+
+def ito(data: str, variant: str, *, total_steps: int, batch_size: int) -> mlc.ConfigDict:
+  """ITO (configs/ito_b16.py): two views, CLIP-style 512-d text tower, AdamW; `total_steps`=0 = ITO_STEPS."""
+  args.check_choice("data", data, tuple(ITO_STEPS))
+  args.check_choice("variant", variant, ITO_VARIANTS)
+  c = defaults.base_config("ito", variant, total_steps=total_steps or ITO_STEPS[data], batch_size=batch_size)
+  c.model.embed_dim = 512
+  c.model.text.update(dict(out_dim=512, width=512, depth=12, num_heads=8, mlp_dim=2048, vocab_size=49408,
+                           max_len=77, dtype="bfloat16"))
+  c.max_len = 77
+  c.model.fusion.max_text_len = 77
+  c.model.image.update(dict(dtype="bfloat16"))
+  c.data = defaults.data_config(data)
+  c.input.update(dict(views="two_views", augment="ito", num_local=0, num_workers=32))
+  c.optim.update(dict(name="adamw", lr=1e-3, warmup_steps=2000, b1=0.9, b2=0.98, eps=1e-6,
+                      weight_decay=0.1))
+  c.evals.zeroshot = dict(type="zeroshot", dataset="imagenet2012", split="validation", every_steps=5000,
+                          batch_size=1024, image_size=224)
+  return c
