@@ -4,7 +4,11 @@ what is allowed.
 Why: config mistakes must cost seconds on a laptop, never a pod allocation.
 """
 import importlib.util
+import os
 import pathlib
+import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -171,3 +175,26 @@ def test_bad_crop_scale_names_key(value):
   c.input.global_crop_scale = value
   with pytest.raises(ConfigError, match=r"config\.input\.global_crop_scale=.*\(lo, hi\)"):
     config_validation.validate(c)
+
+
+def test_installed_package_validates_a_config_file(tmp_path):
+  """An installed tipsito (setup.py's packages; no checkout of configs/) loads a paper config file from
+  anywhere and validates it: the defaults, the paper families and the validation are in the package."""
+  root = CONFIGS.parent
+  src = tmp_path / "src"
+  shutil.copytree(root / "tipsito", src / "tipsito", ignore=shutil.ignore_patterns("__pycache__"))
+  shutil.copy(root / "setup.py", src / "setup.py")
+  site = tmp_path / "site"
+  subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                  "--target", str(site), str(src)], check=True, capture_output=True)
+  shutil.copy(CONFIGS / "tipsv2_g14_hires.py", tmp_path / "my_config.py")
+  script = ("import importlib.util, tipsito\n"
+            "assert tipsito.__file__.startswith(sys.argv[1]), tipsito.__file__\n"
+            "spec = importlib.util.spec_from_file_location('my_config', 'my_config.py')\n"
+            "mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)\n"
+            "from tipsito.config import validation\n"
+            "validation.validate(mod.get_config('variant=B/14,init=/x'), check_tokenizer=False)\n")
+  env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+  env["PYTHONPATH"] = str(site)
+  subprocess.run([sys.executable, "-c", "import sys\n" + script, str(site)], cwd=tmp_path, env=env,
+                 check=True)
