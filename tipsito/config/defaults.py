@@ -170,10 +170,10 @@ def _model_config(r: recipes.Recipe, variant: str, text_variant: str) -> mlc.Con
 def _optim_config(name: str, total_steps: int) -> mlc.ConfigDict:
   """`config.optim` for the recipe's optimizer, with the other optimizer's keys present too.
 
-  Adafactor follows big_vision (`big_vision/optax.py`): -sched * (lr * adafactor(clip(g)) + wd * p_kernel),
+  Adafactor is big_vision's (tipsito/train/optim.py): -sched * (lr * adafactor(clip(g)) + wd * p_kernel),
   second-moment decay min(beta2_cap, 1 - t^-decay_rate), momentum an EMA (not a trace) kept in
   momentum_dtype (bfloat16 in the pod configs as big_vision's default; float32 here, for tests).
-  AdamW follows optax.adamw: the decoupled decay is multiplied by the learning rate.
+  AdamW is optax.adamw: the decoupled decay is multiplied by the learning rate.
   """
   if name == "adafactor":
     return mlc.ConfigDict(dict(
