@@ -24,7 +24,7 @@ from tipsito.recipes.base import EMA_MODES
 from tipsito.train import sharding
 from tipsito.train.optim import OPTIMIZERS, SCHEDULES
 
-# Enumerations that only validation checks (the modules reading these keys branch on the values).
+# Enumerations no other module names as a constant (the modules reading these keys branch on the values).
 DTYPES = ("float32", "bfloat16", "float16")
 TEACHER_METHODS = ("centering", "sinkhorn")
 EMA_SCHEDULES = ("constant", "cosine")
