@@ -12,9 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tipsito import objective
 from tipsito.config import defaults
 from tipsito.config import validation as config_validation
-from tipsito.recipes import base
 from tipsito.train import checkpointing
 from tipsito.train import loop as loop_lib
 from tipsito.train import sharding
@@ -105,8 +105,8 @@ def test_distill_from_training_workdir_uses_the_teachers_own_heads(teacher_workd
   batch = jax.tree.map(jnp.asarray, step_lib.synthetic_batch(c, seed=1))
   other = dict(frozen, dino_head=jax.tree.map(lambda x: -x, frozen["dino_head"]),
                ibot_head=jax.tree.map(lambda x: -x, frozen["ibot_head"]))
-  f = jax.jit(lambda fr: base.compute_losses(setup.ctx, state.params, state.ema, state.centers, fr, batch,
-                                             state.step, jax.random.PRNGKey(0))[1][0])
+  f = jax.jit(lambda fr: objective.compute_losses(setup.ctx, state.params, state.ema, state.centers, fr,
+                                                  batch, state.step, jax.random.PRNGKey(0))[1][0])
   a, b = f(frozen), f(other)
   assert abs(float(a["loss/dino"]) - float(b["loss/dino"])) > 1e-4
   assert abs(float(a["loss/ibot"]) - float(b["loss/ibot"])) > 1e-4

@@ -13,11 +13,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tipsito import objective
 from tipsito.config import defaults
 from tipsito.losses import contrastive as con_lib
 from tipsito.losses import self_distill as sd_lib
-from tipsito.recipes import base
-from tipsito.recipes.model import TrainModel, l2n
+from tipsito.objective.features import unit
+from tipsito.objective.model import TrainModel
 from tipsito.train import loop as loop_lib
 from tipsito.train import sharding
 from tipsito.train import step as step_lib
@@ -79,8 +80,8 @@ def losses(setup, state, batch, weights, *, params=None, ema=None, frozen=None, 
           return _orig(*args, **kw)
         setattr(m, n, rec)
       try:
-        total, (metrics, _) = base.compute_losses(ctx, params, ema, centers, frozen, batch, step,
-                                                  jax.random.PRNGKey(0))
+        total, (metrics, _) = objective.compute_losses(ctx, params, ema, centers, frozen, batch, step,
+                                                       jax.random.PRNGKey(0))
       finally:
         for m, n, orig in saved:
           setattr(m, n, orig)
@@ -102,8 +103,8 @@ def grad_of(setup, state, batch, weights, key="total", argnums=(0,), **kw):
   ctx = dataclasses.replace(setup.ctx, weights=weights)
 
   def f(params, ema, frozen, image):
-    total, (metrics, _) = base.compute_losses(ctx, params, ema, state.centers, frozen,
-                                              dict(batch, image=image), state.step, jax.random.PRNGKey(0))
+    total, (metrics, _) = objective.compute_losses(ctx, params, ema, state.centers, frozen,
+                                                   dict(batch, image=image), state.step, jax.random.PRNGKey(0))
     if isinstance(key, tuple):
       return jnp.stack([metrics[k] for k in key])
     return total if key == "total" else metrics[key]
@@ -170,10 +171,10 @@ def test_contrastive_terms_read_the_right_cls_caption_and_view():
   def ref(p):
     v1 = apply(setup, p, batch["image"], train=True, method=TrainModel.encode_image)["cls"]
     v2 = apply(setup, p, batch["image2"], train=True, method=TrainModel.encode_image)["cls"]
-    t1 = l2n(apply(setup, p, batch["text"], train=True, method=TrainModel.encode_text)["pooled"])
-    t2 = l2n(apply(setup, p, batch["text2"], train=True, method=TrainModel.encode_text)["pooled"])
+    t1 = unit(apply(setup, p, batch["text"], train=True, method=TrainModel.encode_text)["pooled"])
+    t2 = unit(apply(setup, p, batch["text2"], train=True, method=TrainModel.encode_text)["pooled"])
     s = jnp.exp(p["logit_scale"])
-    pairs = [(l2n(v1[:, 0]), t1), (l2n(v1[:, 1]), t2), (l2n(v2[:, 0]), t1)]
+    pairs = [(unit(v1[:, 0]), t1), (unit(v1[:, 1]), t2), (unit(v2[:, 0]), t1)]
     terms = [con_lib.clip_loss(a, b, s) for a, b in pairs]
     return 0.5 * (terms[0] + terms[1]) + 0.5 * terms[2], (pairs, terms)
 

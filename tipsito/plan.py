@@ -160,7 +160,7 @@ def _analyses(compiled) -> dict:
 def plan_train(config, devices: list, *, topology: str = "", teacher_variant: str = "g/14") -> dict:
   """Compiles the train step of `config` for `devices`; returns the per-chip report (see module doc)."""
   from tipsito.config import validation as config_validation  # pylint: disable=import-outside-toplevel
-  from tipsito import recipes as recipes_lib  # pylint: disable=import-outside-toplevel
+  from tipsito.objective import recipes as recipes_lib  # pylint: disable=import-outside-toplevel
   from tipsito.train import sharding, step as step_lib  # pylint: disable=import-outside-toplevel
   jax.config.update("jax_threefry_partitionable", True)
   config_validation.validate(config, num_devices=len(devices))
@@ -246,7 +246,7 @@ def plan_evals(config, devices: list, *, topology: str = "") -> list[dict]:
   The eval batch is rounded up to a multiple of the batch-sharding devices (the evaluators pad the last
   batch the same way). Params are sharded like training params; segmentation evals compile the value path.
   """
-  from tipsito import recipes as recipes_lib  # pylint: disable=import-outside-toplevel
+  from tipsito.objective import recipes as recipes_lib  # pylint: disable=import-outside-toplevel
   from tipsito.train import sharding, step as step_lib  # pylint: disable=import-outside-toplevel
   if not len(config.evals):
     return []

@@ -13,8 +13,8 @@ from typing import Any
 import ml_collections as mlc
 from ml_collections import config_dict
 
-from tipsito import recipes
 from tipsito.config import args
+from tipsito.objective import recipes
 from tipsito.models import presets
 
 

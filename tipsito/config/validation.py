@@ -6,7 +6,7 @@ not a pod allocation and a 20-minute compile. The allowed key set is the referen
 recipe (`tipsito.config.defaults.base_config`), the allowed module kwargs are the dataclass fields of the
 modules, and each enumeration is the one the module that uses it defines (views and augmentations:
 tipsito/data/pipeline.py, mask types: tipsito/data/masking.py, optimizers and schedules:
-tipsito/train/optim.py, EMA modes: tipsito/recipes/base.py).
+tipsito/train/optim.py, EMA modes: tipsito/objective/recipes.py).
 """
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ from typing import Any, Iterable
 import ml_collections as mlc
 
 from tipsito import models
-from tipsito import recipes as recipes_lib
 from tipsito.config import defaults
 from tipsito.data.masking import MASK_TYPES
 from tipsito.data.pipeline import AUGMENTS, VIEWS
-from tipsito.recipes.base import EMA_MODES
+from tipsito.objective import recipes as recipes_lib
+from tipsito.objective.recipes import EMA_MODES
 from tipsito.train import sharding
 from tipsito.train.optim import OPTIMIZERS, SCHEDULES
 

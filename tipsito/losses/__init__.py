@@ -1,6 +1,6 @@
 """tipsito losses: contrastive (CLIP, SigLIP, ITO NT-Xent) and self-distillation (DINO, iBOT(++), KoLeo).
 
-Why a package of plain functions: the recipes in tipsito/recipes compose these terms freely under one
+Why a package of plain functions: the loss terms in tipsito/objective compose these terms freely under one
 jitted train step on globally sharded arrays; no loss keeps state (centres are explicit inputs/outputs).
 """
 

@@ -16,9 +16,9 @@ import optax
 from absl import logging
 from jax.sharding import Mesh, NamedSharding
 
-from tipsito import recipes as recipes_lib
-from tipsito.recipes.base import LossContext, compute_losses, init_centers
-from tipsito.recipes.model import TrainModel
+from tipsito import objective
+from tipsito.objective import LossContext, compute_losses, init_centers
+from tipsito.objective.model import TrainModel
 from tipsito.train import optim as optim_lib
 from tipsito.train import sharding as sharding_lib
 from tipsito.train import state as state_lib
@@ -132,7 +132,7 @@ def _workdir_teacher(workdir: str, mesh: Optional[Mesh]) -> tuple[dict, dict, di
   from tipsito.train import checkpointing  # pylint: disable=import-outside-toplevel
   from tipsito.train import loop  # pylint: disable=import-outside-toplevel
   tcfg = loop.load_config(workdir)
-  if recipes_lib.get_recipe(tcfg.recipe).teacher == "frozen":
+  if objective.get_recipe(tcfg.recipe).teacher == "frozen":
     raise ValueError(f"config.distill.teacher={workdir!r} is a distillation run; use a pretraining workdir")
   setup = build(tcfg, mesh)
   state = checkpointing.restore_latest_state(workdir, setup.state_shapes, setup.state_shardings,
@@ -190,9 +190,9 @@ def frozen_tree(teacher: Teacher) -> dict:
 
 def build_model(config, recipe, *, vocab_size: Optional[int] = None,
                 teacher_width: Optional[int] = None) -> TrainModel:
-  """The recipe's TrainModel from `config.model` (mask token only when iBOT masks something)."""
+  """The recipe's TrainModel from `config.model` (mask token only when iBOT masks the student's view)."""
   img = image_kwargs(config)
-  img["use_mask_token"] = bool(img.get("use_mask_token")) and float(config.input.mask_ratio) > 0
+  img["use_mask_token"] = objective.masks_student_view(config)
   txt = text_kwargs(config, vocab_size) if "text" in recipe.parts else {}
   parts = tuple(recipe.parts)
   heads = dict(config.model.heads)
@@ -208,10 +208,11 @@ def build_model(config, recipe, *, vocab_size: Optional[int] = None,
 
 
 def make_loss_context(config, recipe, model, ema_keys, teacher=None) -> LossContext:
-  """Static loss options from `config.loss` (weights, zero terms dropped) and `config.loss_opts`."""
+  """Static loss options: `config.loss` (weights, zero terms dropped) and every `config.loss_opts` key."""
   lo = config.loss_opts
   return LossContext(
       model=model, recipe=recipe, weights={k: float(v) for k, v in config.loss.items() if v},
+      masks_student_view=objective.masks_student_view(config),
       student_temp=float(lo.student_temp), teacher_temp=float(lo.teacher_temp),
       warmup_teacher_temp=float(lo.warmup_teacher_temp),
       teacher_temp_warmup_steps=int(lo.teacher_temp_warmup_steps),
@@ -233,7 +234,7 @@ def build(config, mesh: Optional[Mesh] = None, *, vocab_size: Optional[int] = No
           teacher: Optional[Teacher] = None) -> Setup:
   """Builds the Setup for `config` on `mesh` (default: all devices, `config.mesh`)."""
   mesh = mesh or sharding_lib.make_mesh(config.mesh)
-  recipe = recipes_lib.get_recipe(config.recipe)
+  recipe = objective.get_recipe(config.recipe)
   if recipe.teacher == "frozen" and teacher is None:
     teacher = load_teacher(config, mesh)
   teacher_width = None if teacher is None else int(teacher.image_config["width"])

@@ -3,7 +3,7 @@
 Why one module with named methods instead of one module per recipe: the parameter tree is then identical
 across recipes for the parts they share ('image', 'text', 'image_proj', 'logit_scale', 'dino_head', ...),
 so sharding rules, EMA subsets, the exporter and `info` all address parts by the same top-level names.
-Which parts exist is decided by the recipe (`Recipe.parts`); the losses decide which methods are called.
+Which parts exist is decided by the recipe (`Recipe.parts`); the loss terms decide which methods are called.
 Top-level param names (shared with `tipsito.checkpoint.write_export`):
   image (VisionTransformer), text (TextEncoder), image_proj (bias-free Dense, CLIP/ITO only),
   logit_scale (log of the contrastive scale s; TIPS' temperature is T = 1/s), logit_bias (SigLIP),
@@ -15,14 +15,9 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 
 from tipsito import models
-
-# Parts that never leave training (the exporter drops them; tests check it).
-TRAINING_ONLY_PARTS = ("dino_head", "ibot_head", "fusion", "distill_proj", "logit_bias")
-
 
 class TrainModel(nn.Module):
   """Image/text encoders plus the training-only parts listed in `parts`.
@@ -128,8 +123,3 @@ class TrainModel(nn.Module):
       out["fusion"] = self.fuse(cls, img["patches"], txt["tokens"], txt["valid"])
     return out
 
-
-def l2n(x: jax.Array) -> jax.Array:
-  """L2 normalisation in fp32 (the contrastive losses expect unit vectors from the caller)."""
-  x = x.astype(jnp.float32)
-  return x * jax.lax.rsqrt(jnp.maximum(jnp.sum(x * x, -1, keepdims=True), 1e-12))

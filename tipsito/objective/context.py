@@ -1,0 +1,70 @@
+"""What the objective needs from the config, resolved once: `LossContext`, and the iBOT mask decision.
+
+Why separate from the terms: `tipsito.train.step` builds the context once per run (weights with zero
+terms dropped, `config.loss_opts`), the feature pass and every term read it, and the defaults of the
+options live only in the default config, so no field here has a default of its own.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any, Optional
+
+import jax
+import jax.numpy as jnp
+
+from tipsito.objective.model import TrainModel
+
+if TYPE_CHECKING:  # recipes.py imports the term names, whose module imports this one
+  from tipsito.objective.recipes import Recipe
+
+
+def masks_student_view(config) -> bool:
+  """Whether the student sees view 1 with iBOT's patch mask: the pipeline draws a mask
+  (`input.mask_ratio` > 0) and the image tower has the mask token to put in the masked places
+  (`model.image.use_mask_token`).
+
+  Why one function: the model gets its mask token from this answer (`step.build_model`) and the loss
+  context carries it to the feature pass, which applies the batch's mask only when it is true and the
+  `ibot` term is on; nothing else re-derives it.
+  """
+  return bool(config.model.image.get("use_mask_token")) and float(config.input.mask_ratio) > 0
+
+
+@dataclasses.dataclass(frozen=True)
+class LossContext:
+  """Everything static the loss needs: model, recipe, weights and options (built once from the config).
+
+  Attributes:
+    model, recipe: the run's TrainModel and Recipe.
+    weights: term -> float, zero weights removed (the active terms).
+    masks_student_view: see `masks_student_view`.
+    student_temp ... fusion_cls: `config.loss_opts` of the same names.
+    logit_scale_max: clamp of the log contrastive scale (`config.model.logit_scale_max`), None = none.
+    ema_keys: top-level params with an EMA copy (`state.ema`).
+    teacher_model: distillation only, the frozen teacher's VisionTransformer.
+  """
+  model: TrainModel
+  recipe: Recipe
+  weights: dict
+  masks_student_view: bool
+  student_temp: float
+  teacher_temp: float
+  warmup_teacher_temp: float
+  teacher_temp_warmup_steps: int
+  center_momentum: float
+  ibot_all_patches: bool
+  ibot_token_norm: str
+  teacher_method: str
+  contrastive_view: str
+  logit_scale_max: Optional[float]
+  fusion_cls: int
+  ema_keys: tuple[str, ...]
+  teacher_model: Any
+
+
+def teacher_temperature(ctx: LossContext, step) -> jax.Array:
+  """Linear warmup of the teacher temperature (0.04 -> 0.07 over `teacher_temp_warmup_steps`)."""
+  if ctx.teacher_temp_warmup_steps <= 0:
+    return jnp.asarray(ctx.teacher_temp, jnp.float32)
+  frac = jnp.clip(jnp.asarray(step, jnp.float32) / ctx.teacher_temp_warmup_steps, 0.0, 1.0)
+  return ctx.warmup_teacher_temp + frac * (ctx.teacher_temp - ctx.warmup_teacher_temp)

@@ -1,0 +1,176 @@
+"""The one feature pass of a step: every encoder output the active loss terms read, computed once.
+
+Why a record: each loss term (tipsito/objective/terms.py) is then a short function of `Features`; which
+passes run is decided here once from the features the active terms declare (`needs`), so two terms that
+read the same view never encode it twice and a term never decides where the teacher's input comes from.
+
+Passes, as the terms need them:
+  student pass  one encoder call over every same-shaped image view (bigger matmuls, one encoder in the
+                HLO): view 1 as the student sees it (masked when iBOT masks), view 1 unmasked when the
+                contrastive terms must not see the mask (`loss_opts.contrastive_view='unmasked'` [I]: the
+                papers do not say; with 75% of the patches replaced by the mask token the CLS cannot carry
+                what the caption names; 'masked' reuses the masked pass), and ITO's view 2 (never masked).
+  text          one text-tower call over 'text' and, for two CLS tokens, the synthetic caption 'text2'.
+  teacher       see `teacher_features`; never differentiated.
+  local crops   the student's CLS1 of 'local_crops' (DINO's student views).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+from tipsito.models.layers import l2_normalize
+from tipsito.objective.context import LossContext, teacher_temperature
+from tipsito.objective.model import TrainModel
+from tipsito.train import collapse
+
+# What a term can need (`Term.features` in tipsito/objective/terms.py).
+CAPTION = "caption"                    # text tower on 'text'
+SYNTHETIC_CAPTION = "synthetic_caption"  # text tower on 'text2', paired with CLS2 (two CLS tokens only)
+CONTRASTIVE_VIEW = "contrastive_view"  # view 1 as the contrastive terms see it
+STUDENT_MASK = "student_mask"          # view 1 masked for the student (when `masks_student_view`)
+VIEW2 = "view2"                        # ITO's second view 'image2'
+TEACHER = "teacher"                    # teacher features, teacher head params, teacher temperature
+LOCAL_CROPS = "local_crops"            # student CLS1 of the local crops
+
+
+@dataclasses.dataclass(frozen=True)
+class Forward:
+  """`model.apply` with the step's params tree and dropout RNG: `fwd(params, *args, method=...)`."""
+  model: TrainModel
+  rng: jax.Array
+
+  def __call__(self, params, *args, method, **kw):
+    return self.model.apply({"params": params}, *args, method=method, rngs={"dropout": self.rng}, **kw)
+
+
+def unit(x: jax.Array) -> jax.Array:
+  """fp32 unit vectors (the contrastive losses expect them from the caller, whatever the tower dtype)."""
+  return l2_normalize(x.astype(jnp.float32))
+
+
+@dataclasses.dataclass
+class Features:
+  """Every feature of one step; fields a step does not need stay None.
+
+  Image features are {'cls': (B, n_cls, D), 'patches': (B, h, w, D)} dicts.
+  """
+  forward: Forward
+  params: dict
+  batch_size: int
+  student: dict                       # view 1 as the student sees it (masked when iBOT masks)
+  contrastive: dict                   # view 1 as the contrastive terms see it
+  view2: Optional[dict] = None        # ITO's second view
+  mask: Optional[jax.Array] = None    # (B, h, w) the student's iBOT mask, None = nothing masked
+  scale: Optional[jax.Array] = None   # contrastive scale s = exp(clamped logit_scale)
+  caption: Optional[dict] = None      # text tower on 'text': {'pooled', 'tokens', 'valid'}
+  caption_emb: Optional[jax.Array] = None   # unit pooled 'text'
+  synthetic_caption_emb: Optional[jax.Array] = None  # unit pooled 'text2' (two CLS tokens)
+  teacher: Optional[dict] = None      # teacher features of the unmasked view 1 (stop-gradient)
+  teacher_params: Optional[dict] = None  # student params with the teacher heads swapped in (stop-gradient)
+  teacher_temp: Optional[jax.Array] = None
+  student_cls: Optional[jax.Array] = None      # student view-1 CLS1 at the heads' width
+  student_patches: Optional[jax.Array] = None  # student view-1 patch tokens at the heads' width
+  local_cls: Optional[jax.Array] = None        # (M, B, D) student CLS1 of the local crops, heads' width
+  metrics: dict = dataclasses.field(default_factory=dict)
+
+  def project(self, x: jax.Array) -> jax.Array:
+    """Image embedding for the contrastive losses (unit, fp32)."""
+    return unit(self.forward(self.params, x, method=TrainModel.project))
+
+  def to_heads_width(self, x: jax.Array) -> jax.Array:
+    """Distillation maps student features to the teacher's width before the heads; identity otherwise."""
+    if "distill_proj" in self.params:
+      return self.forward(self.params, x, method=TrainModel.to_teacher_width)
+    return x
+
+
+def compute_features(ctx: LossContext, needs: frozenset, params: dict, ema: dict, frozen: dict,
+                     batch: dict, step, rng) -> Features:
+  """The features `needs` asks for (a union of the active terms' `Term.features`)."""
+  fwd = Forward(ctx.model, rng)
+  mask = batch.get("mask") if (ctx.masks_student_view and STUDENT_MASK in needs) else None
+  unmasked_v1 = mask is not None and CONTRASTIVE_VIEW in needs and ctx.contrastive_view == "unmasked"
+  student, contrastive, view2 = _student_pass(fwd, params, batch, mask, unmasked_v1, VIEW2 in needs)
+  f = Features(forward=fwd, params=params, batch_size=batch["image"].shape[0], student=student,
+               contrastive=contrastive, view2=view2, mask=mask)
+  if "logit_scale" in params:
+    log_s = params["logit_scale"]
+    if ctx.logit_scale_max is not None:
+      log_s = jnp.minimum(log_s, ctx.logit_scale_max)
+    f.scale = jnp.exp(log_s.astype(jnp.float32))
+    f.metrics["logit_scale"] = f.scale
+  if CAPTION in needs:
+    _encode_captions(f, batch, SYNTHETIC_CAPTION in needs)
+  if TEACHER in needs:
+    # With head-only EMA the teacher's input is the student encoder on the unmasked view 1: the
+    # student pass itself when nothing is masked, else its unmasked contrastive chunk if there is one.
+    unmasked_pass = student if mask is None else (contrastive if unmasked_v1 else None)
+    _self_distillation(ctx, f, ema, frozen, batch["image"], step, unmasked_pass)
+  if LOCAL_CROPS in needs and "local_crops" in batch:
+    loc = batch["local_crops"]
+    b, m = loc.shape[:2]
+    l_out = fwd(params, loc.reshape((b * m,) + loc.shape[2:]), train=True, method=TrainModel.encode_image)
+    f.local_cls = f.to_heads_width(l_out["cls"][:, 0].reshape(b, m, -1).swapaxes(0, 1))
+  return f
+
+
+def _student_pass(fwd: Forward, params: dict, batch: dict, mask, unmasked_v1: bool,
+                  with_view2: bool) -> tuple[dict, dict, Optional[dict]]:
+  """(student view 1, contrastive view 1, view 2 or None) from one encoder call over the stacked views."""
+  views = [batch["image"]] + ([batch["image"]] if unmasked_v1 else []) + (
+      [batch["image2"]] if with_view2 else [])
+  imgs = jnp.concatenate(views, 0) if len(views) > 1 else views[0]
+  if mask is not None and len(views) > 1:
+    mask = jnp.concatenate([mask] + [jnp.zeros_like(mask)] * (len(views) - 1), 0)
+  allv = fwd(params, imgs, mask=mask, train=True, method=TrainModel.encode_image)
+  b = batch["image"].shape[0]
+  chunks = [jax.tree.map(lambda x, i=i: x[i * b:(i + 1) * b], allv) for i in range(len(views))]
+  return chunks[0], (chunks[1] if unmasked_v1 else chunks[0]), (chunks[-1] if with_view2 else None)
+
+
+def _encode_captions(f: Features, batch: dict, synthetic: bool) -> None:
+  """Text tower on 'text' (and 'text2' in the same call when CLS2 has a synthetic caption to match)."""
+  b = f.batch_size
+  two_cls = synthetic and f.student["cls"].shape[1] > 1 and "text2" in batch
+  ids = jnp.concatenate([batch["text"], batch["text2"]], 0) if two_cls else batch["text"]
+  txt_all = f.forward(f.params, ids, train=True, method=TrainModel.encode_text)
+  f.caption = jax.tree.map(lambda x: x[:b], txt_all)
+  f.caption_emb = unit(f.caption["pooled"])
+  if two_cls:
+    f.synthetic_caption_emb = unit(txt_all["pooled"][b:])
+
+
+def teacher_features(ctx: LossContext, f: Features, ema: dict, frozen: dict, image: jax.Array,
+                     unmasked_pass: Optional[dict]) -> dict:
+  """The teacher's features of the unmasked view 1 (the caller stops their gradient).
+
+  distill: the frozen teacher encoder; full EMA: the EMA image encoder; head-only EMA: the student
+  encoder itself, reusing `unmasked_pass` (the student's pass on the unmasked view 1) when there is one.
+  """
+  if ctx.recipe.teacher == "frozen":
+    return ctx.teacher_model.apply({"params": frozen["image"]}, image)
+  if "image" in ema:
+    return f.forward({**f.params, **ema}, image, method=TrainModel.encode_image)
+  if unmasked_pass is not None:
+    return unmasked_pass
+  return f.forward(f.params, image, method=TrainModel.encode_image)
+
+
+def _self_distillation(ctx: LossContext, f: Features, ema: dict, frozen: dict, image: jax.Array, step,
+                       unmasked_pass: Optional[dict]) -> None:
+  """Teacher features, teacher head params and temperature, and the student's view-1 tokens at the
+  heads' width. Teacher heads: the frozen teacher's own (distillation from a training workdir), else
+  `state.ema` (an EMA of the student heads)."""
+  f.teacher_temp = teacher_temperature(ctx, step)
+  f.metrics["teacher_temp"] = f.teacher_temp
+  f.teacher = jax.lax.stop_gradient(teacher_features(ctx, f, ema, frozen, image, unmasked_pass))
+  t_heads = {k: frozen[k] for k in ("dino_head", "ibot_head") if k in frozen}
+  f.teacher_params = jax.lax.stop_gradient({**f.params, **ema, **t_heads})
+  s_cls = f.student["cls"][:, 0]
+  f.metrics["collapse/cls_effective_rank"] = collapse.effective_rank(jax.lax.stop_gradient(s_cls))
+  f.student_cls = f.to_heads_width(s_cls)
+  f.student_patches = f.to_heads_width(f.student["patches"])

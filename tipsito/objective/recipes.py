@@ -1,0 +1,124 @@
+"""Recipes: `config.recipe` -> `Recipe` (which model parts exist, which loss terms with which weights).
+
+Why plain data in one table: the train loop, `info`, `bench`, the default config and its validation all
+look recipes up by name, and a recipe never forks the loop; it only names parts, terms (keys of
+`tipsito.objective.terms.TERMS`) and defaults. A new recipe is one `Recipe(...)` entry here.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from tipsito.objective.terms import CLIP, CLIP_VIEW2, DINO, FEATURE, FUSION, IBOT, KOLEO, SIGLIP
+
+EMA_MODES = ("head", "full", "none")
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+  """Declarative description of a training recipe.
+
+  Attributes:
+    name: registry key (config.recipe).
+    doc: one line shown by `info` and in errors.
+    parts: top-level TrainModel parts (see tipsito.objective.model).
+    loss: default weights; the keys are the terms this recipe allows in `config.loss`.
+    views: default `config.input.views`.
+    num_cls: default number of CLS tokens of the image encoder.
+    ema_mode: default `config.ema.mode` (one of EMA_MODES).
+    mask_ratio: default iBOT mask ratio.
+    optimizer: default `config.optim.name`.
+    pixel: 'tips' (mean 0 / std 1) or 'clip' (CLIP statistics).
+    teacher: 'ema' (self-distillation) or 'frozen' (distillation from an exported/imported model).
+  """
+  name: str
+  doc: str
+  parts: tuple[str, ...]
+  loss: dict
+  views: str = "single"
+  num_cls: int = 1
+  ema_mode: str = "none"
+  mask_ratio: float = 0.0
+  optimizer: str = "adamw"
+  pixel: str = "clip"
+  teacher: str = "ema"
+
+  @property
+  def terms(self) -> tuple[str, ...]:
+    """Loss terms this recipe may use (the valid keys of `config.loss`)."""
+    return tuple(self.loss)
+
+
+_TIPS_PARTS = ("image", "text", "logit_scale", "dino_head", "ibot_head")
+
+# The reference point every vision-language paper compares to (ITO's and TIPSv2's tables).
+CLIP_RECIPE = Recipe(
+    name="clip", doc="CLIP: InfoNCE between image CLS and caption (AdamW).",
+    parts=("image", "text", "image_proj", "logit_scale"),
+    loss={CLIP: 1.0}, views="single", num_cls=1, ema_mode="none", mask_ratio=0.0,
+    optimizer="adamw", pixel="clip")
+
+# The second standard baseline: pairwise sigmoid loss with learned scale (init 10) and bias (init -10);
+# needs no batch-wide softmax.
+SIGLIP_RECIPE = Recipe(
+    name="siglip", doc="SigLIP: sigmoid image-text loss with learned scale and bias.",
+    parts=("image", "text", "image_proj", "logit_scale", "logit_bias"),
+    loss={SIGLIP: 1.0}, views="single", num_cls=1, ema_mode="none", mask_ratio=0.0,
+    optimizer="adamw", pixel="clip")
+
+# ITO: L = L_align + lambda * L_fusion with L_align the mean over the two views, i.e. weights
+# clip = clip_view2 = 0.5 and fusion = lambda = 2. The fusion Transformer is training-only.
+ITO_RECIPE = Recipe(
+    name="ito", doc="ITO: two views x caption InfoNCE + fusion NT-Xent (lambda=2), AdamW.",
+    parts=("image", "text", "image_proj", "logit_scale", "fusion"),
+    loss={CLIP: 0.5, CLIP_VIEW2: 0.5, FUSION: 2.0}, views="two_views", num_cls=1,
+    ema_mode="none", mask_ratio=0.0, optimizer="adamw", pixel="clip")
+
+# TIPS (v1): two CLS tokens with CLIP losses, DINO on local crops and iBOT on masked tokens only, with a
+# full EMA teacher (image encoder + heads): the baseline TIPSv2 improves on, and its full-EMA ablation.
+TIPS_RECIPE = Recipe(
+    name="tips", doc="TIPS: 2-CLS CLIP + DINO + iBOT (masked tokens), full EMA teacher, Adafactor.",
+    parts=_TIPS_PARTS,
+    loss={CLIP: 1.0, DINO: 1.0, IBOT: 2.0, KOLEO: 0.0}, views="multicrop", num_cls=2,
+    ema_mode="full", mask_ratio=0.75, optimizer="adafactor", pixel="tips")
+
+# TIPSv2: L = L_CLIP + 1.0 L_DINO + 2.0 L_iBOT++ with head-only EMA, two CLS tokens (CLS1 <-> alt-text
+# 'text', CLS2 <-> sampled synthetic caption 'text2'). iBOT++ is iBOT with `loss_opts.ibot_all_patches`.
+TIPSV2_RECIPE = Recipe(
+    name="tipsv2", doc="TIPSv2: 2-CLS CLIP + DINO + iBOT++ with head-only EMA, Adafactor.",
+    parts=_TIPS_PARTS,
+    loss={CLIP: 1.0, DINO: 1.0, IBOT: 2.0, KOLEO: 0.0}, views="multicrop", num_cls=2,
+    ema_mode="head", mask_ratio=0.75, optimizer="adafactor", pixel="tips")
+
+# tipsito (ours): TIPSv2 plus ITO's second augmented view ('image2', contrasted with 'text') and the
+# fusion NT-Xent loss between (view 1 + caption) and (view 2 + caption); tests whether ITO's cheap second
+# view and fusion module add to TIPSv2. Every term is switchable.
+TIPSITO_RECIPE = Recipe(
+    name="tipsito", doc="tipsito: TIPSv2 + ITO second view + fusion loss.",
+    parts=_TIPS_PARTS + ("fusion",),
+    loss={CLIP: 1.0, CLIP_VIEW2: 0.5, FUSION: 2.0, DINO: 1.0, IBOT: 2.0, KOLEO: 0.0},
+    views="multicrop_two_views", num_cls=2, ema_mode="head", mask_ratio=0.75, optimizer="adafactor",
+    pixel="tips")
+
+# Distillation (TIPSv2's B/L/So400m models are distilled from g/14): a frozen teacher replaces the
+# teacher branch; the randomly initialised student image encoder learns through DINO and iBOT++ on every
+# patch with no masking; the text tower trains with the CLIP loss (random init, or the teacher's text
+# tower: `config.distill.init_text`). When the teacher is a tipsito training workdir, its own EMA
+# DINO/iBOT heads are part of the frozen teacher and give the targets (no EMA in the student run). An
+# export or official TIPS weights hold encoders only: the teacher heads are then the EMA of the student
+# heads, applied to the frozen teacher features (our inference, logged at start). The student features
+# pass a training-only `distill_proj` to the teacher width.
+DISTILL_RECIPE = Recipe(
+    name="distill", doc="Distillation from a frozen exported/imported teacher, mask ratio 0.",
+    parts=_TIPS_PARTS + ("distill_proj",),
+    loss={CLIP: 1.0, DINO: 1.0, IBOT: 2.0, FEATURE: 0.0, KOLEO: 0.0}, views="multicrop",
+    num_cls=2, ema_mode="head", mask_ratio=0.0, optimizer="adafactor", pixel="tips", teacher="frozen")
+
+RECIPES: dict[str, Recipe] = {r.name: r for r in (
+    CLIP_RECIPE, SIGLIP_RECIPE, ITO_RECIPE, TIPS_RECIPE, TIPSV2_RECIPE, TIPSITO_RECIPE, DISTILL_RECIPE)}
+
+
+def get_recipe(name: str) -> Recipe:
+  """Looks a recipe up by name; the error lists the valid names."""
+  if name not in RECIPES:
+    raise ValueError(f"config.recipe={name!r} is not a recipe; valid values: {sorted(RECIPES)}")
+  return RECIPES[name]

@@ -1,0 +1,165 @@
+"""The loss terms: one short function each, and `TERMS`, the table that names them.
+
+Each term reads the step's `Features` (tipsito/objective/features.py) and returns its loss, its metrics
+and its centre update. Weights are `config.loss.<term>` (0 turns a term off), options
+`config.loss_opts`; a recipe (tipsito/objective/recipes.py) names the terms it allows and their default
+weights. Adding a term is one function here, one `TERMS` entry and a weight in a recipe.
+
+  clip        InfoNCE, view 1. One CLS: (CLS, 'text'). Two CLS (TIPS): mean of (CLS1,'text') and
+              (CLS2,'text2'). logits = s * cos, s = exp(logit_scale) clamped to exp(logit_scale_max).
+  siglip      sigmoid loss (CLS, 'text') with learned scale and bias.
+  clip_view2  InfoNCE of the second ITO view 'image2' (CLS1) with 'text' (ITO's L_align second half).
+  fusion      ITO NT-Xent between fusion(view 1, 'text') and fusion(view 2, 'text'), same scale s.
+  koleo       KoLeo regulariser on the student CLS1 of view 1 (off by default).
+  dino        DINO CE: student = dino_head(CLS1 of the local crops, or of view 1 if there are none),
+              teacher = teacher dino_head(CLS1 of the teacher features on the unmasked 'image').
+  ibot        iBOT (`loss_opts.ibot_all_patches=False`) or iBOT++ (True) on the patch tokens of the
+              student's masked view vs the teacher's unmasked ones.
+  feature     distillation only: 1 - cos between the projected student and the frozen teacher tokens
+              (CLS and patches), a direct feature-matching term (off by default).
+
+The loss functions are called through their modules (`_con.clip_loss`, ...), so tests can spy on them.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from tipsito.losses import contrastive as _con
+from tipsito.losses import self_distill as _sd
+from tipsito.objective.context import LossContext
+from tipsito.objective.features import (CAPTION, CONTRASTIVE_VIEW, LOCAL_CROPS, STUDENT_MASK,
+                                        SYNTHETIC_CAPTION, TEACHER, VIEW2, Features, unit)
+from tipsito.objective.model import TrainModel
+from tipsito.train import collapse
+
+CLIP = "clip"
+SIGLIP = "siglip"
+CLIP_VIEW2 = "clip_view2"
+FUSION = "fusion"
+KOLEO = "koleo"
+DINO = "dino"
+IBOT = "ibot"
+FEATURE = "feature"
+
+
+class TermOutput(NamedTuple):
+  """A term's loss (logged as `loss/<term>`), extra metrics, and new centres ({name: (K,)})."""
+  loss: jax.Array
+  metrics: dict = {}
+  centers: dict = {}
+
+
+def clip_term(ctx: LossContext, f: Features, batch: dict, centers: dict) -> TermOutput:
+  del ctx, batch, centers
+  parts = [_con.clip_loss(f.project(f.contrastive["cls"][:, 0]), f.caption_emb, f.scale)]
+  metrics = {"clip/cls1": parts[0]}
+  if f.synthetic_caption_emb is not None:
+    parts.append(_con.clip_loss(f.project(f.contrastive["cls"][:, 1]), f.synthetic_caption_emb, f.scale))
+    metrics["clip/cls2"] = parts[1]
+  return TermOutput(sum(parts) / len(parts), metrics)
+
+
+def siglip_term(ctx: LossContext, f: Features, batch: dict, centers: dict) -> TermOutput:
+  del ctx, batch, centers
+  bias = f.params["logit_bias"].astype(jnp.float32)
+  loss = _con.siglip_loss(f.project(f.contrastive["cls"][:, 0]), f.caption_emb, f.scale, bias)
+  return TermOutput(loss, {"logit_bias": bias})
+
+
+def clip_view2_term(ctx: LossContext, f: Features, batch: dict, centers: dict) -> TermOutput:
+  del ctx, batch, centers
+  return TermOutput(_con.clip_loss(f.project(f.view2["cls"][:, 0]), f.caption_emb, f.scale))
+
+
+def fusion_term(ctx: LossContext, f: Features, batch: dict, centers: dict) -> TermOutput:
+  del batch, centers
+  c, b, txt = ctx.fusion_cls, f.batch_size, f.caption
+  tokens = jnp.concatenate([txt["tokens"], txt["tokens"]], 0)
+  valid = jnp.concatenate([txt["valid"], txt["valid"]], 0)
+  both = jax.tree.map(lambda x, y: jnp.concatenate([x, y], 0), f.contrastive, f.view2)
+  z = f.forward(f.params, both["cls"][:, c], both["patches"], tokens, valid, method=TrainModel.fuse)
+  return TermOutput(_con.ntxent_loss(z[:b], z[b:], f.scale))
+
+
+def koleo_term(ctx: LossContext, f: Features, batch: dict, centers: dict) -> TermOutput:
+  del ctx, batch, centers
+  return TermOutput(_sd.koleo_loss(f.contrastive["cls"][:, 0]))
+
+
+def dino_term(ctx: LossContext, f: Features, batch: dict, centers: dict) -> TermOutput:
+  """Student views: the local crops (plus the global view when distilling, where it is a student crop
+  too), or view 1 when there are no local crops."""
+  del batch
+  fwd, t_temp, center = f.forward, f.teacher_temp, centers["dino"]
+  t_logits = fwd(f.teacher_params, f.teacher["cls"][:, 0], method=TrainModel.dino)[None]  # (1,B,K)
+  if f.local_cls is not None:
+    s_logits = fwd(f.params, f.local_cls, method=TrainModel.dino)
+    if ctx.recipe.teacher == "frozen":
+      g = fwd(f.params, f.student_cls, method=TrainModel.dino)[None]
+      s_logits = jnp.concatenate([g, s_logits], 0)
+  else:
+    s_logits = fwd(f.params, f.student_cls, method=TrainModel.dino)[None]
+  loss = _sd.dino_loss(s_logits, t_logits, center, ctx.student_temp, t_temp, method=ctx.teacher_method)
+  metrics = collapse.teacher_signals(
+      "dino", _sd.teacher_probs(t_logits, center, t_temp, method=ctx.teacher_method), center)
+  return TermOutput(loss, metrics, {"dino": _sd.update_center(center, t_logits, ctx.center_momentum)})
+
+
+def ibot_term(ctx: LossContext, f: Features, batch: dict, centers: dict) -> TermOutput:
+  del batch
+  b, t_temp, center = f.batch_size, f.teacher_temp, centers["ibot"]
+  sp = f.forward(f.params, f.student_patches.reshape(b, -1, f.student_patches.shape[-1]),
+                 method=TrainModel.ibot)
+  tpt = f.teacher["patches"]
+  tp = f.forward(f.teacher_params, tpt.reshape(b, -1, tpt.shape[-1]), method=TrainModel.ibot)
+  flat_mask = None if f.mask is None else f.mask.reshape(b, -1)
+  all_patches = ctx.ibot_all_patches or flat_mask is None
+  loss = _sd.ibot_loss(sp, tp, flat_mask, center, ctx.student_temp, t_temp, all_patches,
+                       method=ctx.teacher_method, token_norm=ctx.ibot_token_norm)
+  counted = None if all_patches else flat_mask
+  metrics = collapse.teacher_signals("ibot", _sd.ibot_teacher_probs(
+      tp, flat_mask, center, t_temp, all_patches, method=ctx.teacher_method), center, weights=counted)
+  return TermOutput(loss, metrics, {"ibot": _sd.update_patch_center(center, tp, counted, ctx.center_momentum)})
+
+
+def feature_term(ctx: LossContext, f: Features, batch: dict, centers: dict) -> TermOutput:
+  del ctx, batch, centers
+
+  def cos_dist(a, b):
+    return jnp.mean(1.0 - jnp.sum(unit(a) * unit(b), -1))
+
+  return TermOutput(0.5 * (cos_dist(f.student_cls, f.teacher["cls"][:, 0])
+                           + cos_dist(f.student_patches, f.teacher["patches"])))
+
+
+@dataclasses.dataclass(frozen=True)
+class Term:
+  """A loss term: its function, the batch fields it requires, the features it reads (features.py names),
+  and the centres it keeps ((K,) zeros at init, updated every step)."""
+  fn: Callable[[LossContext, Features, dict, dict], TermOutput]
+  fields: tuple[str, ...]
+  features: frozenset
+  centers: tuple[str, ...] = ()
+
+
+def _term(fn, fields, features, centers=()) -> Term:
+  return Term(fn, tuple(fields), frozenset(features), tuple(centers))
+
+
+# The order is the order in which the terms are summed into `loss/total` (kept for bit-equal totals).
+# clip_view2 lists CONTRASTIVE_VIEW although it reads only view 2: with iBOT masking and head-only EMA the
+# unmasked view-1 chunk of the student pass it keeps is the teacher's input (see features.py).
+TERMS: dict[str, Term] = {
+    CLIP: _term(clip_term, ("image", "text"), (CAPTION, SYNTHETIC_CAPTION, CONTRASTIVE_VIEW)),
+    SIGLIP: _term(siglip_term, ("image", "text"), (CAPTION, CONTRASTIVE_VIEW)),
+    CLIP_VIEW2: _term(clip_view2_term, ("image2", "text"), (CAPTION, VIEW2, CONTRASTIVE_VIEW)),
+    FUSION: _term(fusion_term, ("image", "image2", "text"), (CAPTION, VIEW2, CONTRASTIVE_VIEW)),
+    KOLEO: _term(koleo_term, ("image",), (CONTRASTIVE_VIEW,)),
+    DINO: _term(dino_term, ("image",), (TEACHER, LOCAL_CROPS), centers=("dino",)),
+    IBOT: _term(ibot_term, ("image",), (TEACHER, STUDENT_MASK), centers=("ibot",)),
+    FEATURE: _term(feature_term, ("image",), (TEACHER,)),
+}
