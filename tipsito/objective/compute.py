@@ -33,7 +33,7 @@ def compute_losses(ctx: LossContext, params: dict, ema: dict, centers: dict, fro
   features = compute_features(ctx, needs, params, ema, frozen, batch, step, rng)
   losses, metrics, new_centers = {}, dict(features.metrics), dict(centers)
   for name, term in terms.items():
-    out = term.fn(ctx, features, batch, centers)
+    out = term.fn(ctx, features, centers)
     losses[name] = out.loss
     metrics.update(out.metrics)
     new_centers.update(out.centers)

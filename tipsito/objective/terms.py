@@ -1,7 +1,7 @@
 """The loss terms: one short function each, and `TERMS`, the table that names them.
 
-Each term reads the step's `Features` (tipsito/objective/features.py) and returns its loss, its metrics
-and its centre update. Weights are `config.loss.<term>` (0 turns a term off), options
+Each term reads the step's `Features` (tipsito/objective/features.py) and the current centres, and
+returns its loss, its metrics and its centre update. Weights are `config.loss.<term>` (0 turns a term off), options
 `config.loss_opts`; a recipe (tipsito/objective/recipes.py) names the terms it allows and their default
 weights. Adding a term is one function here, one `TERMS` entry and a weight in a recipe.
 
@@ -53,8 +53,8 @@ class TermOutput(NamedTuple):
   centers: dict = {}
 
 
-def clip_term(ctx: LossContext, f: Features, batch: dict, centers: dict) -> TermOutput:
-  del ctx, batch, centers
+def clip_term(ctx: LossContext, f: Features, centers: dict) -> TermOutput:
+  del ctx, centers
   parts = [_con.clip_loss(f.project(f.contrastive["cls"][:, 0]), f.caption_emb, f.scale)]
   metrics = {"clip/cls1": parts[0]}
   if f.synthetic_caption_emb is not None:
@@ -63,20 +63,20 @@ def clip_term(ctx: LossContext, f: Features, batch: dict, centers: dict) -> Term
   return TermOutput(sum(parts) / len(parts), metrics)
 
 
-def siglip_term(ctx: LossContext, f: Features, batch: dict, centers: dict) -> TermOutput:
-  del ctx, batch, centers
+def siglip_term(ctx: LossContext, f: Features, centers: dict) -> TermOutput:
+  del ctx, centers
   bias = f.params["logit_bias"].astype(jnp.float32)
   loss = _con.siglip_loss(f.project(f.contrastive["cls"][:, 0]), f.caption_emb, f.scale, bias)
   return TermOutput(loss, {"logit_bias": bias})
 
 
-def clip_view2_term(ctx: LossContext, f: Features, batch: dict, centers: dict) -> TermOutput:
-  del ctx, batch, centers
+def clip_view2_term(ctx: LossContext, f: Features, centers: dict) -> TermOutput:
+  del ctx, centers
   return TermOutput(_con.clip_loss(f.project(f.view2["cls"][:, 0]), f.caption_emb, f.scale))
 
 
-def fusion_term(ctx: LossContext, f: Features, batch: dict, centers: dict) -> TermOutput:
-  del batch, centers
+def fusion_term(ctx: LossContext, f: Features, centers: dict) -> TermOutput:
+  del centers
   c, b, txt = ctx.fusion_cls, f.batch_size, f.caption
   tokens = jnp.concatenate([txt["tokens"], txt["tokens"]], 0)
   valid = jnp.concatenate([txt["valid"], txt["valid"]], 0)
@@ -85,15 +85,14 @@ def fusion_term(ctx: LossContext, f: Features, batch: dict, centers: dict) -> Te
   return TermOutput(_con.ntxent_loss(z[:b], z[b:], f.scale))
 
 
-def koleo_term(ctx: LossContext, f: Features, batch: dict, centers: dict) -> TermOutput:
-  del ctx, batch, centers
+def koleo_term(ctx: LossContext, f: Features, centers: dict) -> TermOutput:
+  del ctx, centers
   return TermOutput(_sd.koleo_loss(f.contrastive["cls"][:, 0]))
 
 
-def dino_term(ctx: LossContext, f: Features, batch: dict, centers: dict) -> TermOutput:
+def dino_term(ctx: LossContext, f: Features, centers: dict) -> TermOutput:
   """Student views: the local crops (plus the global view when distilling, where it is a student crop
   too), or view 1 when there are no local crops."""
-  del batch
   fwd, t_temp, center = f.forward, f.teacher_temp, centers["dino"]
   t_logits = fwd(f.teacher_params, f.teacher["cls"][:, 0], method=TrainModel.dino)[None]  # (1,B,K)
   if f.local_cls is not None:
@@ -109,8 +108,7 @@ def dino_term(ctx: LossContext, f: Features, batch: dict, centers: dict) -> Term
   return TermOutput(loss, metrics, {"dino": _sd.update_center(center, t_logits, ctx.center_momentum)})
 
 
-def ibot_term(ctx: LossContext, f: Features, batch: dict, centers: dict) -> TermOutput:
-  del batch
+def ibot_term(ctx: LossContext, f: Features, centers: dict) -> TermOutput:
   b, t_temp, center = f.batch_size, f.teacher_temp, centers["ibot"]
   sp = f.forward(f.params, f.student_patches.reshape(b, -1, f.student_patches.shape[-1]),
                  method=TrainModel.ibot)
@@ -126,8 +124,8 @@ def ibot_term(ctx: LossContext, f: Features, batch: dict, centers: dict) -> Term
   return TermOutput(loss, metrics, {"ibot": _sd.update_patch_center(center, tp, counted, ctx.center_momentum)})
 
 
-def feature_term(ctx: LossContext, f: Features, batch: dict, centers: dict) -> TermOutput:
-  del ctx, batch, centers
+def feature_term(ctx: LossContext, f: Features, centers: dict) -> TermOutput:
+  del ctx, centers
 
   def cos_dist(a, b):
     return jnp.mean(1.0 - jnp.sum(unit(a) * unit(b), -1))
@@ -140,7 +138,7 @@ def feature_term(ctx: LossContext, f: Features, batch: dict, centers: dict) -> T
 class Term:
   """A loss term: its function, the batch fields it requires, the features it reads (features.py names),
   and the centres it keeps ((K,) zeros at init, updated every step)."""
-  fn: Callable[[LossContext, Features, dict, dict], TermOutput]
+  fn: Callable[[LossContext, Features, dict], TermOutput]
   fields: tuple[str, ...]
   features: frozenset
   centers: tuple[str, ...] = ()
