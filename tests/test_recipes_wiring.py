@@ -104,7 +104,8 @@ def grad_of(setup, state, batch, weights, key="total", argnums=(0,), **kw):
 
   def f(params, ema, frozen, image):
     total, (metrics, _) = objective.compute_losses(ctx, params, ema, state.centers, frozen,
-                                                   dict(batch, image=image), state.step, jax.random.PRNGKey(0))
+                                                   dict(batch, image=image), state.step,
+                                                   jax.random.PRNGKey(0))
     if isinstance(key, tuple):
       return jnp.stack([metrics[k] for k in key])
     return total if key == "total" else metrics[key]

@@ -63,6 +63,7 @@ class Features:
   batch_size: int
   student: dict                       # view 1 as the student sees it (masked when iBOT masks)
   contrastive: dict                   # view 1 as the contrastive terms see it
+  contrastive_cls1: jax.Array         # its CLS1, one slice shared by the terms that read it
   view2: Optional[dict] = None        # ITO's second view
   mask: Optional[jax.Array] = None    # (B, h, w) the student's iBOT mask, None = nothing masked
   scale: Optional[jax.Array] = None   # contrastive scale s = exp(clamped logit_scale)
@@ -95,8 +96,10 @@ def compute_features(ctx: LossContext, needs: frozenset, params: dict, ema: dict
   mask = batch.get("mask") if (ctx.masks_student_view and STUDENT_MASK in needs) else None
   unmasked_v1 = mask is not None and CONTRASTIVE_VIEW in needs and ctx.contrastive_view == "unmasked"
   student, contrastive, view2 = _student_pass(fwd, params, batch, mask, unmasked_v1, VIEW2 in needs)
+  # One CLS1 slice for every term that reads it: the gradient then sums those terms before flowing into
+  # the encoder output, in the same order as before the term table (bit-equal updates).
   f = Features(forward=fwd, params=params, batch_size=batch["image"].shape[0], student=student,
-               contrastive=contrastive, view2=view2, mask=mask)
+               contrastive=contrastive, contrastive_cls1=contrastive["cls"][:, 0], view2=view2, mask=mask)
   if "logit_scale" in params:
     log_s = params["logit_scale"]
     if ctx.logit_scale_max is not None:

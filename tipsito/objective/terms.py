@@ -1,9 +1,9 @@
 """The loss terms: one short function each, and `TERMS`, the table that names them.
 
 Each term reads the step's `Features` (tipsito/objective/features.py) and the current centres, and
-returns its loss, its metrics and its centre update. Weights are `config.loss.<term>` (0 turns a term off), options
-`config.loss_opts`; a recipe (tipsito/objective/recipes.py) names the terms it allows and their default
-weights. Adding a term is one function here, one `TERMS` entry and a weight in a recipe.
+returns its loss, its metrics and its centre update. Weights are `config.loss.<term>` (0 turns a term
+off), options `config.loss_opts`; a recipe (tipsito/objective/recipes.py) names the terms it allows
+and their default weights. Adding a term is one function here, one `TERMS` entry and a weight in a recipe.
 
   clip        InfoNCE, view 1. One CLS: (CLS, 'text'). Two CLS (TIPS): mean of (CLS1,'text') and
               (CLS2,'text2'). logits = s * cos, s = exp(logit_scale) clamped to exp(logit_scale_max).
@@ -55,7 +55,7 @@ class TermOutput(NamedTuple):
 
 def clip_term(ctx: LossContext, f: Features, centers: dict) -> TermOutput:
   del ctx, centers
-  parts = [_con.clip_loss(f.project(f.contrastive["cls"][:, 0]), f.caption_emb, f.scale)]
+  parts = [_con.clip_loss(f.project(f.contrastive_cls1), f.caption_emb, f.scale)]
   metrics = {"clip/cls1": parts[0]}
   if f.synthetic_caption_emb is not None:
     parts.append(_con.clip_loss(f.project(f.contrastive["cls"][:, 1]), f.synthetic_caption_emb, f.scale))
@@ -66,7 +66,7 @@ def clip_term(ctx: LossContext, f: Features, centers: dict) -> TermOutput:
 def siglip_term(ctx: LossContext, f: Features, centers: dict) -> TermOutput:
   del ctx, centers
   bias = f.params["logit_bias"].astype(jnp.float32)
-  loss = _con.siglip_loss(f.project(f.contrastive["cls"][:, 0]), f.caption_emb, f.scale, bias)
+  loss = _con.siglip_loss(f.project(f.contrastive_cls1), f.caption_emb, f.scale, bias)
   return TermOutput(loss, {"logit_bias": bias})
 
 
@@ -87,7 +87,7 @@ def fusion_term(ctx: LossContext, f: Features, centers: dict) -> TermOutput:
 
 def koleo_term(ctx: LossContext, f: Features, centers: dict) -> TermOutput:
   del ctx, centers
-  return TermOutput(_sd.koleo_loss(f.contrastive["cls"][:, 0]))
+  return TermOutput(_sd.koleo_loss(f.contrastive_cls1))
 
 
 def dino_term(ctx: LossContext, f: Features, centers: dict) -> TermOutput:
@@ -121,7 +121,8 @@ def ibot_term(ctx: LossContext, f: Features, centers: dict) -> TermOutput:
   counted = None if all_patches else flat_mask
   metrics = collapse.teacher_signals("ibot", _sd.ibot_teacher_probs(
       tp, flat_mask, center, t_temp, all_patches, method=ctx.teacher_method), center, weights=counted)
-  return TermOutput(loss, metrics, {"ibot": _sd.update_patch_center(center, tp, counted, ctx.center_momentum)})
+  new_center = _sd.update_patch_center(center, tp, counted, ctx.center_momentum)
+  return TermOutput(loss, metrics, {"ibot": new_center})
 
 
 def feature_term(ctx: LossContext, f: Features, centers: dict) -> TermOutput:
