@@ -96,8 +96,8 @@ def compute_features(ctx: LossContext, needs: frozenset, params: dict, ema: dict
   mask = batch.get("mask") if (ctx.masks_student_view and STUDENT_MASK in needs) else None
   unmasked_v1 = mask is not None and CONTRASTIVE_VIEW in needs and ctx.contrastive_view == "unmasked"
   student, contrastive, view2 = _student_pass(fwd, params, batch, mask, unmasked_v1, VIEW2 in needs)
-  # One CLS1 slice for every term that reads it: the gradient then sums those terms before flowing into
-  # the encoder output, in the same order as before the term table (bit-equal updates).
+  # One CLS1 slice shared by the terms that read it (clip, siglip, koleo): their gradients add up there,
+  # in term order, before reaching the encoder, so the step's numbers do not depend on the table's layout.
   f = Features(forward=fwd, params=params, batch_size=batch["image"].shape[0], student=student,
                contrastive=contrastive, contrastive_cls1=contrastive["cls"][:, 0], view2=view2, mask=mask)
   if "logit_scale" in params:
