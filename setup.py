@@ -24,8 +24,9 @@ INSTALL_REQUIRES = [
 ]
 
 ENTRY_POINTS = [
-    f"tipsito-{name}=tipsito.{name}:run"
-    for name in ("train", "evaluate", "export", "info", "bench", "plan")
+    f"tipsito-{name}=tipsito.{module}:run"
+    for name, module in (("train", "train"), ("evaluate", "evaluate"), ("export", "export"),
+                         ("info", "info"), ("bench", "step_bench"), ("plan", "plan"))
 ]
 
 setuptools.setup(

@@ -84,7 +84,9 @@ SCRIPT = textwrap.dedent("""\
     import tipsito
     from tipsito.config import defaults
     from tipsito.data import convert, sources, tokenizer as tok_lib
-    from tipsito.train import checkpointing, loop, resume_guard, step as step_lib
+    from tipsito import export
+    from tipsito.train import checkpointing, loop, resume_guard, step as step_lib, teacher as teacher_lib
+    from tipsito.train import workdir as workdir_lib
 
     local, bucket = sys.argv[1], sys.argv[2]
     G = f"gs://{bucket}"
@@ -119,7 +121,7 @@ SCRIPT = textwrap.dedent("""\
 
     W = f"{G}/run"
     loop.train_and_evaluate(cfg(f"{G}/export"), W, max_steps=2)          # "preempted" after 2 steps
-    out["steps_after_stop"] = loop.latest_checkpoint_step(W)
+    out["steps_after_stop"] = workdir_lib.latest_checkpoint_step(W)
     out["config_json"] = (epath.Path(W) / "config.json").exists()
     try:                                                                   # resume guard on gs://
       loop.train_and_evaluate(cfg(f"{G}/export", batch=16), W)
@@ -137,7 +139,7 @@ SCRIPT = textwrap.dedent("""\
     out["resumed_on_gs_equals_uninterrupted"] = bool(np.array_equal(a, b))
     out["export_has_tokenizer"] = enc_gs.embed_texts(["a red circle"]).shape[0] == 1
 
-    loop.export_from_workdir(W, f"{G}/export2")                            # export CLI path
+    export.export_from_workdir(W, f"{G}/export2")                          # export CLI path
     out["export2"] = bool(np.array_equal(np.asarray(tipsito.load(f"{G}/export2").embed_images(images)["cls"]), a))
 
     from tipsito import evals                                              # evaluate the gs export
@@ -158,7 +160,7 @@ SCRIPT = textwrap.dedent("""\
 
     tcfg = defaults.tiny_config("distill", batch_size=8)                     # distillation teacher on gs://
     tcfg.distill.teacher = f"{G}/export"
-    teacher = step_lib.load_teacher(tcfg)
+    teacher = teacher_lib.load_teacher(tcfg)
     out["teacher"] = all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in
                          zip(jax.tree.leaves(teacher.params), jax.tree.leaves(enc_gs.params["image"])))
 

@@ -1,6 +1,6 @@
 """Conformance of tipsito's towers with the official TIPS Scenic release.
 
-Why: released TIPS weights must load through `tipsito.checkpoint` and give the
+Why: released TIPS weights must load through `tipsito.tips_import` and give the
 official outputs (tests/data/tips_model, computed by running the official
 code). Each vector set is checked twice: through the importer
 (`Encoder.from_params` on the imported tree) and through the full
@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 import tipsito
-from tipsito import checkpoint
+from tipsito import export_format
 from tipsito import inference
+from tipsito import tips_import
 
 TOL = dict(rtol=1e-4, atol=5e-5)
 MODELS = ('vit_mlp', 'vit_swiglu')
@@ -41,11 +42,11 @@ def encoders(tips_dir, tmp_path_factory):
   for m in MODELS:
     image_npz = tips_dir / f'tiny_{m}_vision.npz'
     text_npz = tips_dir / 'tiny_text.npz'
-    icfg, tcfg, params, temp = checkpoint.import_tips_npz(image_npz, text_npz)
+    icfg, tcfg, params, temp = tips_import.import_tips_npz(image_npz, text_npz)
     out[(m, 'import')] = inference.Encoder.from_params(icfg, tcfg, params,
                                                        temp)
     d = tmp_path_factory.mktemp(f'export_{m}')
-    checkpoint.write_export(d, image_config=icfg, text_config=tcfg,
+    export_format.write_export(d, image_config=icfg, text_config=tcfg,
                             params=params, temperature=temp,
                             tokenizer_path=None)
     out[(m, 'export')] = tipsito.load(d)
@@ -116,7 +117,7 @@ def test_export_params_bit_equal(encoders):
 def test_importer_uses_every_key(tips_dir):
   for m in MODELS:
     flat = dict(np.load(tips_dir / f'tiny_{m}_vision.npz'))
-    cfg, params = checkpoint.import_tips_vision(flat)
+    cfg, params = tips_import.import_tips_vision(flat)
     import jax
     assert len(jax.tree_util.tree_leaves(params)) == len(flat)
     assert cfg['num_cls_tokens'] == 2 and cfg['posemb_grid'] == 32
@@ -124,7 +125,7 @@ def test_importer_uses_every_key(tips_dir):
     assert (cfg['width'], cfg['depth'], cfg['num_heads'], cfg['mlp_dim'],
             cfg['patch_size']) == (64, 2, 4, 128, 14)
   flat = dict(np.load(tips_dir / 'tiny_text.npz'))
-  cfg, params, temp = checkpoint.import_tips_text(flat)
+  cfg, params, temp = tips_import.import_tips_text(flat)
   assert len(jax.tree_util.tree_leaves(params)) == len(flat) - 1
   assert (cfg['vocab_size'], cfg['width'], cfg['depth'], cfg['num_heads'],
           cfg['mlp_dim']) == (32000, 64, 2, 4, 128)
@@ -135,29 +136,29 @@ def test_importer_missing_key(tips_dir):
   flat = dict(np.load(tips_dir / 'tiny_vit_mlp_vision.npz'))
   key = 'encoder/transformer/encoderblock_1/LayerNorm_0/scale'
   del flat[key]
-  with pytest.raises(checkpoint.CheckpointFormatError) as e:
-    checkpoint.import_tips_vision(flat)
+  with pytest.raises(tips_import.CheckpointFormatError) as e:
+    tips_import.import_tips_vision(flat)
   assert key in str(e.value) and '(64,)' in str(e.value)
   tflat = dict(np.load(tips_dir / 'tiny_text.npz'))
   del tflat['temperature_contrastive']
-  with pytest.raises(checkpoint.CheckpointFormatError,
+  with pytest.raises(tips_import.CheckpointFormatError,
                      match='temperature_contrastive'):
-    checkpoint.import_tips_text(tflat)
+    tips_import.import_tips_text(tflat)
 
 
 def test_importer_misshapen_key(tips_dir):
   flat = dict(np.load(tips_dir / 'tiny_vit_swiglu_vision.npz'))
   key = ('encoder/transformer/encoderblock_1/FFNSwiGluFused_0/Dense_2/kernel')
   flat[key] = np.zeros((80, 64), np.float32)
-  with pytest.raises(checkpoint.CheckpointFormatError) as e:
-    checkpoint.import_tips_vision(flat)
+  with pytest.raises(tips_import.CheckpointFormatError) as e:
+    tips_import.import_tips_vision(flat)
   msg = str(e.value)
   assert key in msg and '(80, 64)' in msg and '(88, 64)' in msg
   tflat = dict(np.load(tips_dir / 'tiny_text.npz'))
   key = 'transformer/encoderblock_0/MultiHeadDotProductAttention_0/out/bias'
   tflat[key] = np.zeros((63,), np.float32)
-  with pytest.raises(checkpoint.CheckpointFormatError) as e:
-    checkpoint.import_tips_text(tflat)
+  with pytest.raises(tips_import.CheckpointFormatError) as e:
+    tips_import.import_tips_text(tflat)
   assert key in str(e.value) and '(63,)' in str(e.value)
   assert '(64,)' in str(e.value)
 
@@ -165,9 +166,9 @@ def test_importer_misshapen_key(tips_dir):
 def test_importer_unexpected_key(tips_dir):
   flat = dict(np.load(tips_dir / 'tiny_vit_mlp_vision.npz'))
   flat['encoder/extra/thing'] = np.zeros((3,), np.float32)
-  with pytest.raises(checkpoint.CheckpointFormatError,
+  with pytest.raises(tips_import.CheckpointFormatError,
                      match='encoder/extra/thing'):
-    checkpoint.import_tips_vision(flat)
+    tips_import.import_tips_vision(flat)
 
 
 def test_export_cli(tips_dir, vectors, tmp_path):
@@ -201,38 +202,38 @@ def test_no_tokenizer_error(encoders, vectors):
 
 
 def test_export_refuses_training_parts(tips_dir, tmp_path):
-  icfg, tcfg, params, temp = checkpoint.import_tips_npz(
+  icfg, tcfg, params, temp = tips_import.import_tips_npz(
       tips_dir / 'tiny_vit_mlp_vision.npz', tips_dir / 'tiny_text.npz')
   kw = dict(image_config=icfg, text_config=tcfg, temperature=temp)
   bad = dict(params, fusion={'w': np.zeros(3, np.float32)})
   with pytest.raises(ValueError, match='fusion'):
-    checkpoint.write_export(tmp_path / 'a', params=bad, **kw)
+    export_format.write_export(tmp_path / 'a', params=bad, **kw)
   bad = dict(params, dino_head={'w': np.zeros(3, np.float32)})
   with pytest.raises(ValueError, match='dino_head'):
-    checkpoint.write_export(tmp_path / 'b', params=bad, **kw)
+    export_format.write_export(tmp_path / 'b', params=bad, **kw)
   bad = dict(params, image=dict(params['image'],
                                 mask_token=np.zeros(64, np.float32)))
   with pytest.raises(ValueError, match='mask_token'):
-    checkpoint.write_export(tmp_path / 'c', params=bad, **kw)
+    export_format.write_export(tmp_path / 'c', params=bad, **kw)
   assert not (tmp_path / 'a').exists()
   train_like = dict(params, fusion={'w': 0}, dino_head={'w': 0},
                     logit_scale=0.0,
                     image=dict(params['image'], mask_token=np.zeros(64)))
-  kept = checkpoint.select_export_params(train_like)
+  kept = export_format.select_export_params(train_like)
   assert sorted(kept) == ['image', 'text']
   assert 'mask_token' not in kept['image']
 
 
 def test_export_with_image_proj(tips_dir, vectors, tmp_path):
   """CLIP/ITO-style exports carry image_proj; project=True applies it."""
-  icfg, tcfg, params, temp = checkpoint.import_tips_npz(
+  icfg, tcfg, params, temp = tips_import.import_tips_npz(
       tips_dir / 'tiny_vit_mlp_vision.npz', tips_dir / 'tiny_text.npz')
   kernel = np.random.default_rng(0).normal(size=(64, 8)).astype(np.float32)
   params = dict(params, image_proj={'kernel': kernel})
   with pytest.raises(ValueError, match='image_proj'):
-    checkpoint.write_export(tmp_path / 'x', image_config=icfg,
+    export_format.write_export(tmp_path / 'x', image_config=icfg,
                             text_config=tcfg, params=params, temperature=temp)
-  checkpoint.write_export(tmp_path / 'p', image_config=icfg, text_config=tcfg,
+  export_format.write_export(tmp_path / 'p', image_config=icfg, text_config=tcfg,
                           params=params, temperature=temp, image_proj=True,
                           extra={'recipe': 'clip'})
   enc = tipsito.load(tmp_path / 'p')

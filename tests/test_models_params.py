@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from tipsito import checkpoint
+from tipsito import tips_import
 from tipsito.models import TextEncoder, VisionTransformer, text_config, vit_config
 
 # TIPSv2 Table 16 (g/14 image: the official tree has 1.136B, the table rounds
@@ -75,11 +75,11 @@ def _expand(tree):
 def test_presets_match_official_trees(official_trees, variant):
   """Official B/L/So400m/g trees map 1:1 onto tipsito's presets."""
   vflat = _expand(official_trees[f'vision {variant}'])
-  cfg = checkpoint.infer_vision_config(vflat)
+  cfg = tips_import.infer_vision_config(vflat)
   for k in ('width', 'depth', 'num_heads', 'mlp_dim', 'ffn', 'patch_size'):
     assert cfg[k] == vit_config(variant)[k], k
   ours = image_shapes(variant)
-  mapped = {checkpoint._official_to_tipsito(k, checkpoint._VISION_MAP,
+  mapped = {tips_import._official_to_tipsito(k, tips_import._VISION_MAP,
                                             'encoder/transformer/'): v.shape
             for k, v in vflat.items()}
   assert mapped == ours
@@ -87,13 +87,13 @@ def test_presets_match_official_trees(official_trees, variant):
 
   tflat = _expand(official_trees[f'text {variant}'])
   del tflat['temperature_contrastive']
-  tcfg = checkpoint.infer_text_config(tflat)
+  tcfg = tips_import.infer_text_config(tflat)
   ours_t = text_shapes(variant)
   if variant == 'So400m/14':
     # Official code builds 12 text layers; Table 16 (and our preset) says 27.
     assert tcfg['depth'] == 12 and text_config(variant)['depth'] == 27
   else:
-    mapped = {checkpoint._official_to_tipsito(k, checkpoint._TEXT_MAP,
+    mapped = {tips_import._official_to_tipsito(k, tips_import._TEXT_MAP,
                                               'transformer/'): v.shape
               for k, v in tflat.items()}
     assert mapped == ours_t

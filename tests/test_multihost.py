@@ -171,8 +171,8 @@ def runs(tmp_path_factory, data_dir):
 
 
 def _checkpoint(workdir, step=None, *, with_data=True):
-  from tipsito.train import checkpointing, loop, step as step_lib
-  setup = step_lib.build(loop.load_config(workdir))
+  from tipsito.train import checkpointing, step as step_lib, workdir as workdir_lib
+  setup = step_lib.build(workdir_lib.load_config(workdir))
   ck = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"), every_steps=0, keep=5,
                                   async_save=False)
   try:

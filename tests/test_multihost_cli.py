@@ -22,7 +22,7 @@ def _run(*args):
 
 @pytest.mark.parametrize("module,own", [("tipsito.train", ("--config", "--workdir")),
                                         ("tipsito.evaluate", ("--config", "--checkpoint")),
-                                        ("tipsito.bench", ("--config", "--steps"))])
+                                        ("tipsito.step_bench", ("--config", "--steps"))])
 def test_help_lists_the_distributed_flags(module, own):
   proc = _run(module, "--help")
   text = proc.stdout + proc.stderr

@@ -24,8 +24,8 @@ README = ROOT / "README.md"
 
 # Module of each CLI (absl tools are parsed in a subprocess each; argparse ones in-process).
 ABSL_TOOLS = {"train": "tipsito.train.cli", "evaluate": "tipsito.evaluate", "export": "tipsito.export",
-              "info": "tipsito.info", "bench": "tipsito.bench", "plan": "tipsito.plan"}
-ARGPARSE_TOOLS = ("data.convert", "data.bench", "data.train_tokenizer")
+              "info": "tipsito.info", "step_bench": "tipsito.step_bench", "plan": "tipsito.plan"}
+ARGPARSE_TOOLS = ("data.convert", "data.pipeline_bench", "data.train_tokenizer")
 
 
 def _normalise(cmd: str) -> str:
@@ -171,10 +171,10 @@ def _parse_argparse(tool: str, argv: list[str], monkeypatch) -> None:
   if tool == "data.convert":
     from tipsito.data import convert
     convert._parser().parse_args(argv)
-  elif tool == "data.bench":
-    from tipsito.data import bench
-    monkeypatch.setattr(bench, "run_data_bench", lambda *a, **k: {"parsed": 1.0})
-    bench.main(argv)
+  elif tool == "data.pipeline_bench":
+    from tipsito.data import pipeline_bench
+    monkeypatch.setattr(pipeline_bench, "run_data_bench", lambda *a, **k: {"parsed": 1.0})
+    pipeline_bench.main(argv)
   elif tool == "data.train_tokenizer":
     from tipsito.data import train_tokenizer
     monkeypatch.setattr(train_tokenizer, "train", lambda *a, **k: __file__)
@@ -189,7 +189,8 @@ def test_readme_lists_the_documented_commands():
                  "tipsv2_g14_hires.py:init=W1", "--config.distill.teacher_image_npz=",
                  "bash launch/tpu_v5p.sh run configs/tipsv2_g14.py --config.data.data_dir=/mnt/tfds",
                  "python -m tipsito.evaluate", "python -m tipsito.export", "python -m tipsito.info",
-                 "python -m tipsito.bench", "python -m tipsito.data.convert table", "FAKE_DEVICES=8"):
+                 "python -m tipsito.step_bench", "python -m tipsito.data.pipeline_bench",
+                 "python -m tipsito.data.convert table", "FAKE_DEVICES=8"):
     assert needle in joined, needle
   assert "WORKDIR" in env
 
@@ -206,8 +207,6 @@ def test_every_readme_and_launch_command_parses(tmp_path, monkeypatch):
       continue
     words = shlex.split(cmd)
     tool, argv = words[2][len("tipsito."):], words[3:]
-    if tool == "bench" and "--data" in argv:
-      tool, argv = "data.bench", [a for a in argv if a != "--data"]
     if argv == ["--help"]:
       continue  # absl's --help exits from app.run; tests/test_multihost_cli.py runs it for real
     if tool in ARGPARSE_TOOLS:

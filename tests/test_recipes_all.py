@@ -14,6 +14,7 @@ import pytest
 
 from tipsito.config import defaults
 from tipsito.config import validation as config_validation
+from tipsito.step_bench import synthetic_batch
 from tipsito.train import sharding
 from tipsito.train import step as step_lib
 
@@ -43,7 +44,7 @@ def run_steps(c, steps=STEPS):
   setup = step_lib.build(c, mesh, vocab_size=100)
   state = setup.init_state()
   step_fn = step_lib.jit_train_step(setup)
-  batch = sharding.global_batch(step_lib.synthetic_batch(c, seed=1), mesh)
+  batch = sharding.global_batch(synthetic_batch(c, seed=1), mesh)
   frozen = setup.frozen()
   hist = []
   for _ in range(steps):

@@ -15,10 +15,11 @@ import pytest
 from tipsito import objective
 from tipsito.config import defaults
 from tipsito.config import validation as config_validation
+from tipsito.step_bench import synthetic_batch
 from tipsito.train import checkpointing
-from tipsito.train import loop as loop_lib
 from tipsito.train import sharding
 from tipsito.train import step as step_lib
+from tipsito.train import workdir as workdir_lib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TIPS = pathlib.Path(__file__).parent / "data" / "tips_model"
@@ -52,7 +53,7 @@ def run(c, steps):
   setup = step_lib.build(c, mesh, vocab_size=100)
   state = setup.init_state()
   fn = step_lib.jit_train_step(setup)
-  batch = sharding.global_batch(step_lib.synthetic_batch(c, seed=1), mesh)
+  batch = sharding.global_batch(synthetic_batch(c, seed=1), mesh)
   frozen = setup.frozen()
   hist = []
   for _ in range(steps):
@@ -84,7 +85,7 @@ def teacher_workdir(tmp_path_factory):
   setup = step_lib.build(c, mesh)
   state = setup.init_state()
   state = state.replace(ema=jax.tree.map(lambda x: x * 1.5 + 0.01, state.ema))
-  loop_lib.save_config(c, str(wd))
+  workdir_lib.save_config(c, str(wd))
   ckpt = checkpointing.Checkpointer(str(wd / "checkpoints"), every_steps=1, keep=1, async_save=False)
   ckpt.save(1, state, force=True)
   ckpt.close()
@@ -102,7 +103,7 @@ def test_distill_from_training_workdir_uses_the_teachers_own_heads(teacher_workd
                {k: v for k, v in t_state.params["image"].items() if k != "mask_token"})
   assert all(np.isfinite(v) for h in hist for v in h.values())
   # The targets come from the frozen heads: other head values change the DINO and iBOT losses.
-  batch = jax.tree.map(jnp.asarray, step_lib.synthetic_batch(c, seed=1))
+  batch = jax.tree.map(jnp.asarray, synthetic_batch(c, seed=1))
   other = dict(frozen, dino_head=jax.tree.map(lambda x: -x, frozen["dino_head"]),
                ibot_head=jax.tree.map(lambda x: -x, frozen["ibot_head"]))
   f = jax.jit(lambda fr: objective.compute_losses(setup.ctx, state.params, state.ema, state.centers, fr,

@@ -13,13 +13,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tipsito import export
 from tipsito import objective
 from tipsito.config import defaults
 from tipsito.losses import contrastive as con_lib
 from tipsito.losses import self_distill as sd_lib
 from tipsito.objective.features import unit
 from tipsito.objective.model import TrainModel
-from tipsito.train import loop as loop_lib
+from tipsito.step_bench import synthetic_batch
 from tipsito.train import sharding
 from tipsito.train import step as step_lib
 
@@ -44,7 +45,7 @@ def build(recipe="tipsv2", ema_mode=None, **loss_opts):
   ema = jax.tree.map(lambda x: x * 1.5 + 0.01, jax.device_get(state.ema))
   state = state.replace(params=params, ema=jax.tree.map(jnp.asarray, ema),
                         centers=jax.device_get(state.centers), step=jnp.int32(0))
-  batch = jax.tree.map(jnp.asarray, step_lib.synthetic_batch(c, seed=1))
+  batch = jax.tree.map(jnp.asarray, synthetic_batch(c, seed=1))
   return setup, state, batch
 
 
@@ -204,7 +205,7 @@ def test_fusion_module_only_from_fusion_term_and_not_exported():
   g = grad_of(setup, state, batch, {"fusion": 2.0})[0]
   assert nonzero(g["fusion"]) and nonzero(g["image"]) and nonzero(g["text"])
   assert all_zero(g["dino_head"]) and all_zero(g["ibot_head"])
-  exported = loop_lib.export_params(state.params)
+  exported = export.export_params(state.params)
   paths = [sharding.path_str(k) for k, _ in jax.tree_util.tree_leaves_with_path(exported)]
   assert paths and not [q for q in paths if "fusion" in q or "head" in q]
 
@@ -327,5 +328,5 @@ def distill_setup(**loss):
   setup = step_lib.build(c, mesh, vocab_size=100)
   state = setup.init_state()
   state = state.replace(ema=jax.tree.map(lambda x: x * 1.5 + 0.01, state.ema))
-  batch = jax.tree.map(jnp.asarray, step_lib.synthetic_batch(c, seed=1))
+  batch = jax.tree.map(jnp.asarray, synthetic_batch(c, seed=1))
   return setup, state, batch, setup.frozen()

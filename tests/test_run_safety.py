@@ -18,11 +18,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from tipsito import export
 from tipsito.config import defaults
 from tipsito.config import validation as config_validation
+from tipsito.step_bench import synthetic_batch
 from tipsito.train import loop
 from tipsito.train import nonfinite
 from tipsito.train import resume_guard
+from tipsito.train import workdir as workdir_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -94,7 +97,7 @@ def test_resume_refuses_changed_recipe(trained, data_dir):
   c.data = tiny(data_dir).data
   with pytest.raises(resume_guard.ResumeConfigError, match=r"config.recipe: 'clip' -> 'siglip'"):
     loop.train_and_evaluate(c, trained)
-  loop.export_from_workdir(trained, os.path.join(trained, "export_again"))  # workdir still usable
+  export.export_from_workdir(trained, os.path.join(trained, "export_again"))  # workdir still usable
 
 
 def test_resume_accepts_safe_changes_and_keeps_history(trained, data_dir):
@@ -105,7 +108,7 @@ def test_resume_accepts_safe_changes_and_keeps_history(trained, data_dir):
   assert hist[-1]["changes"] == {"ckpt.keep": [3, 4], "log_every_steps": [1, 5]}
   assert hist[-1]["resumed_at_step"] == 2
   # load_config (export, evaluate) does not see the history key, and validation accepts the result.
-  config_validation.validate(loop.load_config(trained))
+  config_validation.validate(workdir_lib.load_config(trained))
 
 
 def test_resume_guard_classification():
@@ -136,7 +139,7 @@ def test_nonfinite_step_leaves_state_unchanged(data_dir):
   c = tiny(data_dir)
   setup = step_lib.build(c)
   state = setup.init_state()
-  batch = step_lib.synthetic_batch(c, vocab_size=100)
+  batch = synthetic_batch(c, vocab_size=100)
   step_fn = jax.jit(lambda s, b: step_lib.train_step(setup, s, b, {}))
   good, m_good = step_fn(state, batch)
   assert int(m_good[nonfinite.FLAG]) == 0
@@ -162,7 +165,7 @@ def test_nonfinite_run_stops_and_checkpoints_stay_finite(tmp_path, data_dir):
   msg = str(e.value)
   assert "Stopping at step 2: 2 consecutive steps" in msg and "update_norm=inf" in msg
   assert "config.nonfinite.max_consecutive=2" in msg
-  setup = step_lib.build(loop.load_config(w))
+  setup = step_lib.build(workdir_lib.load_config(w))
   ck = checkpointing.Checkpointer(os.path.join(w, "checkpoints"), every_steps=0, keep=1, async_save=False)
   assert ck.latest_step() == 1
   state, _ = ck.restore(checkpointing.abstract_with_shardings(setup.state_shapes, setup.state_shardings))
@@ -201,7 +204,7 @@ def test_self_distillation_recipes_log_collapse_metrics():
   from tipsito.train import step as step_lib
   c = defaults.tiny_config("tipsv2", batch_size=4)
   setup = step_lib.build(c, vocab_size=100)
-  batch = jax.tree.map(jnp.asarray, step_lib.synthetic_batch(c))
+  batch = jax.tree.map(jnp.asarray, synthetic_batch(c))
   _, metrics, _, _ = jax.eval_shape(lambda s, b: step_lib.loss_and_grads(setup, s, b, {}),
                                     setup.state_shapes, batch)
   for k in ("collapse/dino_teacher_entropy", "collapse/ibot_teacher_entropy", "collapse/dino_center_norm",
@@ -245,14 +248,14 @@ def test_missing_dataset_names_the_converter_and_writes_nothing(tmp_path):
 
 def test_load_of_a_workdir_says_how_to_export(trained):
   import tipsito
-  from tipsito import checkpoint
-  with pytest.raises(checkpoint.NotAnExportError) as e:
+  from tipsito import export_format
+  with pytest.raises(export_format.NotAnExportError) as e:
     tipsito.load(trained)
   msg = str(e.value)
   assert "is a training workdir, not an export" in msg
   assert f"python -m tipsito.export --workdir {trained} --output E" in msg
   assert f"tipsito.load('{os.path.join(trained, 'export')}')" in msg
-  with pytest.raises(checkpoint.NotAnExportError, match="training workdir"):
+  with pytest.raises(export_format.NotAnExportError, match="training workdir"):
     tipsito.load(os.path.join(trained, "checkpoints"))
   enc = tipsito.load(os.path.join(trained, "export"))
   assert enc.embed_texts(["a red circle"]).shape[0] == 1
@@ -260,7 +263,7 @@ def test_load_of_a_workdir_says_how_to_export(trained):
 
 def test_export_of_an_export_says_so(trained):
   with pytest.raises(ValueError, match=r"is an export, not a training workdir.*tipsito.load"):
-    loop.export_from_workdir(os.path.join(trained, "export"), os.path.join(trained, "e2"))
+    export.export_from_workdir(os.path.join(trained, "export"), os.path.join(trained, "e2"))
 
 
 def test_unknown_config_key_is_one_line():

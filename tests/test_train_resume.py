@@ -53,8 +53,8 @@ def runs(tmp_path_factory, data_dir, compile_cache):
 
 
 def _restore(workdir):
-  from tipsito.train import checkpointing, step as step_lib
-  config = loop.load_config(workdir)
+  from tipsito.train import checkpointing, step as step_lib, workdir as workdir_lib
+  config = workdir_lib.load_config(workdir)
   setup = step_lib.build(config)
   ck = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"), every_steps=0, keep=1,
                                   async_save=False)

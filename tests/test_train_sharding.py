@@ -52,13 +52,14 @@ WORKER = textwrap.dedent(r'''
   jax.config.update("jax_threefry_partitionable", True)
   jax.config.update("jax_default_matmul_precision", "highest")
   sys.path.insert(0, ROOT)
+  from tipsito.step_bench import synthetic_batch
   from tipsito.train import sharding, step as step_lib
   from tipsito.config import defaults
   c = defaults.tiny_config("tipsito", batch_size=8)
   c.model.image.update(dict(depth=1, posemb_grid=4))
   c.model.text.depth = 1
   c.sharding.min_size = 1  # shard every divisible leaf, to exercise FSDP on tiny params
-  host = step_lib.synthetic_batch(c, seed=3)
+  host = synthetic_batch(c, seed=3)
   out = {}
   for name, devs, mesh_cfg in (("one", jax.devices()[:1], {"data": 1, "fsdp": 1, "model": 1}),
                                ("fsdp8", jax.devices(), {"data": 1, "fsdp": 8, "model": 1})):

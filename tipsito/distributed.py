@@ -1,7 +1,8 @@
-"""Multi-process JAX set-up shared by the `train`, `evaluate` and `bench` command lines.
+"""JAX set-up shared by every program: global settings (`configure_jax`) and joining a multi-process job.
 
-Why one place: every host of a pod runs one JAX process, and all three programs must join the same
-job the same way. `--distributed` calls `jax.distributed.initialize`; coordinator address, process count
+Why one place: every program (train, evaluate, export, info, bench, plan) must draw the same random
+numbers for the same config on any mesh, and every host of a pod runs one JAX process that must join the
+same job the same way. `--distributed` calls `jax.distributed.initialize`; coordinator address, process count
 and process id come from the flags when given, else from the environment JAX detects (Cloud TPU, SLURM,
 Open MPI, ...). Outside those (a CPU or GPU machine, `launch/local_multiprocess.sh`) pass all three.
 CPU processes talk through gloo collectives, switched on here before the backend starts.
@@ -14,6 +15,17 @@ from absl import flags
 
 FLAGS = flags.FLAGS
 FLAG_NAMES = ("distributed", "coordinator_address", "num_processes", "process_id")
+
+
+def configure_jax() -> None:
+  """Global JAX settings every program needs before it builds anything.
+
+  Partitionable threefry: random bits do not depend on how an array is sharded, so the same seed gives
+  the same initialisation and dropout/mask draws on 1 device, 8 fake devices or a pod (resume onto a
+  different device count relies on it). Idempotent.
+  """
+  import jax  # pylint: disable=import-outside-toplevel
+  jax.config.update("jax_threefry_partitionable", True)
 
 
 def define_flags() -> None:

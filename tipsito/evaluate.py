@@ -49,7 +49,7 @@ def _define_flags() -> None:
 
 
 def is_export(path: str) -> bool:
-  """An export has config.json + params/ (tipsito.checkpoint.write_export); local or gs://."""
+  """An export has config.json + params/ (tipsito.export_format.write_export); local or gs://."""
   from tipsito import paths  # pylint: disable=g-import-not-at-top
   p = paths.as_path(path)
   return (p / "config.json").is_file() and (p / "params").is_dir()
@@ -61,26 +61,24 @@ def load_encoder(config, checkpoint: str):
     from tipsito import inference  # pylint: disable=g-import-not-at-top
     return inference.load(checkpoint), "export"
   try:
-    from tipsito.train import loop  # pylint: disable=g-import-not-at-top
+    from tipsito.train import step  # pylint: disable=g-import-not-at-top
   except ImportError as e:
     raise ValueError(
         f"{checkpoint!r} is not an export (no config.json + params/) and the training code needed for "
         f"training checkpoints cannot be imported ({e}); export it first with "
         "`python -m tipsito.export --workdir DIR --output EXPORT`") from e
-  del loop  # imported above only to fail early with a clear message
+  del step  # imported above only to fail early with a clear message
   return _encoder_from_workdir(config, checkpoint), "train"
 
 
 def _encoder_from_workdir(config, checkpoint: str):
   """Latest checkpoint of a training workdir -> in-memory Encoder (no export needed).
 
-  Uses only the training loop's public pieces (the same path as `export_from_workdir`): the workdir's
-  saved config.json rebuilds the model; `checkpoint` may be the workdir or its `checkpoints/` folder.
+  The same path as `export_from_workdir` (tipsito/export.py): the workdir's saved config.json rebuilds
+  the model; `checkpoint` may be the workdir or its `checkpoints/` folder.
   """
   del config  # the workdir's own training config defines the model
-  from tipsito.train import checkpointing  # pylint: disable=g-import-not-at-top
-  from tipsito.train import loop  # pylint: disable=g-import-not-at-top
-  from tipsito.train import step as step_lib  # pylint: disable=g-import-not-at-top
+  from tipsito import export  # pylint: disable=g-import-not-at-top
   from tipsito import paths  # pylint: disable=g-import-not-at-top
   workdir = paths.as_path(checkpoint)  # local or gs://
   if workdir.name == "checkpoints":
@@ -88,12 +86,8 @@ def _encoder_from_workdir(config, checkpoint: str):
   if not ((workdir / "config.json").is_file() and (workdir / "checkpoints").is_dir()):
     raise ValueError(f"{checkpoint!r} is neither an export (config.json + params/) nor a training "
                      "workdir (config.json + checkpoints/)")
-  loop.configure_jax()
-  train_config = loop.load_config(workdir)
-  setup = step_lib.build(train_config)
-  state = checkpointing.restore_latest_state(workdir, setup.state_shapes, setup.state_shardings,
-                                             what=f"--checkpoint {checkpoint}")
-  return loop.make_encoder(setup, state.params)
+  setup, state = export.restore_workdir(workdir, what=f"--checkpoint {checkpoint}")
+  return export.training_encoder(setup, state.params)
 
 
 def _evals_config(config, only: Sequence[str] | None, max_examples: int | None,

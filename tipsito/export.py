@@ -1,23 +1,29 @@
-"""`python -m tipsito.export`: write an inference checkpoint for `tipsito.load`.
+"""Writing exports (tipsito/export_format.py) from training params, and `python -m tipsito.export`.
 
-Two sources:
-  * released TIPS weights: --tips_image_npz V.npz --tips_text_npz T.npz
-    [--tokenizer F.model] --output DIR (architecture inferred from shapes);
-  * a tipsito training workdir: --workdir DIR --output DIR (the training
-    code restores the latest checkpoint, see `export_from_workdir`).
-Both end in `tipsito.checkpoint.write_export`, which refuses training-only
-parts (fusion module, DINO/iBOT heads, mask token).
+Three sources, one format:
+  * the end of a training run: `write_training_export(setup, params, output, step=...)`;
+  * a training workdir's latest checkpoint: `--workdir DIR --output DIR` (`export_from_workdir`);
+  * released TIPS weights: `--tips_image_npz V.npz --tips_text_npz T.npz [--tokenizer F.model]
+    --output DIR` (architecture inferred from shapes, tipsito/tips_import.py).
+All end in `tipsito.export_format.write_export`, which refuses training-only parts (fusion module,
+DINO/iBOT heads, mask token). Training-time evals use the same subset in memory (`training_encoder`), so
+what they measure is what the export holds.
 
-Flags are defined only when run as a program (`run()`), so importing this
-module (tests, other entry points) never collides with other absl flags.
+Flags are defined only when run as a program (`run()`), so importing this module (the training loop,
+tests, other entry points) never collides with other absl flags.
 """
 from __future__ import annotations
 
+import os
 from typing import Optional, Sequence
 
+import jax
+import numpy as np
 from absl import app
 from absl import flags
 from absl import logging
+
+from tipsito import export_format
 
 FLAGS = flags.FLAGS
 
@@ -37,27 +43,125 @@ def _define_flags() -> None:
   flags.DEFINE_string('output', None, 'Output directory.')
 
 
-def export_tips_npz(image_npz: str, text_npz: str, output: str,
-                    tokenizer: Optional[str] = None) -> str:
-  """Imports released TIPS .npz weights and writes a tipsito export."""
-  from tipsito import checkpoint  # pylint: disable=g-import-not-at-top
-  icfg, tcfg, params, temperature = checkpoint.import_tips_npz(image_npz,
-                                                               text_npz)
-  return checkpoint.write_export(
-      output, image_config=icfg, text_config=tcfg, params=params,
-      temperature=temperature, tokenizer_path=tokenizer,
-      extra={'source': 'tips_npz', 'tips_image_npz': str(image_npz),
-             'tips_text_npz': str(text_npz)})
+# --------------------------------------------------------------------------
+# From training params (a Setup of tipsito/train/step.py and its params)
+# --------------------------------------------------------------------------
+
+def temperature_of(params: dict) -> float:
+  """T of logits = cos / T for the export: 1 / exp(logit_scale) (TIPS convention). A replicated scalar:
+  readable on every process."""
+  if 'logit_scale' not in params:
+    return 1.0
+  return float(1.0 / np.exp(np.asarray(jax.device_get(params['logit_scale']), np.float64)))
+
+
+def export_params(params: dict) -> dict:
+  """The inference subset of the student params as host numpy arrays, on every process.
+
+  Encoders (+ image projection), no mask token: heads, fusion, distill projection, temperature/bias
+  leaves, optimizer state and EMA never get here. Only this subset is gathered: FSDP shards living on
+  other hosts' devices come over with `multihost_utils.process_allgather` (a collective: every process
+  must call this), so evals and the export work on a pod as on one device.
+  """
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  from tipsito.models import layer_stack  # pylint: disable=g-import-not-at-top
+  out = export_format.select_export_params(params)
+  out = jax.tree.map(np.asarray, multihost_utils.process_allgather(out, tiled=True))
+  return layer_stack.to_per_layer(out)  # exports are per-layer (scanned towers unstacked)
+
+
+def export_configs(setup) -> tuple[dict, dict]:
+  """(image_config, text_config) of the exported encoders of a training Setup, as JSON-friendly dicts:
+  inference settings (no mask token, no remat, per-layer, float32)."""
+  img = dict(setup.model.image_cfg)
+  img['use_mask_token'] = False
+  img['remat'] = False
+  txt = dict(setup.model.text_cfg)
+  txt['remat'] = False
+  for d in (img, txt):
+    if 'scan' in d:
+      d['scan'] = False  # export_params unstacks scanned towers
+    for k in ('dtype', 'param_dtype'):
+      if k in d:
+        d[k] = 'float32'
+  return img, txt
+
+
+def tokenizer_path(config) -> str:
+  """The SentencePiece file to ship with the export (the demo model when config.tokenizer is None)."""
+  if config.tokenizer:
+    return os.path.expanduser(config.tokenizer)
+  from tipsito.data import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
+  return tok_lib.DEFAULT_TOKENIZER
+
+
+def write_training_export(setup, params: dict, output: str, *, step: int) -> str:
+  """Exports the encoders of training `params` (built by `setup`) to `output`.
+
+  Call on every process: the params are gathered collectively, process 0 writes the export once, and
+  the others wait for it (so `tipsito.load(output)` works on any host when this returns).
+  """
+  img, txt = export_configs(setup)
+  p = export_params(params)
+  temperature = temperature_of(params)
+  if jax.process_index() == 0:
+    output = export_format.write_export(
+        output, image_config=img, text_config=txt, params=p, temperature=temperature,
+        tokenizer_path=tokenizer_path(setup.config), image_proj='image_proj' in p,
+        extra={'source': 'tipsito-train', 'recipe': setup.config.recipe, 'step': int(step)})
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    multihost_utils.sync_global_devices('export_written')
+  return output
+
+
+def training_encoder(setup, params: dict):
+  """In-memory inference Encoder of training `params`: exactly what the export would hold (evals)."""
+  from tipsito import inference  # pylint: disable=g-import-not-at-top
+  from tipsito.data import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
+  img, txt = export_configs(setup)
+  tok = tok_lib.Tokenizer(setup.config.tokenizer, max_len=int(setup.config.max_len))
+  return inference.Encoder.from_params(img, txt, export_params(params), temperature_of(params), tok)
+
+
+def restore_workdir(workdir: str, what: str):
+  """(Setup, latest TrainState) of a training workdir, rebuilt from its own config.json (export,
+  evaluate)."""
+  from tipsito import distributed  # pylint: disable=g-import-not-at-top
+  from tipsito.train import checkpointing  # pylint: disable=g-import-not-at-top
+  from tipsito.train import step as step_lib  # pylint: disable=g-import-not-at-top
+  from tipsito.train import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  distributed.configure_jax()
+  setup = step_lib.build(workdir_lib.load_config(workdir))
+  state = checkpointing.restore_latest_state(workdir, setup.state_shapes, setup.state_shardings,
+                                             what=what)
+  return setup, state
 
 
 def export_from_workdir(workdir: str, output: str) -> str:
   """Exports the encoders of a training workdir's latest checkpoint.
 
-  Why: any checkpoint of a run (not only the final one) can become an inference model; the training
-  code knows the state layout, so it restores the student params and keeps image/text (+ image_proj).
+  Why: any checkpoint of a run (not only the final one) can become an inference model; the workdir's
+  config.json rebuilds the state layout, and only image/text (+ image_proj) are kept.
   """
-  from tipsito.train import loop  # pylint: disable=g-import-not-at-top
-  return loop.export_from_workdir(workdir, output)
+  setup, state = restore_workdir(workdir, what=f'--workdir {workdir}')
+  return write_training_export(setup, state.params, output, step=int(state.step))
+
+
+# --------------------------------------------------------------------------
+# From official TIPS weights
+# --------------------------------------------------------------------------
+
+def export_tips_npz(image_npz: str, text_npz: str, output: str,
+                    tokenizer: Optional[str] = None) -> str:
+  """Imports released TIPS .npz weights and writes a tipsito export."""
+  from tipsito import tips_import  # pylint: disable=g-import-not-at-top
+  icfg, tcfg, params, temperature = tips_import.import_tips_npz(image_npz, text_npz)
+  return export_format.write_export(
+      output, image_config=icfg, text_config=tcfg, params=params,
+      temperature=temperature, tokenizer_path=tokenizer,
+      extra={'source': 'tips_npz', 'tips_image_npz': str(image_npz),
+             'tips_text_npz': str(text_npz)})
 
 
 def main(argv: Sequence[str]) -> None:

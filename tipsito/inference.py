@@ -17,30 +17,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tipsito.models.kwargs import module_kwargs
 from tipsito.models.text import TextEncoder
 from tipsito.models.vit import VisionTransformer
 
-_DTYPE_KEYS = ('dtype', 'param_dtype')
 _TRAIN_ONLY_KEYS = ('use_mask_token', 'remat', 'dropout', 'stochastic_depth')
 
 
-def _module_kwargs(cfg: dict, cls) -> dict:
-  """Config dict -> module kwargs (dtype names resolved, unknown keys dropped).
+def _inference_kwargs(cfg: dict, cls) -> dict:
+  """Export config -> module kwargs (tipsito/models/kwargs.py) with the training-only switches off.
 
   Unknown keys are dropped so that exports carrying extra bookkeeping fields
-  still load; training-only switches are turned off.
+  still load.
   """
-  fields = set(cls.__dataclass_fields__) - {'parent', 'name'}
-  kw = {}
-  for k, v in cfg.items():
-    if k not in fields:
-      continue
-    if k in _DTYPE_KEYS and isinstance(v, str):
-      v = jnp.dtype(v)
-    if k in ('pixel_mean', 'pixel_std') or (k == 'posemb_grid'
-                                             and isinstance(v, list)):
-      v = tuple(v)
-    kw[k] = v
+  kw = module_kwargs(cfg, cls)
+  fields = set(cls.__dataclass_fields__)
   for k in _TRAIN_ONLY_KEYS:
     if k in fields:
       kw[k] = False if k in ('use_mask_token', 'remat') else 0.0
@@ -68,7 +59,7 @@ def _jitted_image_fn(kwargs_json: str):
   Training-time evals build a fresh Encoder (`from_params`) at every eval;
   caching by architecture means they do not recompile each time.
   """
-  model = VisionTransformer(**_module_kwargs(json.loads(kwargs_json),
+  model = VisionTransformer(**_inference_kwargs(json.loads(kwargs_json),
                                              VisionTransformer))
 
   def fn(params, images, project, values):
@@ -86,7 +77,7 @@ def _jitted_image_fn(kwargs_json: str):
 @functools.lru_cache(maxsize=32)
 def _jitted_text_fn(kwargs_json: str):
   """One jitted text function per architecture (see `_jitted_image_fn`)."""
-  model = TextEncoder(**_module_kwargs(json.loads(kwargs_json), TextEncoder))
+  model = TextEncoder(**_inference_kwargs(json.loads(kwargs_json), TextEncoder))
 
   def fn(params, ids):
     return model.apply({'params': params['text']}, ids)['pooled']
@@ -96,8 +87,8 @@ def _jitted_text_fn(kwargs_json: str):
 
 def _key(cfg: dict, cls) -> str:
   """Hashable, canonical form of the module kwargs (dtypes by name)."""
-  from tipsito.checkpoint import _jsonable  # pylint: disable=g-import-not-at-top
-  return json.dumps(_jsonable(_module_kwargs(cfg, cls)), sort_keys=True)
+  from tipsito.export_format import jsonable  # pylint: disable=g-import-not-at-top
+  return json.dumps(jsonable(_inference_kwargs(cfg, cls)), sort_keys=True)
 
 
 class Encoder:
@@ -172,12 +163,12 @@ class Encoder:
 
 
 def load(path) -> Encoder:
-  """Loads an exported checkpoint directory (tipsito.checkpoint.write_export)."""
-  from tipsito import checkpoint
-  cfg, params = checkpoint.read_export(path)
+  """Loads an exported checkpoint directory (tipsito.export_format.write_export)."""
+  from tipsito import export_format  # pylint: disable=g-import-not-at-top
+  cfg, params = export_format.read_export(path)
   tok, err = None, None
   if cfg.get('tokenizer'):
-    tok_path = os.fspath(checkpoint.as_path(path) / cfg['tokenizer'])
+    tok_path = os.fspath(export_format.as_path(path) / cfg['tokenizer'])
     tok, err = _make_tokenizer(tok_path, int(cfg['text'].get('max_len', 64)))
   else:
     err = ('this export has no tokenizer (exported without --tokenizer): '

@@ -44,24 +44,25 @@ def _bytes(tree) -> int:
 def _stub_teacher(config):
   """For inspecting distill configs without the teacher on disk: a g/14 TIPS teacher of shapes only."""
   from tipsito import models  # pylint: disable=import-outside-toplevel
-  from tipsito.train import step as step_lib  # pylint: disable=import-outside-toplevel
+  from tipsito.train import teacher as teacher_lib  # pylint: disable=import-outside-toplevel
   cfg = models.vit_config("g/14", num_cls_tokens=2)
   mod = models.VisionTransformer(**cfg)
   shapes = jax.eval_shape(lambda: mod.init(jax.random.PRNGKey(0),
                                            np.zeros((1, 224, 224, 3), np.uint8))["params"])
-  return step_lib.Teacher(mod, cfg, shapes)
+  return teacher_lib.Teacher(mod, cfg, shapes)
 
 
 def _setup(config, mesh, ema_mode: Optional[str] = None):
   import ml_collections as mlc  # pylint: disable=import-outside-toplevel
   from tipsito.train import step as step_lib  # pylint: disable=import-outside-toplevel
+  from tipsito.train import teacher as teacher_lib  # pylint: disable=import-outside-toplevel
   c = mlc.ConfigDict(config.to_dict())
   if ema_mode is not None:
     c.ema.mode = ema_mode
   teacher = None
   if c.recipe == "distill":
     try:
-      teacher = step_lib.load_teacher(c)
+      teacher = teacher_lib.load_teacher(c)
     except Exception:  # pylint: disable=broad-except  # teacher not on this machine: shapes only.
       teacher = _stub_teacher(c)
   return step_lib.build(c, mesh, teacher=teacher)
@@ -226,7 +227,8 @@ def _table(info: dict) -> str:
 def main(argv: Sequence[str]) -> None:
   """Prints the info table or JSON."""
   del argv
-  jax.config.update("jax_threefry_partitionable", True)
+  from tipsito import distributed  # pylint: disable=import-outside-toplevel
+  distributed.configure_jax()
   info = compute_info(FLAGS.config, with_sharding=FLAGS.sharding, devices=FLAGS.devices,
                       processes=FLAGS.processes)
   print(json.dumps(info) if FLAGS.json else _table(info))

@@ -108,20 +108,22 @@ def _teacher(config, variant: str):
   """An abstract distillation teacher (the `variant` preset, e.g. g/14; no weights are read)."""
   from tipsito import models  # pylint: disable=import-outside-toplevel
   from tipsito.models import presets  # pylint: disable=import-outside-toplevel
-  from tipsito.train import step as step_lib  # pylint: disable=import-outside-toplevel
+  from tipsito.models.kwargs import module_kwargs  # pylint: disable=import-outside-toplevel
+  from tipsito.train import teacher as teacher_lib  # pylint: disable=import-outside-toplevel
   img = presets.vit_config(variant, num_cls_tokens=2, posemb_grid=32, use_mask_token=False,
                            dtype=str(config.model.image.dtype), scan=bool(config.model.image.get("scan")))
-  module = models.VisionTransformer(**step_lib._module_kwargs(img))  # pylint: disable=protected-access
+  module = models.VisionTransformer(**module_kwargs(img))
   s = int(config.input.global_size)
   params = jax.eval_shape(lambda k: module.init(k, jnp.zeros((1, s, s, 3), jnp.uint8)),
                           jax.random.PRNGKey(0))["params"]
-  return step_lib.Teacher(module, img, params)
+  return teacher_lib.Teacher(module, img, params)
 
 
 def abstract_batch(config, mesh) -> dict:
   """ShapeDtypeStructs of the global batch (every field the recipe needs), sharded like training."""
-  from tipsito.train import sharding, step as step_lib  # pylint: disable=import-outside-toplevel
-  one = step_lib.synthetic_batch(config, batch_size=1)
+  from tipsito.step_bench import synthetic_batch  # pylint: disable=import-outside-toplevel
+  from tipsito.train import sharding  # pylint: disable=import-outside-toplevel
+  one = synthetic_batch(config, batch_size=1)
   b = int(config.input.batch_size)
   sh = sharding.batch_sharding(mesh)
   return {k: jax.ShapeDtypeStruct((b,) + v.shape[1:], v.dtype, sharding=sh) for k, v in one.items()}
@@ -159,10 +161,11 @@ def _analyses(compiled) -> dict:
 
 def plan_train(config, devices: list, *, topology: str = "", teacher_variant: str = "g/14") -> dict:
   """Compiles the train step of `config` for `devices`; returns the per-chip report (see module doc)."""
+  from tipsito import distributed  # pylint: disable=import-outside-toplevel
   from tipsito.config import validation as config_validation  # pylint: disable=import-outside-toplevel
   from tipsito.objective import recipes as recipes_lib  # pylint: disable=import-outside-toplevel
   from tipsito.train import sharding, step as step_lib  # pylint: disable=import-outside-toplevel
-  jax.config.update("jax_threefry_partitionable", True)
+  distributed.configure_jax()
   config_validation.validate(config, num_devices=len(devices))
   mesh = topology_mesh(config.mesh, devices)
   teacher = _teacher(config, teacher_variant) if recipes_lib.get_recipe(config.recipe).teacher == "frozen" else None

@@ -2,7 +2,7 @@
 
 Why it exists: ITO's fusion loss contrasts two views fused with the same
 caption, which forces the image tokens to carry caption-relevant detail. The
-module is thrown away after training; `tipsito.checkpoint.write_export`
+module is thrown away after training; `tipsito.export_format.write_export`
 refuses any parameter tree that contains it (allowed top-level keys are only
 image/text/image_proj, and leaves under a 'fusion' path are rejected).
 

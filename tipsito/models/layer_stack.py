@@ -4,7 +4,7 @@ Why: a tower with `scan=True` (tipsito.models.vit / text) keeps its blocks as
 one `nn.scan` whose params sit under `blocks/...` with a leading depth axis,
 so XLA compiles one block instead of `depth` (a ViT-g/14 step compiles in
 minutes). Everything that leaves or enters training in a fixed format stays
-per-layer (`block_{i}/...`): the export (tipsito.checkpoint.write_export), the
+per-layer (`block_{i}/...`): the export (tipsito.export_format.write_export), the
 TIPS .npz import, inference. These functions are the only bridge, and they
 are exact (pure reshuffles, no arithmetic), tested both ways in
 tests/test_models_scan.py.

@@ -3,7 +3,7 @@
 Why one module: the ViT, the TIPS/CLIP text towers and the ITO fusion module
 are all pre-LN transformers that differ only in the FFN (GELU MLP, masked ReLU
 MLP, SwiGLU) and in the attention mask. Keeping one Block keeps the parameter
-naming uniform, which the TIPS importer relies on (checkpoint.py).
+naming uniform, which the TIPS importer relies on (tipsito/tips_import.py).
 
 Conventions: LayerNorm eps 1e-6; attention uses separate query/key/value
 DenseGeneral projections with bias (kernel (D,H,D/H)) and an output projection

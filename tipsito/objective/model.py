@@ -4,7 +4,7 @@ Why one module with named methods instead of one module per recipe: the paramete
 across recipes for the parts they share ('image', 'text', 'image_proj', 'logit_scale', 'dino_head', ...),
 so sharding rules, EMA subsets, the exporter and `info` all address parts by the same top-level names.
 Which parts exist is decided by the recipe (`Recipe.parts`); the loss terms decide which methods are called.
-Top-level param names (shared with `tipsito.checkpoint.write_export`):
+Top-level param names (shared with `tipsito.export_format.write_export`):
   image (VisionTransformer), text (TextEncoder), image_proj (bias-free Dense, CLIP/ITO only),
   logit_scale (log of the contrastive scale s; TIPS' temperature is T = 1/s), logit_bias (SigLIP),
   dino_head / ibot_head (student DINO/iBOT heads), fusion (ITO fusion Transformer),

@@ -50,8 +50,8 @@ def main(argv: Sequence[str]) -> None:
     distributed.initialize_from_flags()
   except ValueError as e:
     raise app.UsageError(str(e)) from None
+  distributed.configure_jax()
   import jax  # pylint: disable=import-outside-toplevel
-  jax.config.update("jax_threefry_partitionable", True)
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   from tipsito.train import loop  # pylint: disable=import-outside-toplevel
   logging.info("JAX %s: process %d of %d, %d devices (%s)", jax.__version__, jax.process_index(),

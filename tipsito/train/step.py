@@ -7,46 +7,32 @@ train loop thin and guarantees that what `info` reports is what `train` runs.
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
 import optax
-from absl import logging
 from jax.sharding import Mesh, NamedSharding
 
 from tipsito import objective
 from tipsito.objective import LossContext, compute_losses, init_centers
 from tipsito.objective.model import TrainModel
+from tipsito.models.kwargs import module_kwargs
 from tipsito.train import optim as optim_lib
 from tipsito.train import sharding as sharding_lib
 from tipsito.train import state as state_lib
 from tipsito.train.state import TrainState
-
-_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-
-
-def _module_kwargs(cfg) -> dict:
-  """ConfigDict -> module kwargs with dtype strings resolved and sequences as tuples (hashable)."""
-  out = {}
-  for k, v in dict(cfg).items():
-    if k in ("dtype", "param_dtype") and isinstance(v, str):
-      v = _DTYPES[v]
-    elif isinstance(v, list):
-      v = tuple(v)
-    out[k] = v
-  return out
+from tipsito.train.teacher import Teacher, check_teacher_heads, frozen_tree, load_teacher
 
 
 def image_kwargs(config) -> dict:
   """VisionTransformer kwargs of the student image tower."""
-  return _module_kwargs(config.model.image)
+  return module_kwargs(config.model.image)
 
 
 def text_kwargs(config, vocab_size: Optional[int] = None) -> dict:
   """TextEncoder kwargs; `vocab_size=None` in the config means: take it from the tokenizer."""
-  kw = _module_kwargs(config.model.text)
+  kw = module_kwargs(config.model.text)
   if kw.get("vocab_size") is None:
     kw["vocab_size"] = vocab_size if vocab_size is not None else tokenizer_vocab_size(config)
   kw.setdefault("max_len", int(config.max_len))
@@ -57,101 +43,6 @@ def tokenizer_vocab_size(config) -> int:
   """Vocabulary of the configured SentencePiece model (the shipped demo model when None)."""
   from tipsito.data import tokenizer as tok_lib  # pylint: disable=import-outside-toplevel
   return int(tok_lib.Tokenizer(config.tokenizer, max_len=int(config.max_len)).vocab_size)
-
-
-@dataclasses.dataclass
-class Teacher:
-  """A frozen distillation teacher: its image tower module, config and params, its own DINO/iBOT heads when
-  it comes from a tipsito training workdir (`heads`: {'dino_head', 'ibot_head'} -> params, with
-  `heads_config` the teacher's `model.heads`), and its text tower (used to initialise the student's text
-  tower when `config.distill.init_text`)."""
-  module: Any
-  image_config: dict
-  params: Any
-  text_params: Any = None
-  heads: Optional[dict] = None
-  heads_config: Optional[dict] = None
-  source: str = ""
-
-
-def is_training_workdir(path: Optional[str]) -> bool:
-  """A tipsito training workdir: config.json + checkpoints/ (an export has config.json + params/)."""
-  if not path:
-    return False
-  from tipsito import paths  # pylint: disable=import-outside-toplevel
-  p = paths.as_path(path)  # local or gs://
-  return (p / "config.json").is_file() and (p / "checkpoints").is_dir()
-
-
-def load_teacher(config, mesh: Optional[Mesh] = None) -> Teacher:
-  """Loads the frozen distillation teacher.
-
-  `config.distill.teacher` a training workdir (config.json + checkpoints/): the latest checkpoint's teacher
-  as it was trained, i.e. the image encoder the teacher features came from (the EMA encoder with full EMA,
-  the student encoder with head-only EMA) and its EMA DINO/iBOT heads (TIPSv2 §3.1: the frozen teacher
-  replaces f_t, heads included). An export directory or official TIPS .npz weights
-  (`distill.teacher_image_npz`) hold encoders only: the teacher heads are then the EMA of the student heads
-  (our inference; logged), as in head-only EMA pretraining.
-  """
-  d = config.distill
-  from tipsito import models  # pylint: disable=import-outside-toplevel
-  heads, heads_cfg, source = None, None, ""
-  if d.teacher_image_npz:
-    from tipsito import checkpoint  # pylint: disable=import-outside-toplevel
-    if d.teacher_text_npz:  # the text tower too (distill.init_text can start the student's from it)
-      image_cfg, _, params, _ = checkpoint.import_tips_npz(d.teacher_image_npz, d.teacher_text_npz)
-    else:
-      image_cfg, params = checkpoint.import_tips_vision(d.teacher_image_npz)
-    source = f"official TIPS weights {d.teacher_image_npz}"
-  elif is_training_workdir(d.teacher):
-    image_cfg, params, heads, heads_cfg = _workdir_teacher(d.teacher, mesh)
-    source = f"training workdir {d.teacher}"
-  else:
-    from tipsito import inference  # pylint: disable=import-outside-toplevel
-    enc = inference.load(d.teacher)
-    image_cfg, params = _encoder_image_parts(enc)
-    source = f"export {d.teacher}"
-  image_cfg = {k: v for k, v in dict(image_cfg).items()}
-  image_cfg["use_mask_token"] = False
-  image_cfg["remat"] = False
-  kw = _module_kwargs(image_cfg)
-  image_params = params["image"] if "image" in params else params
-  image_params = {k: v for k, v in image_params.items() if k != "mask_token"}
-  if heads is None:
-    logging.warning("Distillation teacher (%s) has no DINO/iBOT heads: the teacher heads are the EMA of "
-                    "the student heads (our inference, see README 'Distillation').", source)
-  else:
-    logging.info("Distillation teacher (%s): its own EMA DINO/iBOT heads give the targets.", source)
-  return Teacher(models.VisionTransformer(**kw), image_cfg, image_params, text_params=params.get("text"),
-                 heads=heads, heads_config=heads_cfg, source=source)
-
-
-def _workdir_teacher(workdir: str, mesh: Optional[Mesh]) -> tuple[dict, dict, dict, dict]:
-  """(image config, {'image', 'text'} params, teacher heads, heads config) of a training workdir's latest
-  checkpoint, rebuilt from its own config.json."""
-  from tipsito.train import checkpointing  # pylint: disable=import-outside-toplevel
-  from tipsito.train import loop  # pylint: disable=import-outside-toplevel
-  tcfg = loop.load_config(workdir)
-  if objective.get_recipe(tcfg.recipe).teacher == "frozen":
-    raise ValueError(f"config.distill.teacher={workdir!r} is a distillation run; use a pretraining workdir")
-  setup = build(tcfg, mesh)
-  state = checkpointing.restore_latest_state(workdir, setup.state_shapes, setup.state_shardings,
-                                             what=f"config.distill.teacher={workdir!r}")
-  params, ema = state.params, state.ema
-  teacher_view = {"image": ema.get("image", params["image"])}
-  if "text" in params:
-    teacher_view["text"] = params["text"]
-  heads = {k: ema.get(k, params[k]) for k in ("dino_head", "ibot_head") if k in params}
-  return dict(image_kwargs(tcfg)), teacher_view, (heads or None), dict(tcfg.model.heads)
-
-
-def _encoder_image_parts(enc) -> tuple[dict, dict]:
-  """(image config, {'image': params}) from a tipsito.inference.Encoder, tolerant to attribute names."""
-  cfg = getattr(enc, "image_config", None) or enc.config.get("image", enc.config.get("image_config"))
-  params = getattr(enc, "params", None)
-  if params is None:
-    raise AttributeError("tipsito.inference.Encoder exposes no `params`; cannot use it as a teacher")
-  return dict(cfg), params
 
 
 @dataclasses.dataclass
@@ -183,11 +74,6 @@ class Setup:
     return jax.device_put(frozen_tree(self.teacher), self.frozen_shardings)
 
 
-def frozen_tree(teacher: Teacher) -> dict:
-  """The frozen step input: {'image': teacher encoder[, 'dino_head', 'ibot_head': the teacher's heads]}."""
-  return {"image": teacher.params, **(teacher.heads or {})}
-
-
 def build_model(config, recipe, *, vocab_size: Optional[int] = None,
                 teacher_width: Optional[int] = None) -> TrainModel:
   """The recipe's TrainModel from `config.model` (mask token only when iBOT masks the student's view)."""
@@ -198,7 +84,7 @@ def build_model(config, recipe, *, vocab_size: Optional[int] = None,
   heads = dict(config.model.heads)
   head_dtype = img.get("dtype", jnp.float32)
   heads.setdefault("dtype", head_dtype)
-  fusion = _module_kwargs(config.model.fusion)
+  fusion = module_kwargs(config.model.fusion)
   fusion.setdefault("max_text_len", int(config.max_len))
   fusion.setdefault("dtype", head_dtype)
   return TrainModel(
@@ -241,7 +127,7 @@ def build(config, mesh: Optional[Mesh] = None, *, vocab_size: Optional[int] = No
   model = build_model(config, recipe, vocab_size=vocab_size, teacher_width=teacher_width)
   ema_keys = state_lib.ema_keys(recipe, config.ema.mode)
   if teacher is not None and teacher.heads:
-    _check_teacher_heads(config, teacher)
+    check_teacher_heads(config, teacher)
     ema_keys = ()  # the teacher's own frozen heads give the targets: no EMA of the student heads
   ctx = make_loss_context(config, recipe, model, ema_keys, teacher)
   images, ids = example_inputs(config)
@@ -278,17 +164,6 @@ def build(config, mesh: Optional[Mesh] = None, *, vocab_size: Optional[int] = No
                state_shapes=state_shapes, state_shardings=state_shardings,
                batch_sharding=sharding_lib.batch_sharding(mesh), init_fn=init_fn, teacher=teacher,
                frozen_shardings=frozen_shardings)
-
-
-def _check_teacher_heads(config, teacher: Teacher) -> None:
-  """The student heads must have the teacher heads' shape (same `model.heads`), since the student's head
-  outputs are compared with the teacher's prototypes."""
-  keys = ("num_prototypes", "hidden_dim", "bottleneck_dim", "num_layers")
-  got = {k: config.model.heads.get(k) for k in keys}
-  want = {k: (teacher.heads_config or {}).get(k) for k in keys}
-  if got != want:
-    raise ValueError(f"config.model.heads {got} differs from the teacher's heads {want} "
-                     f"({teacher.source}); set --config.model.heads.<key> to the teacher's values")
 
 
 def loss_and_grads(setup: Setup, state: TrainState, batch: dict, frozen: dict):
@@ -351,42 +226,3 @@ def jit_loss_and_grads(setup: Setup) -> Callable:
   return jax.jit(lambda s, b, f: loss_and_grads(setup, s, b, f),
                  in_shardings=(setup.state_shardings, setup.batch_sharding, frozen_sh),
                  out_shardings=(rep, rep, rep, setup.state_shardings.params))
-
-
-def synthetic_batch(config, batch_size: Optional[int] = None, seed: int = 0,
-                    vocab_size: int = 100) -> dict:
-  """A random host batch with every field the config's recipe/views need (bench, tests, info FLOPs).
-
-  Why: step time and FLOPs must be measurable without any dataset on disk.
-  """
-  import numpy as np  # pylint: disable=import-outside-toplevel
-  rs = np.random.RandomState(seed)
-  inp = config.input
-  b = int(batch_size or inp.batch_size)
-  g, loc = int(inp.global_size), int(inp.local_size)
-  p = int(config.model.image.patch_size)
-  length = int(config.max_len)
-
-  def img(*shape):
-    return rs.randint(0, 256, size=shape + (3,), dtype=np.uint8)
-
-  def text():
-    ids = rs.randint(1, vocab_size, size=(b, length)).astype(np.int32)
-    lens = rs.randint(2, length + 1, size=(b,))
-    ids[np.arange(length)[None, :] >= lens[:, None]] = 0
-    return ids
-
-  batch = {"image": img(b, g, g), "text": text(), "text2": text()}
-  if "two_views" in inp.views:
-    batch["image2"] = img(b, g, g)
-  if "multicrop" in inp.views and int(inp.num_local) > 0:
-    batch["local_crops"] = img(b, int(inp.num_local), loc, loc)
-  if float(inp.mask_ratio) > 0:
-    gh = -(-g // p)
-    n = gh * gh
-    k = int(round(float(inp.mask_ratio) * n))
-    mask = np.zeros((b, n), bool)
-    for i in range(b):
-      mask[i, rs.permutation(n)[:k]] = True
-    batch["mask"] = mask.reshape(b, gh, gh)
-  return batch

@@ -1,4 +1,4 @@
-"""Input-pipeline throughput: `python -m tipsito.data.bench [--num_images N] [--workers 0,2]`.
+"""Input-pipeline throughput: `python -m tipsito.data.pipeline_bench [--num_images N] [--workers 0,2]`.
 
 Why: a TPU host must feed its chips; the target is >= 100 images/s per CPU core for both the ITO
 two-view (2 x 224) and the TIPSv2 1+6 multi-crop (224 + 6 x 98) transforms from ~400 px sources.
@@ -7,7 +7,7 @@ on synthetic ~400 px JPEG and PNG sources, and (2) the end-to-end grain pipeline
 tokens, views, masks, batching) with W worker processes. Prints a table, a per-op CPU breakdown of
 each transform (open, decode, crop+resize, flip, each jitter op, grayscale, blur, to-array; via the
 transforms' `timings` hook, so a regression in one op is visible), and one JSON line.
-`run_data_bench()` returns the numbers (used by `python -m tipsito.bench --data`).
+`run_data_bench()` returns the numbers. The train step has its own benchmark, tipsito/step_bench.py.
 """
 
 from __future__ import annotations
@@ -225,8 +225,8 @@ def _table(res: dict) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
-  """CLI entry point; also callable as `main([...])` from `tipsito.bench --data`."""
-  ap = argparse.ArgumentParser(prog='python -m tipsito.data.bench',
+  """CLI entry point; also callable as `main([...])`."""
+  ap = argparse.ArgumentParser(prog='python -m tipsito.data.pipeline_bench',
                                description=__doc__.split('\n')[0])
   ap.add_argument('--num_images', type=int, default=48, help='distinct synthetic source images')
   ap.add_argument('--workers', default='0', help='comma list of grain worker counts, e.g. 0,2')

@@ -1,18 +1,19 @@
-"""`python -m tipsito.bench --config F[:args] [--recipes a,b] [--steps N] [--batch B]` — step benchmark;
-`python -m tipsito.bench --data [data-bench flags]` — input pipeline benchmark (tipsito.data.bench).
+"""Train-step benchmark: `python -m tipsito.step_bench --config F[:args] [--recipes a,b] [--steps N] [--batch B]`
+(console script `tipsito-bench`); the input pipeline has its own, tipsito/data/pipeline_bench.py.
 
 Why: the cost of a recipe (e.g. tipsito's extra view + fusion over TIPSv2, or head-only vs full EMA) is
 measured, not guessed: the same config is built per recipe in one process, on synthetic batches (no data
 needed), and step time, throughput, FLOPs (XLA cost analysis), FLOP utilisation against an optional
 `--peak_tflops`, and peak device memory (where the platform reports it) are printed as a table plus one
 JSON line. Ratios between recipes come from the same run, so machine load affects them alike.
+`synthetic_batch` is that batch; the planner (tipsito/plan.py) and the tests use it too.
 """
 from __future__ import annotations
 
 import json
 import sys
 import time
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import jax
 import numpy as np
@@ -33,9 +34,46 @@ def _define_flags() -> None:
   flags.DEFINE_integer("batch", 0, "Global batch override (0 = config).")
   flags.DEFINE_float("peak_tflops", 0.0, "Peak TFLOP/s of all devices (for utilisation); 0 = "
                      "config.peak_tflops or the platform table (tipsito/train/observability.py).")
-  flags.DEFINE_bool("data", False, "Run the input-pipeline benchmark (tipsito.data.bench) instead.")
   from tipsito import distributed  # pylint: disable=import-outside-toplevel
   distributed.define_flags()  # --distributed: one process per host, the step runs on the global mesh
+
+
+def synthetic_batch(config, batch_size: Optional[int] = None, seed: int = 0,
+                    vocab_size: int = 100) -> dict:
+  """A random host batch with every field the config's recipe/views need (bench, tests, info FLOPs).
+
+  Why: step time and FLOPs must be measurable without any dataset on disk.
+  """
+  rs = np.random.RandomState(seed)
+  inp = config.input
+  b = int(batch_size or inp.batch_size)
+  g, loc = int(inp.global_size), int(inp.local_size)
+  p = int(config.model.image.patch_size)
+  length = int(config.max_len)
+
+  def img(*shape):
+    return rs.randint(0, 256, size=shape + (3,), dtype=np.uint8)
+
+  def text():
+    ids = rs.randint(1, vocab_size, size=(b, length)).astype(np.int32)
+    lens = rs.randint(2, length + 1, size=(b,))
+    ids[np.arange(length)[None, :] >= lens[:, None]] = 0
+    return ids
+
+  batch = {"image": img(b, g, g), "text": text(), "text2": text()}
+  if "two_views" in inp.views:
+    batch["image2"] = img(b, g, g)
+  if "multicrop" in inp.views and int(inp.num_local) > 0:
+    batch["local_crops"] = img(b, int(inp.num_local), loc, loc)
+  if float(inp.mask_ratio) > 0:
+    gh = -(-g // p)
+    n = gh * gh
+    k = int(round(float(inp.mask_ratio) * n))
+    mask = np.zeros((b, n), bool)
+    for i in range(b):
+      mask[i, rs.permutation(n)[:k]] = True
+    batch["mask"] = mask.reshape(b, gh, gh)
+  return batch
 
 
 def bench_one(config, *, steps: int = 5, peak_tflops: float = 0.0) -> dict[str, Any]:
@@ -47,7 +85,7 @@ def bench_one(config, *, steps: int = 5, peak_tflops: float = 0.0) -> dict[str, 
   setup = step_lib.build(config)
   state = setup.init_state()
   vocab = setup.model.text_cfg.get("vocab_size", 100) if setup.model.text_cfg else 100
-  host = step_lib.synthetic_batch(  # this process's slice of the global batch
+  host = synthetic_batch(  # this process's slice of the global batch
       config, batch_size=int(config.input.batch_size) // jax.process_count(), vocab_size=int(vocab))
   batch = sharding.global_batch(host, setup.mesh)
   frozen = setup.frozen()
@@ -144,14 +182,11 @@ def run_bench(config, recipes: Sequence[str] = (), ema_modes: Sequence[str] = ()
 
 def main(argv: Sequence[str]) -> None:
   """Prints a table and one JSON line."""
-  jax.config.update("jax_threefry_partitionable", True)
-  if FLAGS.data:
-    from tipsito.data import bench as data_bench  # pylint: disable=import-outside-toplevel
-    data_bench.main(list(argv[1:]))
-    return
-  if FLAGS.config is None:
-    raise app.UsageError("--config is required (or --data)")
+  del argv
   from tipsito import distributed  # pylint: disable=import-outside-toplevel
+  distributed.configure_jax()
+  if FLAGS.config is None:
+    raise app.UsageError("--config is required")
   try:
     distributed.initialize_from_flags()
   except ValueError as e:
@@ -169,11 +204,6 @@ def main(argv: Sequence[str]) -> None:
 def run() -> None:
   """Console-script entry point (tipsito-bench)."""
   _define_flags()
-  if "--data" in sys.argv:
-    # Pass the data-bench flags through untouched (they belong to tipsito.data.bench's argparse).
-    from tipsito.data import bench as data_bench  # pylint: disable=import-outside-toplevel
-    data_bench.main([a for a in sys.argv[1:] if a != "--data"])
-    return
   app.run(main)
 
 

@@ -1,0 +1,124 @@
+"""The frozen distillation teacher (recipe `distill`): where it comes from and what the step gets of it.
+
+Why its own module: a teacher is loaded from one of three sources (a tipsito training workdir, an export,
+official TIPS weights), each with its own reader, before the student is built; the train step only sees
+the frozen tree `frozen_tree(teacher)`. Keeping the loading here leaves tipsito/train/step.py about the
+student and its step.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+from absl import logging
+from jax.sharding import Mesh
+
+from tipsito.models.kwargs import module_kwargs
+from tipsito.train import workdir as workdir_lib
+
+
+@dataclasses.dataclass
+class Teacher:
+  """A frozen distillation teacher: its image tower module, config and params, its own DINO/iBOT heads when
+  it comes from a tipsito training workdir (`heads`: {'dino_head', 'ibot_head'} -> params, with
+  `heads_config` the teacher's `model.heads`), and its text tower (used to initialise the student's text
+  tower when `config.distill.init_text`)."""
+  module: Any
+  image_config: dict
+  params: Any
+  text_params: Any = None
+  heads: Optional[dict] = None
+  heads_config: Optional[dict] = None
+  source: str = ""
+
+
+def load_teacher(config, mesh: Optional[Mesh] = None) -> Teacher:
+  """Loads the frozen distillation teacher.
+
+  `config.distill.teacher` a training workdir (config.json + checkpoints/): the latest checkpoint's teacher
+  as it was trained, i.e. the image encoder the teacher features came from (the EMA encoder with full EMA,
+  the student encoder with head-only EMA) and its EMA DINO/iBOT heads (the frozen teacher replaces the
+  self-distillation teacher, heads included). An export directory or official TIPS .npz weights
+  (`distill.teacher_image_npz`) hold encoders only: the teacher heads are then the EMA of the student heads
+  (our inference; logged), as in head-only EMA pretraining.
+  """
+  d = config.distill
+  from tipsito import models  # pylint: disable=import-outside-toplevel
+  heads, heads_cfg = None, None
+  if d.teacher_image_npz:
+    image_cfg, params = _npz_teacher(d.teacher_image_npz, d.teacher_text_npz)
+    source = f"official TIPS weights {d.teacher_image_npz}"
+  elif workdir_lib.is_training_workdir(d.teacher):
+    image_cfg, params, heads, heads_cfg = _workdir_teacher(d.teacher, mesh)
+    source = f"training workdir {d.teacher}"
+  else:
+    from tipsito import inference  # pylint: disable=import-outside-toplevel
+    image_cfg, params = _encoder_image_parts(inference.load(d.teacher))
+    source = f"export {d.teacher}"
+  image_cfg = dict(image_cfg)
+  image_cfg["use_mask_token"] = False
+  image_cfg["remat"] = False
+  image_params = params["image"] if "image" in params else params
+  image_params = {k: v for k, v in image_params.items() if k != "mask_token"}
+  if heads is None:
+    logging.warning("Distillation teacher (%s) has no DINO/iBOT heads: the teacher heads are the EMA of "
+                    "the student heads (our inference, see README 'Distillation').", source)
+  else:
+    logging.info("Distillation teacher (%s): its own EMA DINO/iBOT heads give the targets.", source)
+  return Teacher(models.VisionTransformer(**module_kwargs(image_cfg)), image_cfg, image_params,
+                 text_params=params.get("text"), heads=heads, heads_config=heads_cfg, source=source)
+
+
+def _npz_teacher(image_npz: str, text_npz: Optional[str]) -> tuple[dict, dict]:
+  """(image config, params) of official TIPS weights; {'image', 'text'} params when the text file is
+  given too (distill.init_text can start the student's text tower from it)."""
+  from tipsito import tips_import  # pylint: disable=import-outside-toplevel
+  if text_npz:
+    image_cfg, _, params, _ = tips_import.import_tips_npz(image_npz, text_npz)
+    return image_cfg, params
+  return tips_import.import_tips_vision(image_npz)
+
+
+def _workdir_teacher(workdir: str, mesh: Optional[Mesh]) -> tuple[dict, dict, dict, dict]:
+  """(image config, {'image', 'text'} params, teacher heads, heads config) of a training workdir's latest
+  checkpoint, rebuilt from its own config.json."""
+  from tipsito.objective import recipes as recipes_lib  # pylint: disable=import-outside-toplevel
+  from tipsito.train import checkpointing  # pylint: disable=import-outside-toplevel
+  from tipsito.train import step as step_lib  # pylint: disable=import-outside-toplevel
+  tcfg = workdir_lib.load_config(workdir)
+  if recipes_lib.get_recipe(tcfg.recipe).teacher == "frozen":
+    raise ValueError(f"config.distill.teacher={workdir!r} is a distillation run; use a pretraining workdir")
+  setup = step_lib.build(tcfg, mesh)
+  state = checkpointing.restore_latest_state(workdir, setup.state_shapes, setup.state_shardings,
+                                             what=f"config.distill.teacher={workdir!r}")
+  params, ema = state.params, state.ema
+  teacher_view = {"image": ema.get("image", params["image"])}
+  if "text" in params:
+    teacher_view["text"] = params["text"]
+  heads = {k: ema.get(k, params[k]) for k in ("dino_head", "ibot_head") if k in params}
+  return dict(step_lib.image_kwargs(tcfg)), teacher_view, (heads or None), dict(tcfg.model.heads)
+
+
+def _encoder_image_parts(enc) -> tuple[dict, dict]:
+  """(image config, {'image': params}) from a tipsito.inference.Encoder, tolerant to attribute names."""
+  cfg = getattr(enc, "image_config", None) or enc.config.get("image", enc.config.get("image_config"))
+  params = getattr(enc, "params", None)
+  if params is None:
+    raise AttributeError("tipsito.inference.Encoder exposes no `params`; cannot use it as a teacher")
+  return dict(cfg), params
+
+
+def check_teacher_heads(config, teacher: Teacher) -> None:
+  """The student heads must have the teacher heads' shape (same `model.heads`), since the student's head
+  outputs are compared with the teacher's prototypes."""
+  keys = ("num_prototypes", "hidden_dim", "bottleneck_dim", "num_layers")
+  got = {k: config.model.heads.get(k) for k in keys}
+  want = {k: (teacher.heads_config or {}).get(k) for k in keys}
+  if got != want:
+    raise ValueError(f"config.model.heads {got} differs from the teacher's heads {want} "
+                     f"({teacher.source}); set --config.model.heads.<key> to the teacher's values")
+
+
+def frozen_tree(teacher: Teacher) -> dict:
+  """The frozen step input: {'image': teacher encoder[, 'dino_head', 'ibot_head': the teacher's heads]}."""
+  return {"image": teacher.params, **(teacher.heads or {})}
