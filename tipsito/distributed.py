@@ -2,9 +2,9 @@
 
 Why one place: every program (train, evaluate, export, info, bench, plan) must draw the same random
 numbers for the same config on any mesh, and every host of a pod runs one JAX process that must join the
-same job the same way. `--distributed` calls `jax.distributed.initialize`; coordinator address, process count
-and process id come from the flags when given, else from the environment JAX detects (Cloud TPU, SLURM,
-Open MPI, ...). Outside those (a CPU or GPU machine, `launch/local_multiprocess.sh`) pass all three.
+same job the same way. `--distributed` calls `jax.distributed.initialize`; coordinator address, process
+count and process id come from the flags when given, else from the environment JAX detects (Cloud TPU,
+SLURM, Open MPI, ...). Outside those (a CPU or GPU machine, `launch/local_multiprocess.sh`) pass all three.
 CPU processes talk through gloo collectives, switched on here before the backend starts.
 """
 from __future__ import annotations

@@ -80,13 +80,14 @@ def _encoder_from_workdir(config, checkpoint: str):
   del config  # the workdir's own training config defines the model
   from tipsito import export  # pylint: disable=g-import-not-at-top
   from tipsito import paths  # pylint: disable=g-import-not-at-top
+  from tipsito.train import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   workdir = paths.as_path(checkpoint)  # local or gs://
   if workdir.name == "checkpoints":
     workdir = workdir.parent
   if not ((workdir / "config.json").is_file() and (workdir / "checkpoints").is_dir()):
     raise ValueError(f"{checkpoint!r} is neither an export (config.json + params/) nor a training "
                      "workdir (config.json + checkpoints/)")
-  setup, state = export.restore_workdir(workdir, what=f"--checkpoint {checkpoint}")
+  setup, state = workdir_lib.restore_latest(workdir, what=f"--checkpoint {checkpoint}")
   return export.training_encoder(setup, state.params)
 
 

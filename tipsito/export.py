@@ -124,27 +124,14 @@ def training_encoder(setup, params: dict):
   return inference.Encoder.from_params(img, txt, export_params(params), temperature_of(params), tok)
 
 
-def restore_workdir(workdir: str, what: str):
-  """(Setup, latest TrainState) of a training workdir, rebuilt from its own config.json (export,
-  evaluate)."""
-  from tipsito import distributed  # pylint: disable=g-import-not-at-top
-  from tipsito.train import checkpointing  # pylint: disable=g-import-not-at-top
-  from tipsito.train import step as step_lib  # pylint: disable=g-import-not-at-top
-  from tipsito.train import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
-  distributed.configure_jax()
-  setup = step_lib.build(workdir_lib.load_config(workdir))
-  state = checkpointing.restore_latest_state(workdir, setup.state_shapes, setup.state_shardings,
-                                             what=what)
-  return setup, state
-
-
 def export_from_workdir(workdir: str, output: str) -> str:
   """Exports the encoders of a training workdir's latest checkpoint.
 
   Why: any checkpoint of a run (not only the final one) can become an inference model; the workdir's
   config.json rebuilds the state layout, and only image/text (+ image_proj) are kept.
   """
-  setup, state = restore_workdir(workdir, what=f'--workdir {workdir}')
+  from tipsito.train import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  setup, state = workdir_lib.restore_latest(workdir, what=f'--workdir {workdir}')
   return write_training_export(setup, state.params, output, step=int(state.step))
 
 

@@ -122,6 +122,45 @@ def optimizer_convention(o) -> str:
           f"p[kernels])")
 
 
+def _ema_comparison(config, mesh, towers: dict, parts: dict, student: int) -> dict[str, Any]:
+  """Head-only vs full EMA: parameters and bytes held for training, counted two ways, against the
+  paper's ViT-B saving (self-distillation recipes only)."""
+  head_only = _setup(config, mesh, "head").state_shapes
+  full = _setup(config, mesh, "full").state_shapes
+  n_head = student + _count(head_only.ema)
+  n_full = student + _count(full.ema)
+  heads = sum(parts.get(k, 0) for k in ("dino_head", "ibot_head"))
+  img = towers["image"] + parts.get("mask_token", 0)
+  vis_head = img + 2 * heads
+  vis_full = 2 * (img + heads)
+  # Head size that would make the vision-side saving equal the paper's 42%: img / (2 (img + H)).
+  h42 = img / (2 * PAPER_SAVING_B) - img
+  return {
+      "train_state_params_head_only_ema": n_head,
+      "train_state_params_full_ema": n_full,
+      "fraction_saved": round(1 - n_head / n_full, 4),
+      "vision_side_params_head_only_ema": vis_head,
+      "vision_side_params_full_ema": vis_full,
+      "vision_side_fraction_saved": round(1 - vis_head / vis_full, 4),
+      "train_state_bytes_head_only_ema": _bytes(head_only),
+      "train_state_bytes_full_ema": _bytes(full),
+      "bytes_fraction_saved": round(1 - _bytes(head_only) / _bytes(full), 4),
+      "paper_fraction_saved_vit_b": PAPER_SAVING_B,
+      "explanation": (
+          f"Head-only EMA drops the EMA copy of the image encoder ({img / 1e6:.1f}M) and keeps EMA "
+          f"copies of the DINO+iBOT heads ({heads / 1e6:.1f}M, K={config.model.heads.num_prototypes}). "
+          f"Counting every parameter held for training (student image+text towers, heads, EMA), "
+          f"{n_full / 1e6:.1f}M -> {n_head / 1e6:.1f}M = {100 * (1 - n_head / n_full):.1f}% saved; "
+          f"counting the vision side only (image encoder + heads + their EMA), "
+          f"{vis_full / 1e6:.1f}M -> {vis_head / 1e6:.1f}M = {100 * (1 - vis_head / vis_full):.1f}%. "
+          f"The paper's 42% (ViT-B) is not reproduced by either accounting with our DINOv2-style heads: "
+          f"it corresponds to the vision-side count with heads of ~{h42 / 1e6:.1f}M in total, i.e. much "
+          f"smaller heads than 2 x (3-layer 2048-wide MLP + 256x{config.model.heads.num_prototypes} "
+          f"prototypes); the paper does not publish its head sizes or exactly what it counts. The "
+          f"text tower, which has no EMA in either mode, dilutes the all-parameter saving."),
+  }
+
+
 def compute_info(config, *, with_sharding: bool = False, devices: int = 0,
                  processes: int = 1) -> dict[str, Any]:
   """All numbers as a JSON-friendly dict (see module docstring)."""
@@ -155,40 +194,7 @@ def compute_info(config, *, with_sharding: bool = False, devices: int = 0,
       "train_state_GiB": round(_bytes(st) / 2 ** 30, 3),
   }
   if {"dino_head", "ibot_head"} & set(params):
-    head_only = _setup(config, mesh, "head").state_shapes
-    full = _setup(config, mesh, "full").state_shapes
-    n_head = student + _count(head_only.ema)
-    n_full = student + _count(full.ema)
-    heads = sum(parts.get(k, 0) for k in ("dino_head", "ibot_head"))
-    img = towers["image"] + parts.get("mask_token", 0)
-    vis_head = img + 2 * heads
-    vis_full = 2 * (img + heads)
-    # Head size that would make the vision-side saving equal the paper's 42%: img / (2 (img + H)).
-    h42 = img / (2 * PAPER_SAVING_B) - img
-    out["ema_comparison"] = {
-        "train_state_params_head_only_ema": n_head,
-        "train_state_params_full_ema": n_full,
-        "fraction_saved": round(1 - n_head / n_full, 4),
-        "vision_side_params_head_only_ema": vis_head,
-        "vision_side_params_full_ema": vis_full,
-        "vision_side_fraction_saved": round(1 - vis_head / vis_full, 4),
-        "train_state_bytes_head_only_ema": _bytes(head_only),
-        "train_state_bytes_full_ema": _bytes(full),
-        "bytes_fraction_saved": round(1 - _bytes(head_only) / _bytes(full), 4),
-        "paper_fraction_saved_vit_b": PAPER_SAVING_B,
-        "explanation": (
-            f"Head-only EMA drops the EMA copy of the image encoder ({img / 1e6:.1f}M) and keeps EMA "
-            f"copies of the DINO+iBOT heads ({heads / 1e6:.1f}M, K={config.model.heads.num_prototypes}). "
-            f"Counting every parameter held for training (student image+text towers, heads, EMA), "
-            f"{n_full / 1e6:.1f}M -> {n_head / 1e6:.1f}M = {100 * (1 - n_head / n_full):.1f}% saved; "
-            f"counting the vision side only (image encoder + heads + their EMA), "
-            f"{vis_full / 1e6:.1f}M -> {vis_head / 1e6:.1f}M = {100 * (1 - vis_head / vis_full):.1f}%. "
-            f"The paper's 42% (ViT-B) is not reproduced by either accounting with our DINOv2-style heads: "
-            f"it corresponds to the vision-side count with heads of ~{h42 / 1e6:.1f}M in total, i.e. much "
-            f"smaller heads than 2 x (3-layer 2048-wide MLP + 256x{config.model.heads.num_prototypes} "
-            f"prototypes); the paper does not publish its head sizes or exactly what it counts. The "
-            f"text tower, which has no EMA in either mode, dilutes the all-parameter saving."),
-    }
+    out["ema_comparison"] = _ema_comparison(config, mesh, towers, parts, student)
   if with_sharding:
     plan = sharding_plan(config, setup, int(devices or jax.device_count()), int(processes))
     out["sharding"] = plan.pop("rows")

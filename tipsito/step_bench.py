@@ -1,5 +1,5 @@
-"""Train-step benchmark: `python -m tipsito.step_bench --config F[:args] [--recipes a,b] [--steps N] [--batch B]`
-(console script `tipsito-bench`); the input pipeline has its own, tipsito/data/pipeline_bench.py.
+"""Train-step benchmark: `python -m tipsito.step_bench --config F[:args] [--recipes a,b] [--steps N]
+[--batch B]` (console script `tipsito-bench`); the input pipeline has its own, tipsito/data/pipeline_bench.py.
 
 Why: the cost of a recipe (e.g. tipsito's extra view + fusion over TIPSv2, or head-only vs full EMA) is
 measured, not guessed: the same config is built per recipe in one process, on synthetic batches (no data

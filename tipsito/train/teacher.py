@@ -83,14 +83,11 @@ def _workdir_teacher(workdir: str, mesh: Optional[Mesh]) -> tuple[dict, dict, di
   """(image config, {'image', 'text'} params, teacher heads, heads config) of a training workdir's latest
   checkpoint, rebuilt from its own config.json."""
   from tipsito.objective import recipes as recipes_lib  # pylint: disable=import-outside-toplevel
-  from tipsito.train import checkpointing  # pylint: disable=import-outside-toplevel
   from tipsito.train import step as step_lib  # pylint: disable=import-outside-toplevel
   tcfg = workdir_lib.load_config(workdir)
   if recipes_lib.get_recipe(tcfg.recipe).teacher == "frozen":
     raise ValueError(f"config.distill.teacher={workdir!r} is a distillation run; use a pretraining workdir")
-  setup = step_lib.build(tcfg, mesh)
-  state = checkpointing.restore_latest_state(workdir, setup.state_shapes, setup.state_shardings,
-                                             what=f"config.distill.teacher={workdir!r}")
+  _, state = workdir_lib.restore_latest(workdir, what=f"config.distill.teacher={workdir!r}", mesh=mesh)
   params, ema = state.params, state.ema
   teacher_view = {"image": ema.get("image", params["image"])}
   if "text" in params:

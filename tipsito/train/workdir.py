@@ -3,12 +3,12 @@ what it holds (`checkpoints/`).
 
 Why its own module: the loop writes `config.json`; export, evaluate, the resume guard and workdir teachers
 (tipsito/train/teacher.py) read it back. One reader and one writer keep the file's layout in one place,
-and none of those readers needs the loop.
+and none of those readers needs the loop; `restore_latest` is their one way back to a workdir's state.
 """
 from __future__ import annotations
 
 import json
-from typing import Optional
+from typing import Any, Optional
 
 import jax
 import ml_collections as mlc
@@ -67,3 +67,15 @@ def latest_checkpoint_step(workdir: str) -> Optional[int]:
   d = paths.as_path(workdir) / "checkpoints"
   steps = [int(p.name) for p in d.iterdir() if p.name.isdigit()] if d.is_dir() else []
   return max(steps) if steps else None
+
+
+def restore_latest(workdir: str, *, what: str, mesh: Any = None) -> tuple[Any, Any]:
+  """(Setup, TrainState) of a workdir's latest checkpoint, the state built from the workdir's own
+  config.json (export, evaluate, workdir teachers). `what` names the workdir's role in errors."""
+  from tipsito import distributed  # pylint: disable=import-outside-toplevel
+  from tipsito.train import checkpointing  # pylint: disable=import-outside-toplevel
+  from tipsito.train import step as step_lib  # pylint: disable=import-outside-toplevel
+  distributed.configure_jax()
+  setup = step_lib.build(load_config(workdir), mesh)
+  state = checkpointing.restore_latest_state(workdir, setup.state_shapes, setup.state_shardings, what=what)
+  return setup, state
