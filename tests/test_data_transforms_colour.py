@@ -209,11 +209,11 @@ def test_apply_view_timings_hook():
 
 
 def test_bench_op_breakdown_reports_every_op():
-  from tipsito.data import bench  # pylint: disable=g-import-not-at-top
-  src = bench.synthetic_source(3, 'JPEG', 120)
-  bd = bench.op_breakdown(src, T.ITOTwoViews(size=64), passes=3)
+  from tipsito.data import pipeline_bench  # pylint: disable=g-import-not-at-top
+  src = pipeline_bench.synthetic_source(3, 'JPEG', 120)
+  bd = pipeline_bench.op_breakdown(src, T.ITOTwoViews(size=64), passes=3)
   for op in ('open', 'decode', 'crop_resize', 'to_array', 'other', 'total'):
     assert op in bd
   assert bd['crop_resize'][2] == 2.0 and bd['decode'][2] == 1.0  # two views, one decode
   assert bd['total'][0] > 0
-  assert 'crop_resize' in bench.format_breakdown('ito', bd)
+  assert 'crop_resize' in pipeline_bench.format_breakdown('ito', bd)
