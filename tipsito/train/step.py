@@ -1,8 +1,8 @@
 """Building the training model, born-sharded state and the single jitted, donated train step.
 
-Why in one place: the loop, `step_bench.py`, `info.py`, `plan.py` and the tests all need exactly the same objects
-(model, optimiser, state shapes and shardings, step function) from a config; building them here keeps the
-train loop thin and guarantees that what `info` reports is what `train` runs.
+Why in one place: the loop, `step_bench.py`, `info.py`, `plan.py` and the tests all need exactly the
+same objects (model, optimiser, state shapes and shardings, step function) from a config; building them
+here keeps the train loop thin and guarantees that what `info` reports is what `train` runs.
 """
 from __future__ import annotations
 
