@@ -174,8 +174,7 @@ def plan_train(config, devices: list, *, topology: str = "", teacher_variant: st
   batch = abstract_batch(config, mesh)
   frozen = {} if teacher is None else _abstract({"image": teacher.params}, setup.frozen_shardings)
   t0 = time.perf_counter()
-  with mesh:
-    lowered = step_lib.jit_train_step(setup).lower(state, batch, frozen)
+  lowered = step_lib.jit_train_step(setup).lower(state, batch, frozen)
   compiled, oom = _compile(lowered)
   compile_s = time.perf_counter() - t0
   if compiled is not None:
@@ -283,7 +282,7 @@ def plan_evals(config, devices: list, *, topology: str = "") -> list[dict]:
       return out
 
     t0 = time.perf_counter()
-    with mesh:
+    with jax.set_mesh(mesh):
       compiled = jax.jit(forward).lower(params, images, ids).compile()
     row = {"what": f"eval_forward[{name}]", "topology": topology, "chips": len(devices),
            "global_batch": bsz, "image_size": size, "values": values,

@@ -19,6 +19,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from tipsito.models.activation_sharding import constrain_batch
 from tipsito.models import presets
 
 Dtype = Any
@@ -179,10 +180,11 @@ class Block(nn.Module):
   def _forward(self, sublayers, x, mask, valid, train, values_only, rate):
     """x += Attn(LN x); x += FFN(LN x), stochastic depth `rate` on both branches."""
     norm1, attn, norm2, ffn = sublayers
+    x = constrain_batch(x)
     y = attn(norm1(x), mask, self.is_causal, values_only)
-    x = x + self._residual(y, train, rate)
+    x = constrain_batch(x + self._residual(y, train, rate))
     y = ffn(norm2(x), valid if self.mask_ffn else None, train)
-    return x + self._residual(y, train, rate)
+    return constrain_batch(x + self._residual(y, train, rate))
 
   def _residual(self, y, train, rate):
     """Dropout and stochastic depth on a residual branch (train only).

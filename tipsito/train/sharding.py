@@ -17,8 +17,9 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from tipsito.models.activation_sharding import BATCH_AXES  # the towers constrain activations the same way
+
 MESH_AXES = ("data", "fsdp", "model")
-BATCH_AXES = ("data", "fsdp")
 # Spec keywords usable in config.sharding.rules besides explicit tuples of axis names / None.
 SPEC_KEYWORDS = ("fsdp", "replicate")
 

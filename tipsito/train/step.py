@@ -210,11 +210,20 @@ def all_finite(tree: Any) -> jax.Array:
   return jnp.all(jnp.stack(leaves)) if leaves else jnp.bool_(True)
 
 
+def _on_mesh(setup: Setup, fn: Callable) -> Callable:
+  """`fn(setup, state, batch, frozen)` traced with `setup.mesh` as the current mesh, so that the towers'
+  batch constraints (tipsito/models/activation_sharding.py) keep activations sharded over the batch."""
+  def traced(state, batch, frozen):
+    with jax.sharding.use_abstract_mesh(setup.mesh.abstract_mesh):
+      return fn(setup, state, batch, frozen)
+  return traced
+
+
 def jit_train_step(setup: Setup) -> Callable:
   """The one jitted step: explicit in/out shardings, state donated (updated in place on device)."""
   rep = sharding_lib.replicated(setup.mesh)
   frozen_sh = setup.frozen_shardings if setup.frozen_shardings is not None else rep
-  return jax.jit(lambda s, b, f: train_step(setup, s, b, f),
+  return jax.jit(_on_mesh(setup, train_step),
                  in_shardings=(setup.state_shardings, setup.batch_sharding, frozen_sh),
                  out_shardings=(setup.state_shardings, rep), donate_argnums=(0,))
 
@@ -223,6 +232,6 @@ def jit_loss_and_grads(setup: Setup) -> Callable:
   """Jitted `loss_and_grads` with the same shardings as the step (grads sharded like params)."""
   rep = sharding_lib.replicated(setup.mesh)
   frozen_sh = setup.frozen_shardings if setup.frozen_shardings is not None else rep
-  return jax.jit(lambda s, b, f: loss_and_grads(setup, s, b, f),
+  return jax.jit(_on_mesh(setup, loss_and_grads),
                  in_shardings=(setup.state_shardings, setup.batch_sharding, frozen_sh),
                  out_shardings=(rep, rep, rep, setup.state_shardings.params))
