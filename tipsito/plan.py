@@ -166,7 +166,8 @@ def plan_train(config, devices: list, *, topology: str = "", teacher_variant: st
   from tipsito.objective import recipes as recipes_lib  # pylint: disable=import-outside-toplevel
   from tipsito.train import sharding, step as step_lib  # pylint: disable=import-outside-toplevel
   distributed.configure_jax()
-  config_validation.validate(config, num_devices=len(devices))
+  # Shapes only: the text tower never tokenizes here, so a paper config needs no tokenizer file.
+  config_validation.validate(config, num_devices=len(devices), check_tokenizer=False)
   mesh = topology_mesh(config.mesh, devices)
   teacher = _teacher(config, teacher_variant) if recipes_lib.get_recipe(config.recipe).teacher == "frozen" else None
   setup = step_lib.build(config, mesh, teacher=teacher)
