@@ -82,7 +82,7 @@ def test_per_chip_bytes_follows_sharding():
 def _tiny_ito(fsdp: int, chips: int = 8):
   """Tiny ITO towers wide enough (256) and a batch large enough (64 per chip) that gathering the batch
   instead of the weights shows in the temporaries."""
-  c = config_validation.load_common().tiny_config("ito", batch_size=512)
+  c = defaults.tiny_config("ito", batch_size=512)
   c.sharding.min_size = 256
   for t in ("image", "text"):
     c.model[t].update(dict(width=256, mlp_dim=1024, depth=1, scan=True))
