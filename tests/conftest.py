@@ -28,3 +28,23 @@ def data_dir(tmp_path_factory) -> str:
   d = str(tmp_path_factory.mktemp("data"))
   convert.convert("shapes", d, split_sizes={"train": 48, "test": 8}, image_size=32, verbose=False)
   return d
+
+
+def run_synthetic_steps(config, steps: int):
+  """`steps` jitted train steps of `config` on one device, on one fixed synthetic batch (vocab 100).
+
+  Returns (setup, state, frozen, per-step metrics as floats); shared by the recipe and distillation tests.
+  """
+  from tipsito.step_bench import synthetic_batch  # pylint: disable=import-outside-toplevel
+  from tipsito.train import sharding, step as step_lib  # pylint: disable=import-outside-toplevel
+  mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
+  setup = step_lib.build(config, mesh, vocab_size=100)
+  state = setup.init_state()
+  step_fn = step_lib.jit_train_step(setup)
+  batch = sharding.global_batch(synthetic_batch(config, seed=1), mesh)
+  frozen = setup.frozen()
+  hist = []
+  for _ in range(steps):
+    state, m = step_fn(state, batch, frozen)
+    hist.append({k: float(v) for k, v in jax.device_get(m).items()})
+  return setup, state, frozen, hist

@@ -13,7 +13,6 @@ import pytest
 from PIL import Image
 
 from tipsito.data import pipeline
-from tipsito.data import transforms as T
 
 CAPS = ('caption_a', 'caption_b', 'caption_c')
 WORDS = {'alt': 1, 'a': 2, 'b': 3, 'c': 4}

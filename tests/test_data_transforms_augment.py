@@ -1,4 +1,4 @@
-"""Augmentation/masking/caption samplers stay inside METHOD §4 and are exactly reproducible.
+"""Augmentation/masking/caption samplers stay inside the papers' ranges and are exactly reproducible.
 
 Why: these parameters are the paper's recipe; a silent drift (wrong scale range, non-log-uniform
 ratio, inexact mask count, biased caption choice) would not crash anything but would change the

@@ -2,7 +2,7 @@
 Sinkhorn marginals and stability, padding semantics, jit/non-jit agreement, input validation.
 
 Why: the conformance vectors pin values on one small input; these tests pin the *structural* promises
-the recipes rely on (METHOD section 3 and issue 2): the teacher never receives gradient, iBOT++ is iBOT
+the recipes rely on (TIPSv2 §3): the teacher never receives gradient, iBOT++ is iBOT
 plus the visible tokens' term, the losses compile under jit and padded rows do not count.
 """
 import functools

@@ -16,7 +16,6 @@ All runs share one module-scoped fixture; every process is killed at the end, al
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys

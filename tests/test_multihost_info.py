@@ -3,7 +3,6 @@
 Why: the specs printed must be those of the target mesh (not of the 1-device mesh of the machine
 running `info`), and the per-process summary must state what each host does.
 """
-import jax
 import numpy as np
 import pytest
 

@@ -5,18 +5,15 @@ composition is wired (parts exist, fields are read, EMA/centres update) and actu
 Tiny towers (depth 1, 32px) keep each compile small; the decrease is checked on the total and on every
 contrastive term.
 """
-import os
 import pathlib
 
 import jax
 import numpy as np
 import pytest
 
+from conftest import run_synthetic_steps
 from tipsito.config import defaults
 from tipsito.config import validation as config_validation
-from tipsito.step_bench import synthetic_batch
-from tipsito.train import sharding
-from tipsito.train import step as step_lib
 
 DATA = pathlib.Path(__file__).parent / "data" / "tips_model"
 STEPS = 6
@@ -40,16 +37,7 @@ def tiny(recipe: str):
 
 def run_steps(c, steps=STEPS):
   config_validation.validate(c, num_devices=1)
-  mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
-  setup = step_lib.build(c, mesh, vocab_size=100)
-  state = setup.init_state()
-  step_fn = step_lib.jit_train_step(setup)
-  batch = sharding.global_batch(synthetic_batch(c, seed=1), mesh)
-  frozen = setup.frozen()
-  hist = []
-  for _ in range(steps):
-    state, m = step_fn(state, batch, frozen)
-    hist.append({k: float(v) for k, v in jax.device_get(m).items()})
+  setup, state, _, hist = run_synthetic_steps(c, steps)
   return setup, state, hist
 
 

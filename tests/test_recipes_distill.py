@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from tipsito import objective
+from conftest import run_synthetic_steps
 from tipsito.config import defaults
 from tipsito.config import validation as config_validation
 from tipsito.step_bench import synthetic_batch
@@ -49,17 +50,7 @@ def tiny_student(teacher=None, npz=False):
 
 
 def run(c, steps):
-  mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
-  setup = step_lib.build(c, mesh, vocab_size=100)
-  state = setup.init_state()
-  fn = step_lib.jit_train_step(setup)
-  batch = sharding.global_batch(synthetic_batch(c, seed=1), mesh)
-  frozen = setup.frozen()
-  hist = []
-  for _ in range(steps):
-    state, m = fn(state, batch, frozen)
-    hist.append({k: float(v) for k, v in jax.device_get(m).items()})
-  return setup, state, frozen, hist
+  return run_synthetic_steps(c, steps)
 
 
 def test_default_distill_config_trains_with_feature_loss_off():

@@ -5,6 +5,7 @@ tiny config and the real `shapes` pipeline, read the event file back, and check 
 against real Orbax and TFDS calls. No timing assertions: only formats, tags and the identities between
 the logged figures (images/s = batch x steps/s, utilisation = TFLOP/s / peak).
 """
+import contextlib
 import glob
 import logging
 import os
@@ -41,8 +42,8 @@ class _Records(logging.Handler):
     return [r for r in self.records if f"{os.sep}{lib}{os.sep}" in r.pathname and r.levelno < below]
 
 
-@pytest.fixture
-def records():
+@contextlib.contextmanager
+def _capturing_logs():
   """Root handler at INFO with absl verbosity INFO (as after `app.run` without --verbosity)."""
   h = _Records()
   root = logging.getLogger()
@@ -50,10 +51,18 @@ def records():
   root.addHandler(h)
   root.setLevel(logging.DEBUG)
   absl_logging.set_verbosity(absl_logging.INFO)
-  yield h
-  root.removeHandler(h)
-  root.setLevel(old_level)
-  absl_logging.set_verbosity(old_verbosity)
+  try:
+    yield h
+  finally:
+    root.removeHandler(h)
+    root.setLevel(old_level)
+    absl_logging.set_verbosity(old_verbosity)
+
+
+@pytest.fixture
+def records():
+  with _capturing_logs() as h:
+    yield h
   ob.quiet_library_logs()
 
 
@@ -76,18 +85,8 @@ def make_config(data_dir):
 def run(tmp_path_factory, data_dir):
   """One real run; the log records it produced (absl at INFO, as on the command line)."""
   workdir = str(tmp_path_factory.mktemp("run"))
-  h = _Records()
-  root = logging.getLogger()
-  old_level, old_verbosity = root.level, absl_logging.get_verbosity()
-  root.addHandler(h)
-  root.setLevel(logging.DEBUG)
-  absl_logging.set_verbosity(absl_logging.INFO)
-  try:
+  with _capturing_logs() as h:
     metrics = loop.train_and_evaluate(make_config(data_dir), workdir)
-  finally:
-    root.removeHandler(h)
-    root.setLevel(old_level)
-    absl_logging.set_verbosity(old_verbosity)
   return workdir, metrics, h
 
 

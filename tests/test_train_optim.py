@@ -1,14 +1,13 @@
 """Optimiser chain: schedule, factored Adafactor state, weight decay on kernels only, frozen groups and
 learning-rate multipliers by regex, and the EMA update rule.
 
-Why: these are the knobs the paper recipes set (METHOD §5); each is a config key and must do exactly
+Why: these are the knobs the paper recipes set; each is a config key and must do exactly
 what it says on small, hand-checkable trees.
 """
 import jax
 import jax.numpy as jnp
 import ml_collections as mlc
 import numpy as np
-import optax
 import pytest
 
 from tipsito.train import optim, state as state_lib

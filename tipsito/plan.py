@@ -164,7 +164,7 @@ def plan_train(config, devices: list, *, topology: str = "", teacher_variant: st
   from tipsito import distributed  # pylint: disable=import-outside-toplevel
   from tipsito.config import validation as config_validation  # pylint: disable=import-outside-toplevel
   from tipsito.objective import recipes as recipes_lib  # pylint: disable=import-outside-toplevel
-  from tipsito.train import sharding, step as step_lib  # pylint: disable=import-outside-toplevel
+  from tipsito.train import step as step_lib  # pylint: disable=import-outside-toplevel
   distributed.configure_jax()
   # Shapes only: the text tower never tokenizes here, so a paper config needs no tokenizer file.
   config_validation.validate(config, num_devices=len(devices), check_tokenizer=False)

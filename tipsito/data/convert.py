@@ -103,13 +103,28 @@ def convert(name: str, data_dir: str, *, input_path: str | None = None, split_si
             object_sizes: Sequence[str] | None = None, colours: Sequence[str] | None = None,
             **builder_kwargs) -> ConvertResult:
   """Builds dataset `name` into `data_dir`; returns a ConvertResult. See module docstring."""
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-
   start = time.time()
   cls = builders.builder_class(name)
-  workers = _common.default_num_workers() if num_workers is None else num_workers
   kwargs = dict(builder_kwargs)
-  kwargs["num_workers"] = workers
+  kwargs["num_workers"] = _common.default_num_workers() if num_workers is None else num_workers
+  config = _builder_options(name, cls, kwargs, input_path=input_path, split_sizes=split_sizes,
+                            image_size=image_size, limit=limit, config_name=config_name,
+                            max_objects=max_objects, object_sizes=object_sizes, colours=colours)
+  builder = cls(data_dir=data_dir, config=config, file_format="array_record", **kwargs)
+  report, report_path = _prepare(builder, name, data_dir, num_shards=num_shards, overwrite=overwrite,
+                                 verbose=verbose)
+  sizes = {k: v.num_examples for k, v in builder.info.splits.items()}
+  result = ConvertResult(name=name, dataset_dir=os.fspath(builder.data_dir), split_sizes=sizes, report=report,
+                         report_path=report_path, seconds=time.time() - start)
+  if verbose:
+    print(f"[{name}] {sizes} -> {result.dataset_dir} ({result.seconds:.1f}s)")
+  return result
+
+
+def _builder_options(name: str, cls, kwargs: dict, *, input_path, split_sizes, image_size, limit, config_name,
+                     max_objects, object_sizes, colours):
+  """Checks the options that apply to builder `name`, adds them to `kwargs`; returns its BuilderConfig."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   config = None
   if name in ("shapes", "tuxpaint", "fashion_mnist"):
     # Size knobs are builder overrides, not part of the config identity: the default config's
@@ -151,8 +166,12 @@ def convert(name: str, data_dir: str, *, input_path: str | None = None, split_si
     raise ValueError(f"{name}: max_objects / object_sizes / colours only apply to shapes")
   if split_sizes and name != "shapes":
     raise ValueError(f"{name}: --split_sizes only applies to shapes (use --limit)")
+  return config
 
-  builder = cls(data_dir=data_dir, config=config, file_format="array_record", **kwargs)
+
+def _prepare(builder, name: str, data_dir: str, *, num_shards, overwrite: bool, verbose: bool):
+  """Runs TFDS' download_and_prepare unless already built; returns (ConversionReport, its path) or Nones."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   dl_config = tfds.download.DownloadConfig(
       num_shards=num_shards or choose_num_shards(builder),
       download_mode=(tfds.download.GenerateMode.FORCE_REDOWNLOAD if overwrite
@@ -161,34 +180,28 @@ def convert(name: str, data_dir: str, *, input_path: str | None = None, split_si
   if already and not overwrite:
     if verbose:
       print(f"[{name}] already prepared at {builder.data_dir} (use --overwrite to rebuild)")
-    report, report_path = None, None
-  else:
-    try:
-      builder.download_and_prepare(download_config=dl_config)
-    except Exception as e:  # TFDS ends an all-skipped split with "No examples were yielded"
-      report = getattr(builder, "report", None)
-      if report is None or report.written or not report.skipped:
-        raise
-      os.makedirs(data_dir, exist_ok=True)
-      report_path = os.path.join(data_dir, f"{name}_{_common.REPORT_FILENAME}")
-      with open(report_path, "w", encoding="utf-8") as f:
-        import json  # pylint: disable=g-import-not-at-top
-        json.dump(report.to_dict(), f, indent=2, ensure_ascii=False)
-      raise ConversionError(_all_skipped_message(name, report, builder, report_path)) from e
+    return None, None
+  try:
+    builder.download_and_prepare(download_config=dl_config)
+  except Exception as e:  # TFDS ends an all-skipped split with "No examples were yielded"
     report = getattr(builder, "report", None)
-    report_path = report.write(builder.data_dir) if report is not None else None
-    if verbose and report is not None:
-      print(report.summary())
-      for s in report.skipped[:50]:
-        print(f"  skipped {s['item']}: {s['reason']}" + (f" ({s['detail']})" if s["detail"] else ""))
-      if len(report.skipped) > 50:
-        print(f"  ... {len(report.skipped) - 50} more in {report_path}")
-  sizes = {k: v.num_examples for k, v in builder.info.splits.items()}
-  result = ConvertResult(name=name, dataset_dir=os.fspath(builder.data_dir), split_sizes=sizes, report=report,
-                         report_path=report_path, seconds=time.time() - start)
-  if verbose:
-    print(f"[{name}] {sizes} -> {result.dataset_dir} ({result.seconds:.1f}s)")
-  return result
+    if report is None or report.written or not report.skipped:
+      raise
+    os.makedirs(data_dir, exist_ok=True)
+    report_path = os.path.join(data_dir, f"{name}_{_common.REPORT_FILENAME}")
+    with open(report_path, "w", encoding="utf-8") as f:
+      import json  # pylint: disable=g-import-not-at-top
+      json.dump(report.to_dict(), f, indent=2, ensure_ascii=False)
+    raise ConversionError(_all_skipped_message(name, report, builder, report_path)) from e
+  report = getattr(builder, "report", None)
+  report_path = report.write(builder.data_dir) if report is not None else None
+  if verbose and report is not None:
+    print(report.summary())
+    for s in report.skipped[:50]:
+      print(f"  skipped {s['item']}: {s['reason']}" + (f" ({s['detail']})" if s["detail"] else ""))
+    if len(report.skipped) > 50:
+      print(f"  ... {len(report.skipped) - 50} more in {report_path}")
+  return report, report_path
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -177,7 +177,7 @@ def ntxent_logits(z1: Array, z2: Array, logit_scale) -> tuple[Array, Array]:
 
 def ntxent_loss(z1: Array, z2: Array, logit_scale, *, reduction: str = "mean",
                 valid: Optional[Array] = None) -> Array:
-  """ITO fusion loss: symmetric NT-Xent between two views' fused embeddings (METHOD section 3).
+  """ITO fusion loss: symmetric NT-Xent between two views' fused embeddings (ITO paper, L_fusion).
 
   Why: ITO's L_fusion makes the fused (image view + caption) embedding of view 1 identify the one of
   view 2 among every other fused embedding of the global batch, both views' negatives included.

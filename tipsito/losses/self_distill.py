@@ -1,7 +1,7 @@
 """Self-distillation losses: DINO (CLS), iBOT / iBOT++ (patches), teacher centering, Sinkhorn-Knopp, KoLeo.
 
 Why this module exists: TIPSv2 and tipsito add DINOv2-style self-distillation to the contrastive loss
-(METHOD section 3): L = L_CLIP + 1.0 * L_DINO + 2.0 * L_iBOT++. The reference semantics are those of
+(TIPSv2 paper, §4): L = L_CLIP + 1.0 * L_DINO + 2.0 * L_iBOT++. The reference semantics are those of
 dinov2/loss/{dino_clstoken_loss,ibot_patch_loss,koleo_loss}.py, reproduced to 1e-5 (gradients included)
 against the vectors in tests/data/dino_losses/.
 
@@ -250,7 +250,7 @@ def dino_loss(student_logits: Array, teacher_logits: Array, center: Optional[Arr
               teacher_temp, *, method: str = "centering", reduction: str = "mean",
               skip_same_view: bool = False, n_iters: int = 3,
               valid: Optional[Array] = None) -> Array:
-  """DINO loss on CLS-token head outputs (METHOD section 3).
+  """DINO loss on CLS-token head outputs (DINO paper; TIPSv2 §3).
 
   Why: the image-level self-distillation term of TIPSv2/tipsito. Teacher targets
 

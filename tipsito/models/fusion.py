@@ -1,4 +1,4 @@
-"""ITO fusion module (METHOD.md §2). TRAINING-ONLY: never exported.
+"""ITO fusion module (ITO paper). TRAINING-ONLY: never exported.
 
 Why it exists: ITO's fusion loss contrasts two views fused with the same
 caption, which forces the image tokens to carry caption-relevant detail. The

@@ -1,4 +1,4 @@
-"""DINO / iBOT projection heads (METHOD.md §2, DINOv2 layout).
+"""DINO / iBOT projection heads (DINOv2 layout).
 
 Why weight normalisation with a fixed gain: DINOv2's last layer is
 `weight_norm(Linear(bottleneck, K, bias=False))` with the gain frozen to 1, so

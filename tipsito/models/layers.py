@@ -48,7 +48,7 @@ class Attention(nn.Module):
   """Multi-head self-attention with q/k/v/out projections (all with bias).
 
   `values_only=True` returns `out(value(x))` without any token mixing: the
-  MaskCLIP "value trick" used for zero-shot segmentation (METHOD §1).
+  MaskCLIP "value trick" used for zero-shot segmentation (TIPS paper).
   """
   num_heads: int
   dtype: Dtype = jnp.float32

@@ -3,7 +3,7 @@
 Why a table: every recipe (TIPSv2, ITO, CLIP, distillation) names its towers by
 variant ('B/14', 'g/14', ...) and the sizes must be exactly those of the
 official TIPS release / TIPSv2 Table 16 so that parameter counts and released
-checkpoints line up (METHOD.md §1). Recipe-level choices (number of CLS tokens,
+checkpoints line up. Recipe-level choices (number of CLS tokens,
 pixel statistics, dtype, mask token) are *not* part of a preset: they are given
 as overrides by the config that uses the preset.
 """
@@ -27,7 +27,7 @@ def _vit(width: int, depth: int, num_heads: int, mlp_dim: int, patch_size: int,
               ffn=ffn, patch_size=patch_size)
 
 
-# Image tower presets (METHOD.md §1 table; ITO's B/16, L/16; small test sizes).
+# Image tower presets (the TIPS release's sizes; ITO's B/16, L/16; small test sizes).
 VIT_PRESETS: dict[str, dict[str, Any]] = {
     'tiny/14': _vit(64, 2, 4, 128, 14),
     'tiny/16': _vit(64, 2, 4, 128, 16),

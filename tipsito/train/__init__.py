@@ -3,8 +3,7 @@ Orbax checkpointing.
 
 `python -m tipsito.train` (this package's __main__) and the `tipsito-train` console script both call
 `run()`; the package is imported lazily so `import tipsito.train.state` stays light.
-Note: the design sketch lists a module `tipsito/train.py`; a module and a package cannot share the name,
-so the entry point lives in `tipsito/train/cli.py` and is re-exported here.
+The entry point itself lives in `tipsito/train/cli.py` and is re-exported here.
 """
 
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import logging as py_logging
-import math
 import os
 import time
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence

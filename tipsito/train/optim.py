@@ -53,7 +53,7 @@ def _path_labels(params: Any, fn: Callable[[str, Any], Any]) -> Any:
 def kernel_mask(params: Any) -> Any:
   """True for matrices named `kernel` (weight decay target); biases, norms, embeddings, scales: False.
 
-  Why: decoupled weight decay on kernels only (METHOD §5); decaying LayerNorm scales, position embeddings,
+  Why: decoupled weight decay on kernels only (big_vision's convention); decaying LayerNorm scales, position embeddings,
   CLS/mask tokens or the learned temperature hurts contrastive training.
   """
   return _path_labels(params, lambda path, x: path.rsplit("/", 1)[-1] == "kernel" and x.ndim >= 2)

@@ -113,6 +113,8 @@ def check_options(*, max_objects: int | None = None, sizes=None, colours=None) -
       raise ValueError(f"shapes {key}={value!r}: valid values are non-empty subsets of {valid}")
 
 
+# Longer than ~60 lines on purpose: one example is drawn from one seeded RNG in a fixed order of draws;
+# splitting the draws over helpers would make that order (and so every image) easy to change by accident.
 def generate(index: int, *, split: str = "train", image_size: int = 224, seed: int = 0,
              max_objects: int = 4, sizes: tuple[str, ...] = SIZE_NAMES,
              colours: tuple[str, ...] | None = None) -> dict:
