@@ -19,18 +19,19 @@ from tipsito import models
 from tipsito.config import defaults
 from tipsito.data.masking import MASK_TYPES
 from tipsito.data.pipeline import AUGMENTS, VIEWS
+from tipsito.losses.self_distill import TEACHER_METHODS
+from tipsito.models.text import FLAVOURS
 from tipsito.objective import recipes as recipes_lib
 from tipsito.objective.recipes import EMA_MODES
+from tipsito.objective.terms import TERMS
 from tipsito.train import sharding
 from tipsito.train.optim import OPTIMIZERS, SCHEDULES
 
 # Enumerations no other module names as a constant (the modules reading these keys branch on the values).
 DTYPES = ("float32", "bfloat16", "float16")
-TEACHER_METHODS = ("centering", "sinkhorn")
 EMA_SCHEDULES = ("constant", "cosine")
 TOKEN_NORMS = ("masked", "patches")
 FFNS = ("mlp", "swiglu")
-FLAVOURS = ("tips", "clip")
 # Sub-dicts whose keys are free-form (user-named).
 FREE_FORM = ("evals", "optim.lr_mults")
 
@@ -285,8 +286,9 @@ def _check_input(config: mlc.ConfigDict, recipe, weights: dict[str, float]) -> N
     if not ok:
       bound = "0 < lo <= hi" if key == "crop_ratio" else "0 < lo <= hi <= 1"
       raise ConfigError(f"config.input.{key}={v!r}: must be None or a pair (lo, hi) with {bound}")
-  if ("clip_view2" in weights or "fusion" in weights) and "two_views" not in inp.views:
-    raise ConfigError(f"config.input.views={inp.views!r}: loss terms {sorted(set(weights) & {'clip_view2', 'fusion'})} "
+  second_view = sorted(t for t in weights if "image2" in TERMS[t].fields)
+  if second_view and "two_views" not in inp.views:
+    raise ConfigError(f"config.input.views={inp.views!r}: loss terms {second_view} "
                       "need a second view; valid values: ['two_views', 'multicrop_two_views']")
   if "ibot" in weights and inp.mask_ratio > 0 and not config.model.image.get("use_mask_token"):
     raise ConfigError("config.model.image.use_mask_token must be True when config.loss.ibot > 0 and "

@@ -32,6 +32,9 @@ from typing import Optional, Union
 import jax
 import jax.numpy as jnp
 
+# How the teacher's outputs become targets (`config.loss_opts.teacher_method`).
+TEACHER_METHODS = ("centering", "sinkhorn")
+
 Array = jax.Array
 
 __all__ = [
@@ -64,8 +67,8 @@ def _flat_center(center, k):
 
 def _check_method(method):
   """Rejects unknown teacher normalisations early (before any tracing)."""
-  if method not in ("centering", "sinkhorn"):
-    raise ValueError(f"method must be 'centering' or 'sinkhorn', got {method!r}")
+  if method not in TEACHER_METHODS:
+    raise ValueError(f"method must be one of {TEACHER_METHODS}, got {method!r}")
 
 
 # ----------------------------------------------------------------------------------------------------

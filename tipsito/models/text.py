@@ -21,6 +21,9 @@ import numpy as np
 
 from tipsito.models import layers
 
+# Text tower flavours (`config.model.text.flavour`): TIPS' masked mean pooling or CLIP's last token.
+FLAVOURS = ('tips', 'clip')
+
 Dtype = Any
 
 
@@ -73,7 +76,7 @@ class TextEncoder(nn.Module):
     'valid': (B,L) bool}. 'pooled' is the masked mean (tips) or the last
     valid token (clip), then the optional projection.
     """
-    if self.flavour not in ('tips', 'clip'):
+    if self.flavour not in FLAVOURS:
       raise ValueError(f'Unknown text flavour {self.flavour!r}')
     kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
     ids = jnp.asarray(ids).astype(jnp.int32)
