@@ -53,14 +53,18 @@ def _split_name(member_name: str) -> tuple[str, str]:
   return os.path.join(dirname, stem), ext.lower()
 
 
+def _file_members(tar: tarfile.TarFile):
+  """(member, key, ext) of every regular file of an open tar shard, in tar order."""
+  for member in tar:
+    if member.isfile():
+      yield (member,) + _split_name(member.name)
+
+
 def iter_samples(shard: str):
   """Yields (key, {ext: bytes}) for consecutive same-key member groups of one tar shard."""
   current, parts = None, {}
   with tarfile.open(shard, "r:*") as tar:
-    for member in tar:
-      if not member.isfile():
-        continue
-      key, ext = _split_name(member.name)
+    for member, key, ext in _file_members(tar):
       if key != current:
         if current is not None:
           yield current, parts
@@ -105,10 +109,7 @@ class Webdataset(_common.SingleInputSplit, tfds.core.GeneratorBasedBuilder):
       last_key = None
       try:
         with tarfile.open(shard, "r:*") as tar:
-          for member in tar:
-            if not member.isfile():
-              continue
-            key, ext = _split_name(member.name)
+          for member, key, ext in _file_members(tar):
             if key != last_key:
               self._num_samples += 1
               last_key = key
