@@ -24,8 +24,8 @@ probe of the same tiny towers on two-colour data, 800 steps; zero-shot shape acc
         AdamW 3e-3, CLIP pixels (this config)                      75.5% / 76%   / 27.5%
           (on the current code, e.g. after the objective/config/eval-input restructuring and on the commit
           before it, d330be3: 74.5% / 77.5% / 28.0%, the two runs equal in every metric and in the
-          exported params bit for bit; the small difference to the first line comes from changes that
-          landed in between, e.g. ITO's photometric augmentation of tipsito's view 2)
+          exported params bit for bit; the first line was measured on an earlier commit, before other
+          changes to the tipsito recipe's inputs landed)
         old Adafactor (trace momentum, wd x lr), paper settings, TIPS pixels   13.5% / 12.5% / 5.5%
         big_vision Adafactor, paper settings, TIPS pixels            22.0% / 30.5% / 10.0%
         big_vision Adafactor, paper settings, CLIP pixels            57.5% / 50%   / 20.0%
