@@ -70,12 +70,7 @@ def vit_config(variant: str, **overrides: Any) -> dict[str, Any]:
   A plain dict (not a ConfigDict) so that it can be stored in ml_collections
   configs, json export configs and passed as `VisionTransformer(**cfg)`.
   """
-  if variant not in VIT_PRESETS:
-    raise ValueError(f'Unknown image variant {variant!r}; known: '
-                     f'{sorted(VIT_PRESETS)}')
-  cfg = copy.deepcopy(VIT_PRESETS[variant])
-  cfg.update(overrides)
-  return cfg
+  return _preset(VIT_PRESETS, variant, variant, 'image', overrides)
 
 
 def text_config(variant: str, **overrides: Any) -> dict[str, Any]:
@@ -84,11 +79,14 @@ def text_config(variant: str, **overrides: Any) -> dict[str, Any]:
   Accepts the full image variant name too, since configs usually select one
   variant for both towers.
   """
-  key = variant.split('/')[0]
-  if key not in TEXT_PRESETS:
-    raise ValueError(f'Unknown text variant {variant!r}; known: '
-                     f'{sorted(TEXT_PRESETS)}')
-  cfg = copy.deepcopy(TEXT_PRESETS[key])
+  return _preset(TEXT_PRESETS, variant.split('/')[0], variant, 'text', overrides)
+
+
+def _preset(table: dict, key: str, variant: str, tower: str, overrides: dict) -> dict[str, Any]:
+  """A copy of `table[key]` with `overrides` applied; unknown keys name the tower and the known ones."""
+  if key not in table:
+    raise ValueError(f'Unknown {tower} variant {variant!r}; known: {sorted(table)}')
+  cfg = copy.deepcopy(table[key])
   cfg.update(overrides)
   return cfg
 
