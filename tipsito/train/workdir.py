@@ -63,9 +63,11 @@ def load_config(workdir: str) -> mlc.ConfigDict:
 
 
 def latest_checkpoint_step(workdir: str) -> Optional[int]:
-  """Highest step folder under `<workdir>/checkpoints` (None when there is none: nothing to resume)."""
+  """Highest finalized Orbax step under `<workdir>/checkpoints` (None when there is none: nothing to
+  resume). Read without opening a CheckpointManager, so nothing is created in the workdir."""
+  import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
   d = paths.as_path(workdir) / "checkpoints"
-  steps = [int(p.name) for p in d.iterdir() if p.name.isdigit()] if d.is_dir() else []
+  steps = ocp.utils.checkpoint_steps(d) if d.is_dir() else []
   return max(steps) if steps else None
 
 
