@@ -159,14 +159,7 @@ def evaluate(config, checkpoint: str, *, output: str | None = None, pictures_dir
   evaluators = evals_lib.make_evaluators(_evals_config(config, only, max_examples, data_dir))
   if not evaluators:
     raise ValueError("config.evals is empty: nothing to evaluate")
-  results: dict[str, float] = {}
-  pics: dict[str, Any] = {}
-  for name, ev in evaluators.items():
-    t0 = time.time()
-    res = ev.run(encoder)
-    results.update(res)
-    pics.update(ev.pictures)
-    logging.info("eval %s: %s (%.1fs)", name, res, time.time() - t0)
+  results, pics = evals_lib.run_all(evaluators, encoder, log=logging.info)
   if pictures_dir is None and output:
     pictures_dir = os.path.join(os.path.dirname(os.path.abspath(output)), "pictures")
   import jax  # pylint: disable=g-import-not-at-top

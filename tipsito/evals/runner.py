@@ -8,9 +8,36 @@ from __future__ import annotations
 
 from typing import Callable, Mapping, Sequence
 
+import time
+
 import numpy as np
 
 from tipsito.evals.evaluator import Evaluator
+
+
+def run_all(evaluators: Mapping[str, Evaluator] | Sequence[Evaluator], encoder, *, step: int = 0,
+            only_due: bool = False, is_last: bool = False,
+            log: Callable[[str], None] | None = None) -> tuple[dict[str, float], dict[str, np.ndarray]]:
+  """Runs evaluators (only those due at `step` when `only_due`); returns (merged metrics, merged pictures).
+
+  Computes only: the training loop (`run_evaluators`) and `tipsito.evaluate` each write the results their
+  own way.
+  """
+  evs = list(evaluators.values()) if isinstance(evaluators, Mapping) else list(evaluators)
+  results: dict[str, float] = {}
+  pics: dict[str, np.ndarray] = {}
+  for ev in evs:
+    if only_due and not ev.should_run(step, is_last=is_last):
+      continue
+    t0 = time.time()
+    res = ev.run(encoder)
+    results.update(res)
+    pics.update(ev.pictures)
+    if log is not None:
+      log(f"eval {ev.name} @ step {step}: " + ", ".join(f"{k.split('/', 1)[-1]}={v:.2f}"
+                                                       for k, v in res.items())
+          + f" ({time.time() - t0:.1f}s)")
+  return results, pics
 
 
 def run_evaluators(evaluators: Mapping[str, Evaluator] | Sequence[Evaluator], encoder, *, step: int = 0,
@@ -22,18 +49,7 @@ def run_evaluators(evaluators: Mapping[str, Evaluator] | Sequence[Evaluator], en
   picture_dir: PNG output folder for pictures, optional.
   only_due: run only evaluators whose `should_run(step, is_last=is_last)` is True.
   """
-  evs = list(evaluators.values()) if isinstance(evaluators, Mapping) else list(evaluators)
-  results: dict[str, float] = {}
-  pics: dict[str, np.ndarray] = {}
-  for ev in evs:
-    if only_due and not ev.should_run(step, is_last=is_last):
-      continue
-    res = ev.run(encoder)
-    results.update(res)
-    pics.update(ev.pictures)
-    if log is not None:
-      log(f"eval {ev.name} @ step {step}: " + ", ".join(f"{k.split('/', 1)[-1]}={v:.2f}"
-                                                       for k, v in res.items()))
+  results, pics = run_all(evaluators, encoder, step=step, only_due=only_due, is_last=is_last, log=log)
   if writer is not None and results:
     writer.write_scalars(step, {k: v for k, v in results.items() if np.isfinite(v)})
   if pics:
