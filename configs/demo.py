@@ -2,8 +2,8 @@
 on the fly into `<workdir>/data`, with a tiny ViT on CPU in under 10 minutes.
 
     python -m tipsito.train --config configs/demo.py --workdir workdirs/demo
-Args (k=v,...): steps (int), batch (global batch), size (global crop px), recipe (any recipe except
-distill), evals (bool).
+Args (k=v,...): steps (int), batch (global batch), size (global crop px, a multiple of the patch 8; local
+crops are half of it in whole patches), recipe (any recipe except distill), evals (bool).
 
 Why these sizes: a 2-core laptop must finish in under 10 minutes (about 7.5 on our 2-core machine),
 including dataset build, compile, evals and export, while every loss term of the recipe is exercised and
@@ -63,12 +63,16 @@ def get_config(arg=None):
   # Patch 8 on 64px crops: an 8x8 grid, so small shapes span several patches (patch 16 -> 4x4 learned
   # colours but hardly shapes; measured on this demo: retrieval R@1 40% -> 56%).
   tips_px = a.pixels == "tips"
-  c.model.image.update(dict(patch_size=8, posemb_grid=8,
+  patch = 8
+  c.model.image.update(dict(patch_size=patch, posemb_grid=8,
                             pixel_mean=presets.TIPS_PIXEL_MEAN if tips_px else presets.CLIP_PIXEL_MEAN,
                             pixel_std=presets.TIPS_PIXEL_STD if tips_px else presets.CLIP_PIXEL_STD))
   c.model.heads.update(dict(num_prototypes=256, hidden_dim=128, bottleneck_dim=64))
   c.model.fusion.update(dict(width=64, depth=1, num_heads=4))
-  c.input.update(dict(global_size=a.size, local_size=a.size // 2, global_crop_scale=(0.7, 1.0),
+  # Local crops: half the global crop, rounded down to whole patches, since every training crop must be
+  # whole patches (tipsito/config/validation.py): size=64 gives 32, size=72 gives 32 (not 36).
+  local = max(patch, a.size // 2 // patch * patch)
+  c.input.update(dict(global_size=a.size, local_size=local, global_crop_scale=(0.7, 1.0),
                       num_local=2 if "multicrop" in c.input.views else 0, num_workers=1, prefetch=2))
   # View 2 keeps view 1's augmentation (the measured numbers below); tipsito's paper default is ITO's
   # photometric ops on view 2 (`input.augment_view2='ito'`), not measured on this demo.

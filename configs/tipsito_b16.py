@@ -1,6 +1,14 @@
 """tipsito (ours) at B/16: TIPSv2 (2 CLS, DINO, iBOT++, head-only EMA, Adafactor) plus ITO's second view
 contrasted with the alt-text and the fusion NT-Xent loss (lambda 2).
 
+Crop sizes: 1 global crop of 224 px and 6 local crops of 96 px (14 x 14 and 6 x 6 patches of 16 px).
+TIPSv2 §4 ("Implementation details") trains "1 global crop at resolution 224 and 6 local crops at
+resolution 98": whole patches of its patch 14 (16 and 7). At patch 16, 98 px is 6.125 patches and the ViT
+would centre zero-pad every local crop to 112 px, so about 23 % of each DINO student input would be a black
+frame the teacher never sees (validation refuses it). 96 = 6 x 16 keeps TIPSv2's 224:98 global-to-local
+ratio closest (224/96 = 2.33 against 2.29) and its local crop's pixel size; 112 = 7 x 16 would keep
+TIPSv2's 7 x 7 local token grid but give 2.0 (the alternative: `--config.input.local_size=112`).
+
 Args: data (webli | cc12m | ...), steps, batch.
 """
 from tipsito.config import args
@@ -14,7 +22,7 @@ def get_config(arg=None):
   c.model.image.update(dict(dtype="bfloat16", remat=True))
   c.model.text.update(dict(dtype="bfloat16"))
   c.data = defaults.data_config(a.data)
-  c.input.update(dict(views="multicrop_two_views", num_local=6, mask_ratio=0.75, augment="tips",
-                      num_workers=32))
+  c.input.update(dict(views="multicrop_two_views", global_size=224, local_size=96, num_local=6,
+                      mask_ratio=0.75, augment="tips", num_workers=32))
   c.optim.update(dict(lr=1e-3, warmup_steps=10000, momentum_dtype="bfloat16"))
   return c

@@ -1,7 +1,8 @@
 """Model and input geometry is validated before anything compiles, naming the key and the allowed values.
 
 Why: these settings used to be accepted and then failed deep inside Flax or Orbax (patch size 0, a width
-the heads do not divide, a global crop that is not whole patches, negative counts, keeping 0 checkpoints).
+the heads do not divide, a global or local training crop that is not whole patches, negative counts,
+keeping 0 checkpoints).
 """
 import importlib.util
 import pathlib
@@ -63,8 +64,14 @@ def test_bad_geometry_names_key_and_allowed_values(key, bad, good, words):
     assert w in str(e.value), (w, str(e.value))
 
 
-def test_local_crops_may_be_padded():
-  """Local crops that are not whole patches are centre zero-padded by the ViT (stated rule), so allowed."""
+def test_local_crops_must_be_whole_patches():
+  """A local crop the ViT would centre zero-pad (20 px at patch 8 -> 24 px, a black frame the teacher never
+  sees) is refused like the global crop; evaluation inputs keep the release's padding (not checked here)."""
   c = demo()
   c.input.local_size = 20  # patch 8
+  with pytest.raises(ConfigError, match=r"config\.input\.local_size=20 must be a multiple of "
+                                        r"config\.model\.image\.patch_size=8.*16 or 24"):
+    config_validation.validate(c, num_devices=1)
+  c.evals.zeroshot.image_size = 60  # an eval size that is not whole patches is still allowed
+  c.input.local_size = 24
   config_validation.validate(c, num_devices=1)

@@ -95,14 +95,21 @@ def _check_geometry(config: mlc.ConfigDict, recipe) -> None:
       if k in m.heads:
         _int_at_least(f"model.heads.{k}", m.heads[k], 1)
   p = int(img.patch_size)
+  # Every training crop is whole patches. The ViT centre zero-pads an input that is not (the official
+  # release's rule, kept for evaluation inputs, which are not checked here), so a 98 px local crop on a
+  # patch-16 tower would be a 112 px input whose outer 23 % is a black frame the teacher never sees; the
+  # iBOT mask lives on the global crop's patch grid. View 2 ('image2') is drawn at input.global_size.
+  view2 = " and view 2" if "two_views" in inp.views else ""
   _int_at_least("input.global_size", inp.global_size, p)
-  # The iBOT mask and the patch-level targets live on the patch grid of the global crop, so it must be
-  # whole patches; local crops (no mask) are centre zero-padded to a multiple of the patch by the ViT.
   _divisible("input.global_size", inp.global_size, "model.image.patch_size", p,
-             "the global crop is cut into whole patches; only local crops are zero-padded")
+             f"the global crop{view2} must be whole patches for training; only evaluation inputs are "
+             "zero-padded")
   _int_at_least("input.num_local", inp.num_local, 0)
   if "multicrop" in inp.views and inp.num_local:
     _int_at_least("input.local_size", inp.local_size, p)
+    _divisible("input.local_size", inp.local_size, "model.image.patch_size", p,
+               "local crops must be whole patches for training, or the ViT zero-pads them with a frame "
+               "the teacher never sees; only evaluation inputs are zero-padded")
   for k, lo in (("num_workers", 0), ("prefetch", 0), ("batch_size", 1)):
     _int_at_least(f"input.{k}", inp[k], lo)
   _int_at_least("input.read_threads", inp.get("read_threads"), 1, optional=True)

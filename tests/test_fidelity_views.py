@@ -1,0 +1,129 @@
+"""Training views as the papers describe them: crops of whole patches, the global-view scale of the paper
+configs, ITO's crop scale on the second view, ITO's schedule length.
+
+Why: each of these was silently off without failing anything. A patch-16 tower on TIPSv2's 98 px local
+crops zero-padded them to 112 px (a black frame the teacher never sees in every DINO student input),
+tipsito's "ITO view" was cropped at TIPS's 0.32-1.0 instead of ITO's 0.5-1.0, and the ITO LAION-100M
+preset ran a third of the epochs of ITO's "30 epochs unless noted".
+"""
+import importlib.util
+import pathlib
+
+import pytest
+
+from tipsito.config import defaults
+from tipsito.config import validation as config_validation
+from tipsito.config.validation import ConfigError
+from tipsito.objective import recipes as recipes_lib
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+CONFIGS = ROOT / "configs"
+DATA = ROOT / "tests" / "data" / "tips_model"
+
+# Every training config in configs/ with every documented argument value (eval_shapes.py has no training
+# crops). Each must validate and have whole-patch training crops.
+SHIPPED = {
+    "demo.py": [None, "size=32", "size=48", "size=72", "size=96", "size=128"]
+               + [f"recipe={r}" for r in ("clip", "siglip", "ito", "tips", "tipsv2", "tipsito")]
+               + ["optim=adafactor,pixels=tips", "evals=False"],
+    "tipsv2_g14.py": [f"variant={v}" for v in ("g/14", "So400m/14", "L/14", "B/14", "S/14")]
+                     + ["ema=full"],
+    "tipsv2_g14_hires.py": [f"variant={v},init=/x" for v in ("g/14", "So400m/14", "L/14", "B/14", "S/14")],
+    "tipsv2_distill.py": [f"student={s}" for s in ("B", "L", "So400m")],
+    "tipsv2_distill_hires.py": [f"student={s},init=/x" for s in ("B", "L", "So400m")],
+    "ito_b16.py": [f"data={d},variant={v}" for d in ("cc3m", "cc12m", "yfcc15m", "laion100m", "datacomp1b")
+                   for v in ("B/16", "L/16")],
+    "ito_l16.py": [f"data={d}" for d in ("cc3m", "cc12m", "yfcc15m", "laion100m", "datacomp1b")],
+    "clip_b16.py": [f"data={d}" for d in ("cc3m", "cc12m", "yfcc15m", "laion100m", "datacomp1b")],
+    "siglip_b16.py": [None],
+    "tipsito_b16.py": [None, "data=cc12m"],
+}
+
+
+def load(name, arg=None):
+  spec = importlib.util.spec_from_file_location(f"cfg_fid_{name[:-3]}", CONFIGS / name)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod.get_config(arg)
+
+
+def test_every_config_file_is_covered():
+  assert set(SHIPPED) | {"eval_shapes.py"} == {p.name for p in CONFIGS.glob("*.py")}
+
+
+def _training_crops(c):
+  """(key, px) of every crop the training pipeline cuts for `c` (view 2 is drawn at input.global_size)."""
+  inp = c.input
+  crops = [("input.global_size", int(inp.global_size))]
+  if "multicrop" in inp.views and int(inp.num_local):
+    crops.append(("input.local_size", int(inp.local_size)))
+  return crops
+
+
+@pytest.mark.parametrize("name,arg", [(n, a) for n, args in SHIPPED.items() for a in args])
+def test_shipped_config_crops_are_whole_patches(name, arg):
+  c = load(name, arg)
+  config_validation.validate(c, check_tokenizer=False)
+  p = int(c.model.image.patch_size)
+  for key, px in _training_crops(c):
+    assert px % p == 0, (name, arg, key, px, p)
+
+
+@pytest.mark.parametrize("recipe", list(recipes_lib.RECIPES))
+def test_tiny_configs_validate(recipe):
+  c = defaults.tiny_config(recipe)
+  if recipe == "distill":
+    c.distill.teacher_image_npz = str(DATA / "tiny_vit_mlp_vision.npz")
+  config_validation.validate(c)
+  for _, px in _training_crops(c):
+    assert px % int(c.model.image.patch_size) == 0
+
+
+def test_tipsito_b16_local_crops_are_six_patches():
+  c = load("tipsito_b16.py")
+  assert c.model.image.patch_size == 16
+  assert (c.input.global_size, c.input.local_size, c.input.num_local) == (224, 96, 6)
+
+
+# (config file, arg, key, bad px, words the error must contain: the key, the patch, the nearest valid sizes)
+REFUSED = [
+    ("tipsito_b16.py", None, "input.local_size", 98,
+     ["config.input.local_size=98", "config.model.image.patch_size=16", "local crops", "96 or 112"]),
+    ("tipsito_b16.py", None, "input.global_size", 230,
+     ["config.input.global_size=230", "patch_size=16", "global crop and view 2", "224 or 240"]),
+    ("ito_b16.py", None, "input.global_size", 200,  # view 2 of ITO's two views
+     ["config.input.global_size=200", "patch_size=16", "view 2", "192 or 208"]),
+    ("tipsv2_g14.py", "variant=B/14", "input.local_size", 96,
+     ["config.input.local_size=96", "patch_size=14", "84 or 98"]),
+    ("tipsv2_g14.py", "variant=B/14", "input.global_size", 220,
+     ["config.input.global_size=220", "patch_size=14", "210 or 224"]),
+    ("demo.py", None, "input.local_size", 36, ["config.input.local_size=36", "patch_size=8", "32 or 40"]),
+]
+
+
+@pytest.mark.parametrize("name,arg,key,px,words", REFUSED, ids=[f"{r[0]}:{r[2]}={r[3]}" for r in REFUSED])
+def test_training_crop_that_is_not_whole_patches_is_refused(name, arg, key, px, words):
+  c = load(name, arg)
+  c.input[key.split(".")[1]] = px
+  with pytest.raises(ConfigError) as e:
+    config_validation.validate(c, check_tokenizer=False)
+  for w in words:
+    assert w in str(e.value), (w, str(e.value))
+
+
+def test_single_view_global_message_does_not_mention_view_2():
+  c = load("clip_b16.py")
+  c.input.global_size = 200
+  with pytest.raises(ConfigError, match=r"global_size=200") as e:
+    config_validation.validate(c, check_tokenizer=False)
+  assert "view 2" not in str(e.value)
+  c.input.global_size = 224
+  c.input.local_size = 98  # a single-view config cuts no local crops: local_size is not used
+  config_validation.validate(c, check_tokenizer=False)
+
+
+def test_evaluation_sizes_keep_the_padding_rule():
+  """Only training crops must be whole patches; an eval at a size the ViT pads still validates."""
+  c = load("tipsv2_g14.py", "variant=B/14")
+  c.evals.zeroshot.image_size = 230
+  config_validation.validate(c, check_tokenizer=False)
