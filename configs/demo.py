@@ -74,9 +74,11 @@ def get_config(arg=None):
   local = max(patch, a.size // 2 // patch * patch)
   c.input.update(dict(global_size=a.size, local_size=local, global_crop_scale=(0.7, 1.0),
                       num_local=2 if "multicrop" in c.input.views else 0, num_workers=1, prefetch=2))
-  # View 2 keeps view 1's augmentation (the measured numbers below); tipsito's paper default is ITO's
-  # photometric ops on view 2 (`input.augment_view2='ito'`), not measured on this demo.
+  # View 2 keeps view 1's augmentation and crop scale (the measured numbers below); tipsito's paper
+  # default is ITO's photometric ops and crop scale on view 2 (`input.augment_view2='ito'`,
+  # `input.view2_crop_scale=(0.5, 1.0)`), not measured on this demo.
   c.input.augment_view2 = None
+  c.input.view2_crop_scale = c.input.global_crop_scale
   c.loss_opts.teacher_temp_warmup_steps = a.steps // 3
   # Sinkhorn-Knopp teacher (DINOv2's default): with batch 32 and a few hundred steps, softmax centering
   # lets the heads settle on the uniform output (DINO/iBOT stuck at ln K); equipartition prevents that.

@@ -127,3 +127,63 @@ def test_evaluation_sizes_keep_the_padding_rule():
   c = load("tipsv2_g14.py", "variant=B/14")
   c.evals.zeroshot.image_size = 230
   config_validation.validate(c, check_tokenizer=False)
+
+
+def _jpeg(seed, h=96, w=128):
+  import io  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from PIL import Image  # pylint: disable=import-outside-toplevel
+  buf = io.BytesIO()
+  Image.fromarray(np.random.RandomState(seed).randint(0, 255, (h, w, 3), np.uint8)).save(buf, "JPEG")
+  return buf.getvalue()
+
+
+def _drawn_areas(config, n=150):
+  """Area fractions of the crops the pipeline's view transform draws for `config` over `n` images:
+  (view 1, view 2), realised boxes of the non-fallback draws (what the ViT is fed)."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from tipsito.data import pipeline  # pylint: disable=import-outside-toplevel
+  from tipsito.data import transforms as T  # pylint: disable=import-outside-toplevel
+  tr = pipeline.ExampleSpec.from_config(config).view_transform()
+  rng = np.random.default_rng(0)
+  v1, v2 = [], []
+  for i in range(n):
+    trace = []
+    img = T.open_image(_jpeg(i % 8))
+    tr.random_map({"image": img}, rng, trace=trace)
+    for out, view in ((v1, trace[0]), (v2, trace[1])):
+      if not view.crop.fallback:
+        out.append((view.crop.scale, view.crop.height * view.crop.width / (img.height * img.width)))
+  return np.asarray(v1), np.asarray(v2)
+
+
+def test_tipsito_view2_is_cropped_at_ito_scale():
+  """multicrop_two_views: view 2 ('image2') draws its crop area from ITO's 0.5-1.0 while view 1 keeps the
+  DINO global range 0.32-1.0 (tiny_config: global_crop_scale None)."""
+  c = defaults.tiny_config("tipsito")
+  assert c.input.views == "multicrop_two_views" and c.input.view2_crop_scale == (0.5, 1.0)
+  v1, v2 = _drawn_areas(c)
+  assert len(v2) > 100
+  tol = 0.03  # integer rounding of the box on a 96 x 128 image
+  assert v2[:, 0].min() >= 0.5 and v2[:, 1].min() >= 0.5 - tol and v2[:, 0].max() <= 1.0
+  assert v2[:, 0].min() < 0.55  # the whole range is drawn, from its lower end
+  assert (v1[:, 0] < 0.5).mean() > 0.1 and v1[:, 0].min() >= 0.32  # view 1: its own, wider range
+
+
+def test_view2_crop_scale_is_its_own_key():
+  """The key moves view 2 only, in both two-view modes; None means ITO's (0.5, 1.0); ranges validated."""
+  c = defaults.tiny_config("tipsito")
+  c.input.view2_crop_scale = (0.1, 0.2)
+  config_validation.validate(c)
+  v1, v2 = _drawn_areas(c, n=60)
+  assert v2[:, 0].min() >= 0.1 and v2[:, 0].max() <= 0.2 and v1[:, 0].max() > 0.5
+  c = defaults.tiny_config("ito")
+  c.input.global_crop_scale = (0.2, 0.3)
+  v1, v2 = _drawn_areas(c, n=60)
+  assert v1[:, 0].max() <= 0.3 and v2[:, 0].min() >= 0.5
+  from tipsito.data import pipeline  # pylint: disable=import-outside-toplevel
+  c.input.view2_crop_scale = None
+  assert pipeline.ExampleSpec.from_config(c).view2_scale == (0.5, 1.0)
+  c.input.view2_crop_scale = (0.8, 0.5)
+  with pytest.raises(ConfigError, match=r"config\.input\.view2_crop_scale=\(0\.8, 0\.5\).*\(lo, hi\)"):
+    config_validation.validate(c)

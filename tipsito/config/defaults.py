@@ -30,6 +30,7 @@ OPTIONAL_KEYS = {
     "distill.teacher": str, "distill.teacher_image_npz": str, "distill.teacher_text_npz": str,
     "input.crop_ratio": tuple, "input.global_crop_scale": tuple, "input.local_crop_scale": tuple,
     "input.num_epochs": int, "input.read_threads": int, "input.augment_view2": str,
+    "input.view2_crop_scale": tuple,
     "model.embed_dim": int, "model.logit_scale_max": float, "model.text.out_dim": int,
     "model.text.vocab_size": int,
     "optim.clip_norm": float, "optim.clip_block_rms": float, "optim.momentum": float,
@@ -200,8 +201,10 @@ def _input_config(r: recipes.Recipe, batch_size: int) -> mlc.ConfigDict:
       num_workers=0, prefetch=2, shuffle_seed=0,
       shuffle=True, num_epochs=None, read_threads=None,
       # Crop area fractions and aspect range; None = the augmentation's default (ITO global (0.5, 1),
-      # DINO global (0.32, 1), local (0.05, 0.32), ratio (3/4, 4/3)).
-      global_crop_scale=None, local_crop_scale=None, crop_ratio=None))
+      # DINO global (0.32, 1), local (0.05, 0.32), ratio (3/4, 4/3)). view2_crop_scale: the second view
+      # ('image2', two-view modes) has its own range, ITO's RandomResizedCrop scale (ITO "Method": "random
+      # resized crop with scale 0.5-1.0") whatever view 1 uses (None also means (0.5, 1)).
+      global_crop_scale=None, local_crop_scale=None, view2_crop_scale=(0.5, 1.0), crop_ratio=None))
 
 
 def _add_run_keys(c: mlc.ConfigDict) -> None:

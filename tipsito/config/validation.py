@@ -283,7 +283,7 @@ def _check_input(config: mlc.ConfigDict, recipe, weights: dict[str, float]) -> N
     raise ConfigError(f"config.input.mask_ratio={inp.mask_ratio}: must be in [0, 1)")
   if int(inp.batch_size) <= 0:
     raise ConfigError(f"config.input.batch_size={inp.batch_size}: must be > 0")
-  for key in ("global_crop_scale", "local_crop_scale", "crop_ratio"):
+  for key in ("global_crop_scale", "local_crop_scale", "view2_crop_scale", "crop_ratio"):
     v = inp.get(key)
     if v is None:
       continue

@@ -51,6 +51,9 @@ _SKIP = '_skip'          # key of the skip marker returned by the per-example fu
 _SKIPS = '_skips'        # per-batch per-reason skip counts (popped by the accounting iterator)
 _SEEN = '_seen'          # per-batch number of records consumed (good + skipped)
 DEFAULT_MIN_RECORDS_FOR_SKIP_CHECK = 256
+# Crop area range of the second view ('image2') when `config.input.view2_crop_scale` is None: ITO's
+# RandomResizedCrop scale (ITO "Method"), whatever the first view uses.
+ITO_VIEW2_SCALE = (0.5, 1.0)
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +113,7 @@ class ExampleSpec:
   num_local: int = 0
   global_scale: tuple[float, float] = (0.5, 1.0)
   local_scale: tuple[float, float] = (0.05, 0.32)
+  view2_scale: tuple[float, float] = ITO_VIEW2_SCALE  # the second view ('image2') of two-view modes
   ratio: tuple[float, float] = (3 / 4, 4 / 3)
   mask_ratio: float = 0.0
   mask_type: str = 'random'
@@ -153,6 +157,7 @@ class ExampleSpec:
         num_local=int(_get(inp, 'num_local', 0) or 0) if 'multicrop' in views else 0,
         global_scale=tuple(_get(inp, 'global_crop_scale', None) or default_global),
         local_scale=tuple(_get(inp, 'local_crop_scale', None) or (0.05, 0.32)),
+        view2_scale=tuple(_get(inp, 'view2_crop_scale', None) or ITO_VIEW2_SCALE),
         ratio=tuple(_get(inp, 'crop_ratio', None) or (3 / 4, 4 / 3)),
         mask_ratio=float(_get(inp, 'mask_ratio', 0.0) or 0.0),
         mask_type=mask_type,
@@ -171,11 +176,13 @@ class ExampleSpec:
       return T.MultiCrop(self.global_size, self.local_size, self.num_local, self.global_scale,
                          self.local_scale, self.ratio, num_global=2 if two else 1,
                          photometric=self.augment == 'ito', limits=self.limits,
-                         view2_photometric=(self.augment_view2 or self.augment) == 'ito')
+                         view2_photometric=(self.augment_view2 or self.augment) == 'ito',
+                         view2_scale=self.view2_scale)
     if self.augment == 'none':
       return None  # the deterministic resize evaluations use (see TrainExampleFn)
     return T.ITOTwoViews(self.global_size, self.global_scale, self.ratio, self.limits,
-                         photometric=self.augment == 'ito', num_views=2 if two else 1)
+                         photometric=self.augment == 'ito', num_views=2 if two else 1,
+                         view2_scale=self.view2_scale)
 
   @property
   def mask_grid(self) -> int:

@@ -641,21 +641,24 @@ def _put_global_views(out: dict, rgb: Image.Image, views: Sequence[ITOViewParams
 
 
 class ITOTwoViews(grain.RandomMapTransform):
-  """ITO two views: element['image'] (PIL) -> 'image', 'image2' (S, S, 3) uint8."""
+  """ITO two views: element['image'] (PIL) -> 'image', 'image2' (S, S, 3) uint8. The first view's crop
+  area is drawn from `scale`, the second's from `view2_scale` (None = `scale`)."""
 
   def __init__(self, size: int = 224, scale=(0.5, 1.0), ratio=(3 / 4, 4 / 3),
                limits: ImageLimits = DEFAULT_LIMITS, photometric: bool = True,
-               num_views: int = 2):
+               num_views: int = 2, view2_scale=None):
     self.size, self.scale, self.ratio = size, tuple(scale), tuple(ratio)
     self.limits, self.photometric, self.num_views = limits, photometric, num_views
+    self.view2_scale = self.scale if view2_scale is None else tuple(view2_scale)
 
   def random_map(self, element, rng, trace: list | None = None, timings: dict | None = None):
     """grain RandomMapTransform entry point; `trace` (tests) receives the drawn params,
     `timings` (bench) CPU seconds per op ('decode' + the `apply_view` keys)."""
     img = element['image']
     w, h = img.size
-    views = [sample_ito_view(rng, h, w, scale=self.scale, ratio=self.ratio,
-                             photometric=self.photometric) for _ in range(self.num_views)]
+    views = [sample_ito_view(rng, h, w, scale=self.scale if i == 0 else self.view2_scale,
+                             ratio=self.ratio, photometric=self.photometric)
+             for i in range(self.num_views)]
     rgb, factor = _decode_for(img, [(v, self.size) for v in views], self.limits, timings)
     out = dict(element)
     _put_global_views(out, rgb, views, factor, self.size, timings)
@@ -670,25 +673,29 @@ class MultiCrop(grain.RandomMapTransform):
   (scale `local_scale`) -> 'local_crops' (M, s, s, 3). Crop + flip only unless `photometric`
   (then every crop gets the ITO photometric ops). The global crop is the teacher's unmasked view.
   `view2_photometric` gives the second global crop ('image2', tipsito's ITO view) the ITO photometric
-  ops (colour jitter, grayscale, blur) while the first keeps the TIPS crop + flip.
+  ops (colour jitter, grayscale, blur) while the first keeps the TIPS crop + flip; its crop area is
+  drawn from `view2_scale` (None = `global_scale`).
   """
 
   def __init__(self, global_size: int = 224, local_size: int = 98, num_local: int = 6,
                global_scale=(0.32, 1.0), local_scale=(0.05, 0.32), ratio=(3 / 4, 4 / 3),
                num_global: int = 1, photometric: bool = False,
-               limits: ImageLimits = DEFAULT_LIMITS, view2_photometric: bool | None = None):
+               limits: ImageLimits = DEFAULT_LIMITS, view2_photometric: bool | None = None,
+               view2_scale=None):
     self.global_size, self.local_size, self.num_local = global_size, local_size, num_local
     self.global_scale, self.local_scale = tuple(global_scale), tuple(local_scale)
     self.ratio, self.num_global = tuple(ratio), num_global
     self.photometric, self.limits = photometric, limits
     self.view2_photometric = photometric if view2_photometric is None else view2_photometric
+    self.view2_scale = self.global_scale if view2_scale is None else tuple(view2_scale)
 
   def random_map(self, element, rng, trace: list | None = None, timings: dict | None = None):
     """grain RandomMapTransform entry point; `trace` (tests) receives the drawn params,
     `timings` (bench) CPU seconds per op ('decode' + the `apply_view` keys)."""
     img = element['image']
     w, h = img.size
-    glob = [sample_ito_view(rng, h, w, scale=self.global_scale, ratio=self.ratio,
+    glob = [sample_ito_view(rng, h, w, scale=self.global_scale if i == 0 else self.view2_scale,
+                            ratio=self.ratio,
                             photometric=self.photometric if i == 0 else self.view2_photometric)
             for i in range(self.num_global)]
     loc = [sample_ito_view(rng, h, w, scale=self.local_scale, ratio=self.ratio,
