@@ -1,5 +1,7 @@
 """ITO ViT-B/16 (ITO paper): two augmented views, both contrasted with the caption, fusion NT-Xent with
-lambda = 2, AdamW (0.9, 0.98, eps 1e-6, wd 0.1), 224px, batch 8192.
+lambda = 2, AdamW (0.9, 0.98, eps 1e-6, wd 0.1), 224px, batch 8192. Both views are random resized crops
+of area 0.5-1.0 (`input.global_crop_scale`, `input.view2_crop_scale`; ITO, Method: "random resized crop
+with scale 0.5-1.0").
 
 Args: data (cc3m | cc12m | yfcc15m | laion100m | datacomp1b), steps, batch.
 """

@@ -9,10 +9,18 @@ frame the teacher never sees (validation refuses it). 96 = 6 x 16 keeps TIPSv2's
 ratio closest (224/96 = 2.33 against 2.29) and its local crop's pixel size; 112 = 7 x 16 would keep
 TIPSv2's 7 x 7 local token grid but give 2.0 (the alternative: `--config.input.local_size=112`).
 
+Views: view 1 is TIPSv2's global view, the whole image (`input.global_crop_scale=(1.0, 1.0)`; TIPSv2
+§3.1: "the teacher network f_t processes the original image I, and the student network f_s processes a
+crop or masked view"; §4: "We use only random resizes, crops and flips as augmentations"; the full
+argument is in configs/tipsv2_g14.py; the DINOv2 range is `--config.input.global_crop_scale='(0.32,
+1.0)'`). View 2 is ITO's view: ITO's photometric ops (`input.augment_view2='ito'`) and ITO's crop scale
+(`input.view2_crop_scale=(0.5, 1.0)`; ITO, Method: "random resized crop with scale 0.5-1.0").
+
 Args: data (webli | cc12m | ...), steps, batch.
 """
 from tipsito.config import args
 from tipsito.config import defaults
+from tipsito.config import paper
 
 
 def get_config(arg=None):
@@ -23,6 +31,7 @@ def get_config(arg=None):
   c.model.text.update(dict(dtype="bfloat16"))
   c.data = defaults.data_config(a.data)
   c.input.update(dict(views="multicrop_two_views", global_size=224, local_size=96, num_local=6,
-                      mask_ratio=0.75, augment="tips", num_workers=32))
+                      mask_ratio=0.75, augment="tips", global_crop_scale=paper.TIPSV2_GLOBAL_CROP_SCALE,
+                      augment_view2="ito", view2_crop_scale=paper.ITO_CROP_SCALE, num_workers=32))
   c.optim.update(dict(lr=1e-3, warmup_steps=10000, momentum_dtype="bfloat16"))
   return c

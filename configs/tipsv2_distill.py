@@ -6,7 +6,9 @@ The teacher (`teacher=DIR`): a tipsito training workdir of the g/14 pretraining 
 heads are then part of the frozen teacher and give the targets, as in the paper), or an export / official
 TIPS weights via --config.distill.teacher_image_npz (encoders only: the teacher heads are then the EMA of
 the student heads, our inference, logged at start). `feature` (direct feature matching) is off, as in the
-paper. Stage 2 at 448 px: `tipsv2_distill_hires.py`. Set --config.tokenizer to the 32k TIPS model.
+paper. The views are stage 1's (TIPSv2 §3.1: distillation "mirrors the pretraining setup"): the global
+view is the whole image (`input.global_crop_scale=(1.0, 1.0)`, sources in `tipsv2_g14.py`; the DINOv2
+range is `--config.input.global_crop_scale='(0.32, 1.0)'`). Stage 2 at 448 px: `tipsv2_distill_hires.py`. Set --config.tokenizer to the 32k TIPS model.
 
 Args: student (B | L | So400m), teacher (workdir or export dir), steps, batch.
 """

@@ -187,3 +187,65 @@ def test_view2_crop_scale_is_its_own_key():
   c.input.view2_crop_scale = (0.8, 0.5)
   with pytest.raises(ConfigError, match=r"config\.input\.view2_crop_scale=\(0\.8, 0\.5\).*\(lo, hi\)"):
     config_validation.validate(c)
+
+
+# Paper configs and the global-view crop scale each sets explicitly (sources in their docstrings).
+GLOBAL_SCALE = {
+    ("tipsv2_g14.py", "variant=B/14"): (1.0, 1.0), ("tipsv2_g14.py", None): (1.0, 1.0),
+    ("tipsv2_g14_hires.py", "init=/x"): (1.0, 1.0), ("tipsv2_distill.py", "student=B"): (1.0, 1.0),
+    ("tipsv2_distill_hires.py", "student=L,init=/x"): (1.0, 1.0), ("tipsito_b16.py", None): (1.0, 1.0),
+    ("ito_b16.py", "data=laion100m"): (0.5, 1.0), ("ito_l16.py", None): (0.5, 1.0),
+}
+
+
+@pytest.mark.parametrize("name,arg", list(GLOBAL_SCALE))
+def test_paper_configs_set_the_global_crop_scale(name, arg):
+  c = load(name, arg)
+  assert c.input.global_crop_scale == GLOBAL_SCALE[name, arg]
+  if "two_views" in c.input.views:
+    assert c.input.view2_crop_scale == (0.5, 1.0)
+
+
+
+@pytest.mark.parametrize("name", ["tipsv2_g14.py", "tipsito_b16.py"])
+def test_global_scale_sources_are_quoted(name):
+  """The config docstring quotes the sources and names the alternative's override."""
+  import ast  # pylint: disable=import-outside-toplevel
+  doc = ast.get_docstring(ast.parse((CONFIGS / name).read_text()))
+  assert "global_crop_scale=(1.0, 1.0)" in doc and "processes the original image I" in doc
+  assert "only random resizes, crops and\nflips" in doc or "only random resizes, crops and flips" in doc
+  assert "--config.input.global_crop_scale='(0.32," in doc
+
+
+def test_tipsv2_teacher_sees_the_whole_image():
+  """TIPSv2 §3.1's 'original image I': the global crop box is the whole (4:3) image on every draw (DINOv2's
+  0.32-1.0 would cut a random third to all of it); the local crops are crops."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from tipsito.data import pipeline  # pylint: disable=import-outside-toplevel
+  from tipsito.data import transforms as T  # pylint: disable=import-outside-toplevel
+  c = load("tipsv2_g14.py", "variant=B/14")
+  tr = pipeline.ExampleSpec.from_config(c).view_transform()
+  rng = np.random.default_rng(0)
+  for i in range(20):
+    trace = []
+    out = tr.random_map({"image": T.open_image(_jpeg(i))}, rng, trace=trace)
+    g = trace[0].crop  # the whole image, up to a pixel of rounding when a drawn ratio is 4:3
+    assert g.height * g.width >= 96 * 127 and g.top <= 1 and g.left <= 1
+    assert all(t.crop.height * t.crop.width <= 0.33 * 96 * 128 for t in trace[1:])
+    assert out["image"].shape == (224, 224, 3) and out["local_crops"].shape == (6, 98, 98, 3)
+
+
+def test_dino_global_scale_is_one_override_away():
+  """The ablation's alternative is a single command-line override of a paper config."""
+  from absl import flags  # pylint: disable=import-outside-toplevel
+  from ml_collections import config_flags  # pylint: disable=import-outside-toplevel
+  from tipsito.data import pipeline  # pylint: disable=import-outside-toplevel
+  for name, arg in (("tipsv2_g14.py", "variant=B/14"), ("tipsito_b16.py", None)):
+    path = str(CONFIGS / name) + (f":{arg}" if arg else "")
+    argv = ["prog", f"--config={path}", "--config.input.global_crop_scale=(0.32, 1.0)"]
+    fv = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", None, "", flag_values=fv, sys_argv=argv)
+    fv(argv)
+    c = fv.config
+    config_validation.validate(c, check_tokenizer=False)
+    assert pipeline.ExampleSpec.from_config(c).global_scale == (0.32, 1.0)

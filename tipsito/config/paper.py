@@ -17,6 +17,11 @@ TIPSV2_VARIANTS = ("g/14", "So400m/14", "L/14", "B/14", "S/14")
 TIPSV2_EMA_MODES = ("head", "full")
 DISTILL_STUDENTS = ("B", "L", "So400m")
 ITO_VARIANTS = ("B/16", "L/16")
+# TIPSv2's global view (the teacher's and both CLIP terms' image): the whole image, resized and flipped;
+# the quotes behind it are in configs/tipsv2_g14.py. The DINOv2 range (0.32, 1.0) is one override away.
+TIPSV2_GLOBAL_CROP_SCALE = (1.0, 1.0)
+# ITO's two views: "random resized crop with scale 0.5-1.0" (ITO, Method).
+ITO_CROP_SCALE = (0.5, 1.0)
 # ITO steps per data set: ~32 epochs for CC3M/CC12M/YFCC, one pass-equivalent budget for the large sets.
 ITO_STEPS = dict(cc3m=12000, cc12m=48000, yfcc15m=60000, laion100m=120000, datacomp1b=160000)
 
@@ -32,7 +37,7 @@ def tipsv2(variant: str, *, ema: str, total_steps: int, batch_size: int) -> mlc.
   c.ema.mode = ema
   c.data = defaults.data_config("webli", caption_keys=("caption_paligemma", "caption_gemini"))
   c.input.update(dict(global_size=224, local_size=98, num_local=6, mask_ratio=0.75, augment="tips",
-                      num_workers=32, prefetch=4))
+                      global_crop_scale=TIPSV2_GLOBAL_CROP_SCALE, num_workers=32, prefetch=4))
   c.loss_opts.teacher_temp_warmup_steps = 30000
   c.optim.update(dict(lr=1e-3, warmup_steps=10000, weight_decay=1e-4, clip_norm=1.0, momentum=0.9,
                       momentum_dtype="bfloat16"))
@@ -59,7 +64,9 @@ def tipsv2_distill(student: str, *, teacher: str, total_steps: int, batch_size: 
   c.model.text.update(dict(dtype="bfloat16", remat=True))
   c.distill.teacher = teacher or "PATH/TO/tipsv2_g14_export"
   c.data = defaults.data_config("webli", caption_keys=("caption_paligemma", "caption_gemini"))
-  c.input.update(dict(mask_ratio=0.0, num_local=6, num_workers=32))
+  # "Distillation ... mirrors the pretraining setup" (TIPSv2 §3.1): the same views as tipsv2 above.
+  c.input.update(dict(mask_ratio=0.0, num_local=6, global_crop_scale=TIPSV2_GLOBAL_CROP_SCALE,
+                      num_workers=32))
   c.optim.update(dict(lr=1e-3, warmup_steps=10000, momentum_dtype="bfloat16"))
   c.mesh.update(dict(data=1, fsdp=-1, model=1))
   return c
@@ -90,7 +97,8 @@ def ito(data: str, variant: str, *, total_steps: int, batch_size: int) -> mlc.Co
   c.model.fusion.max_text_len = 77
   c.model.image.update(dict(dtype="bfloat16"))
   c.data = defaults.data_config(data)
-  c.input.update(dict(views="two_views", augment="ito", num_local=0, num_workers=32))
+  c.input.update(dict(views="two_views", augment="ito", num_local=0, global_crop_scale=ITO_CROP_SCALE,
+                      view2_crop_scale=ITO_CROP_SCALE, num_workers=32))
   c.optim.update(dict(name="adamw", lr=1e-3, warmup_steps=2000, b1=0.9, b2=0.98, eps=1e-6,
                       weight_decay=0.1))
   c.evals.zeroshot = dict(type="zeroshot", dataset="imagenet2012", split="validation", every_steps=5000,
