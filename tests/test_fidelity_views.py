@@ -249,3 +249,13 @@ def test_dino_global_scale_is_one_override_away():
     c = fv.config
     config_validation.validate(c, check_tokenizer=False)
     assert pipeline.ExampleSpec.from_config(c).global_scale == (0.32, 1.0)
+
+
+def test_ito_laion100m_runs_thirty_epochs():
+  """ITO's table: "ViT-B/16, 30 epochs unless noted"; LAION-100M is not noted (DataComp-1B is: 1 epoch)."""
+  from tipsito.config import paper  # pylint: disable=import-outside-toplevel
+  c = load("ito_b16.py", "data=laion100m")
+  assert c.total_steps == paper.ITO_STEPS["laion100m"]
+  epochs = c.total_steps * c.input.batch_size / 100e6
+  assert 29.5 <= epochs <= 30.5, epochs
+  assert 0.9 <= paper.ITO_STEPS["datacomp1b"] * 8192 / 1.4e9 <= 1.1  # "DataComp-1B, 1 epoch" (~1.4B pairs)

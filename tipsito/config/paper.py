@@ -22,8 +22,12 @@ ITO_VARIANTS = ("B/16", "L/16")
 TIPSV2_GLOBAL_CROP_SCALE = (1.0, 1.0)
 # ITO's two views: "random resized crop with scale 0.5-1.0" (ITO, Method).
 ITO_CROP_SCALE = (0.5, 1.0)
-# ITO steps per data set: ~32 epochs for CC3M/CC12M/YFCC, one pass-equivalent budget for the large sets.
-ITO_STEPS = dict(cc3m=12000, cc12m=48000, yfcc15m=60000, laion100m=120000, datacomp1b=160000)
+# ITO steps per data set at batch 8192. ITO's results table: "ViT-B/16, 30 epochs unless noted"; the
+# noted rows are DataComp-1B ("1 epoch"; a 10-epoch B/16 scaling row; "ViT-L/16, 1 epoch"). So 30-33 epochs
+# for CC3M (12k x 8192 = 98M samples, ~3.3M images), CC12M (393M, ~12M), YFCC15M (491M, 15M) and
+# LAION-100M (366k x 8192 = 3.0B samples = 30 x 100M; the earlier 120k steps were ~10 epochs), and one
+# epoch of DataComp-1B (160k x 8192 = 1.3B samples, about one pass of its ~1.4B pairs).
+ITO_STEPS = dict(cc3m=12000, cc12m=48000, yfcc15m=60000, laion100m=366000, datacomp1b=160000)
 
 
 def tipsv2(variant: str, *, ema: str, total_steps: int, batch_size: int) -> mlc.ConfigDict:
