@@ -259,3 +259,55 @@ def test_ito_laion100m_runs_thirty_epochs():
   epochs = c.total_steps * c.input.batch_size / 100e6
   assert 29.5 <= epochs <= 30.5, epochs
   assert 0.9 <= paper.ITO_STEPS["datacomp1b"] * 8192 / 1.4e9 <= 1.1  # "DataComp-1B, 1 epoch" (~1.4B pairs)
+
+
+# Lines `python -m tipsito.info` prints for each paper config's training crops.
+INFO_LINES = {
+    ("tipsito_b16.py", None): [
+        "global 224 px = 14 x 16 px patches (grid 14 x 14), crop area (1.0, 1.0) of the image",
+        "view 2 224 px = 14 x 16 px patches (grid 14 x 14), crop area (0.5, 1.0) of the image",
+        "local  6 x 96 px = 6 x 16 px patches (grid 6 x 6), crop area (0.05, 0.32) of the image"],
+    ("tipsv2_g14.py", None): ["global 224 px = 16 x 14 px patches", "local  6 x 98 px = 7 x 14 px patches"],
+    ("tipsv2_g14_hires.py", "init=/x"): ["global 448 px = 32 x 14 px patches",
+                                         "local  6 x 140 px = 10 x 14 px patches"],
+    ("tipsv2_distill.py", "student=B"): ["global 224 px = 16 x 14 px patches",
+                                         "local  6 x 98 px = 7 x 14 px patches"],
+    ("ito_b16.py", None): ["global 224 px = 14 x 16 px patches (grid 14 x 14), crop area (0.5, 1.0)",
+                           "view 2 224 px = 14 x 16 px patches (grid 14 x 14), crop area (0.5, 1.0)"],
+    ("clip_b16.py", None): ["global 224 px = 14 x 16 px patches"],
+}
+
+
+@pytest.mark.parametrize("name,arg", list(INFO_LINES))
+def test_info_prints_training_crops_in_patches(name, arg):
+  from tipsito import info  # pylint: disable=import-outside-toplevel
+  geo = info.crop_geometry(load(name, arg))
+  text = "\n".join(geo["lines"])
+  for want in INFO_LINES[name, arg]:
+    assert want in text, (want, text)
+  assert "NOT WHOLE PATCHES" not in text and all(c["padding_fraction"] == 0 for c in geo["crops"])
+  assert ("view 2" in text) == ("two_views" in load(name, arg).input.views)
+
+
+def test_info_flags_padded_crops():
+  """A crop the ViT would pad (the old tipsito_b16 local crop) is flagged with the padding it costs."""
+  from tipsito import info  # pylint: disable=import-outside-toplevel
+  c = load("tipsito_b16.py")
+  c.input.local_size = 98
+  geo = info.crop_geometry(c)
+  local = [x for x in geo["crops"] if x["name"] == "local"][0]
+  assert local["padded_px"] == 112 and local["padding_fraction"] == pytest.approx(1 - 98 ** 2 / 112 ** 2,
+                                                                                    abs=1e-4)
+  assert ("local  6 x 98 px = 6.125 x 16 px patches (grid 7 x 7), crop area (0.05, 0.32) of the image; "
+          "NOT WHOLE PATCHES: zero-padded to 112 px (23.4% of the input is padding)") in geo["lines"][-1]
+
+
+def test_info_table_has_the_crop_section():
+  """`python -m tipsito.info` output (table and JSON) carries the section, under the recipe line."""
+  from tipsito import info  # pylint: disable=import-outside-toplevel
+  out = info.compute_info(load("demo.py", "evals=False"))
+  table = info._table(out).splitlines()  # pylint: disable=protected-access
+  assert table[1] == "  training crops (patch 8 px):"
+  assert table[2].strip().startswith("global 64 px = 8 x 8 px patches (grid 8 x 8), crop area (0.7, 1.0)")
+  assert table[4].strip().startswith("local  2 x 32 px = 4 x 8 px patches")
+  assert out["training_crops"]["crops"][1]["name"] == "view 2"

@@ -161,6 +161,45 @@ def _ema_comparison(config, mesh, towers: dict, parts: dict, student: int) -> di
   }
 
 
+def crop_geometry(config) -> dict[str, Any]:
+  """The training crops `config` cuts, in patches: global, view 2 (two-view modes) and local crops, each
+  with its size, count, patch grid, crop-area range (as the pipeline resolves it) and any zero-padding.
+
+  Why: a crop that is not whole patches is centre zero-padded by the ViT (a frame the teacher never sees);
+  validation refuses it for training, and this section shows each crop's patch grid and area range.
+  Returns {'patch_px', 'crops': [...], 'lines': [...]} ('lines': the table section).
+  """
+  from tipsito.data import pipeline  # pylint: disable=import-outside-toplevel
+  spec = pipeline.ExampleSpec.from_config(config)
+  p = int(spec.patch_size)
+  resized = spec.augment == "none" and "multicrop" not in spec.views  # deterministic resize, no crop draw
+  views = [("global", spec.global_size, 1, None if resized else spec.global_scale)]
+  if "two_views" in spec.views:
+    views.append(("view 2", spec.global_size, 1, None if resized else spec.view2_scale))
+  if spec.num_local:
+    views.append(("local", spec.local_size, spec.num_local, spec.local_scale))
+  crops, lines = [], [f"  training crops (patch {p} px):"]
+  for name, px, count, scale in views:
+    padded = -(-px // p) * p
+    crop = dict(name=name, px=px, count=count, patches=px / p, grid=[padded // p] * 2,
+                scale=list(scale) if scale else None, padded_px=padded,
+                padding_fraction=round(1 - px * px / (padded * padded), 4))
+    crops.append(crop)
+    n = f"{px // p}" if px % p == 0 else f"{px / p:g}"
+    line = f"    {name:<7s}{f'{count} x ' if count > 1 else ''}{px} px = {n} x {p} px patches"
+    line += f" (grid {padded // p} x {padded // p})"
+    if scale:
+      whole = " (the whole image)" if tuple(scale) == (1.0, 1.0) else ""
+      line += f", crop area {tuple(float(v) for v in scale)} of the image{whole}"
+    else:
+      line += ", fixed resize"
+    if padded != px:
+      line += (f"; NOT WHOLE PATCHES: zero-padded to {padded} px "
+               f"({100 * crop['padding_fraction']:.1f}% of the input is padding)")
+    lines.append(line)
+  return {"patch_px": p, "crops": crops, "lines": lines}
+
+
 def compute_info(config, *, with_sharding: bool = False, devices: int = 0,
                  processes: int = 1) -> dict[str, Any]:
   """All numbers as a JSON-friendly dict (see module docstring)."""
@@ -181,6 +220,7 @@ def compute_info(config, *, with_sharding: bool = False, devices: int = 0,
       "recipe": config.recipe,
       "image_variant": {k: config.model.image[k] for k in ("width", "depth", "num_heads", "mlp_dim",
                                                            "patch_size", "ffn")},
+      "training_crops": crop_geometry(config),
       "towers": towers,
       "towers_M": {k: round(v / 1e6, 1) for k, v in towers.items()},
       "parts": parts,
@@ -204,6 +244,7 @@ def compute_info(config, *, with_sharding: bool = False, devices: int = 0,
 
 def _table(info: dict) -> str:
   lines = [f"recipe {info['recipe']}  image {info['image_variant']}"]
+  lines.extend(info.get("training_crops", {}).get("lines", []))
   for k, v in info["towers"].items():
     lines.append(f"  tower {k:<12s} {v / 1e6:10.2f}M")
   for k, v in info["parts"].items():
