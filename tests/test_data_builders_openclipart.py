@@ -194,6 +194,31 @@ def test_split_is_the_documented_hash_rule(built):
   assert built[2].split_sizes == sizes
 
 
+def test_eval_suite_and_data_preset():
+  """The built-in suite reads 'test' (kNN bank: 'train'); the preset samples both synthetic captions."""
+  from tipsito.config import defaults
+  from tipsito.evals import registry
+  evs = registry.builtin_evals("openclipart", image_size=64)
+  assert sorted(evs) == ["openclipart_knn", "openclipart_retrieval", "openclipart_segmentation",
+                         "openclipart_zeroshot"]
+  assert {c["split"] for c in evs.values()} == {"test"}
+  assert evs["openclipart_knn"]["train_split"] == "train"
+  names = registry.make_evaluator("z", evs["openclipart_zeroshot"]).class_names()
+  assert len(names) == 22 and names[CATEGORIES.index("signs_and_symbols")] == "sign or symbol"
+  assert tuple(defaults.data_config("openclipart").caption_keys) == ("caption_short", "caption_detailed")
+  for name, cfg in evs.items():
+    registry.make_evaluator(name, cfg)
+
+
+def test_preset_caption_keys_exist_in_records(built):
+  """config.data.caption_keys of the preset name real fields of the converted records."""
+  from tipsito.config import defaults
+  d = defaults.data_config("openclipart", data_dir=built[1], label_key="label")
+  src, info = sources.open_source(d, split="train")
+  assert info.caption_keys == ("caption_short", "caption_detailed") and info.num_classes == 22
+  assert all(src[0][k] for k in info.caption_keys)
+
+
 def test_missing_package_is_a_clear_error(tmp_path):
   """Without the packages the converter names them and the --input flag."""
   with pytest.raises(FileNotFoundError, match="openclipart-png.*--input"):
