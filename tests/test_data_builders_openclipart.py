@@ -3,7 +3,7 @@
 Why: the converter joins two packages (PNG <-> SVG by path), parses RDF metadata, derives captions, masks
 and a fixed split; these tests pin each of those rules on files whose metadata is known, and that every
 planted fault (broken PNG, PNG without SVG, SVG without PNG, malformed SVG, file outside the category
-folders) is skipped and reported once with its reason, while an SVG without metadata is kept with the
+folders) and the package's fully transparent PNGs is skipped and reported once with its reason, while an SVG without metadata is kept with the
 title taken from the file name. The split is recomputed here from the rule the builder's docstring states.
 """
 import hashlib
@@ -33,7 +33,8 @@ REAL = ("food/fries_ganson",                                   # 155x130 RGBA, t
         "food/beverages/apple_juice_box",                      # 'test' by its name
         "computer/icons/atom_button_roman_bertle_01",          # P with tRNS, 50x20, noisy title
         "food/desserts/cone_alt1_bw",
-        "food/vegetables/onion_joerg_rosenbauer_01")           # description 'HASH(0x...)', keyword '11'
+        "food/vegetables/onion_joerg_rosenbauer_01",           # description 'HASH(0x...)', keyword '11'
+        "shapes/stars/star_34pt05step")                        # faint lines: alpha <= 72 everywhere
 COPY = "containers/juice_box_copy"  # apple_juice_box's bytes under another name ('train' by its own name)
 NO_META = "food/fruit/lime_slice_ganson"                       # SVG with its <metadata> removed
 BROKEN_PNG = "animals/crawfish2_bw_ganson"                     # PNG truncated to 300 bytes
@@ -41,6 +42,7 @@ PNG_ONLY = "plants/albero_architetto_france_01"
 SVG_ONLY = "animals/2_dead_frogs_lumen_desig_01"
 BAD_SVG = "plants/acorn_jonathan_dietrich_01"                  # SVG truncated mid-tag
 STRAY = "stray"                                                # at the top, in no category folder
+BLANK = "special/gradients/gradient-americana"                 # real package PNG, alpha 0 everywhere
 CATEGORIES = ("animals", "buildings", "buttons", "computer", "containers", "decorations", "education",
               "electronics", "food", "geography", "logos", "office", "people", "plants", "recreation",
               "science", "shapes", "signs_and_symbols", "special", "tools", "transportation", "unsorted")
@@ -84,6 +86,7 @@ def built(tmp_path_factory):
   with open(svg, "r+b") as f:
     f.truncate(500)
   _copy("food/fries_ganson", tree, STRAY)
+  _copy(BLANK, tree)
   data_dir = str(tmp_path_factory.mktemp("openclipart_data"))
   result = convert.main(["openclipart", "--data_dir", data_dir, "--input", tree, "--num_workers", "1",
                          "--image_size", str(MAX_SIDE)])
@@ -102,7 +105,7 @@ def test_report_names_each_planted_fault_once(built):
   tree, _, result, _ = built
   rep = result.report
   assert rep.by_reason == {"corrupt image": 1, "missing caption": 1, "missing image": 1, "bad svg": 1,
-                           "unknown category": 1}
+                           "unknown category": 1, "blank image": 1}
   skipped = {s["item"]: s["reason"] for s in rep.skipped}
   assert skipped == {
       os.path.join(tree, "png", BROKEN_PNG + ".png"): "corrupt image",
@@ -110,12 +113,14 @@ def test_report_names_each_planted_fault_once(built):
       os.path.join(tree, "svg", SVG_ONLY + ".svg"): "missing image",
       os.path.join(tree, "svg", BAD_SVG + ".svg"): "bad svg",
       os.path.join(tree, "png", STRAY + ".png"): "unknown category",
+      os.path.join(tree, "png", BLANK + ".png"): "blank image",
   }
-  assert len(rep.skipped) == 5 and rep.total == 15 and rep.written == 10
+  assert len(rep.skipped) == 6 and rep.total == 17 and rep.written == 11
   assert rep.notes["title from file name"] == 1  # NO_META only
+  assert rep.notes["no object pixel"] == 1 and rep.notes["opaque"] == 1  # the star; vatican
   on_disk = json.load(open(result.report_path, encoding="utf-8"))
   assert on_disk["by_reason"] == rep.by_reason and on_disk["stats"]["notes"] == rep.notes
-  assert sum(sum(c.values()) for c in on_disk["stats"]["per_split"].values()) == 10
+  assert sum(sum(c.values()) for c in on_disk["stats"]["per_split"].values()) == 11
   assert on_disk["stats"]["per_split"]["train"]["food"] == sum(
       1 for r in built[3].values() if r["split"] == "train" and r["id"].startswith("openclipart/food/"))
 
@@ -174,6 +179,10 @@ def test_images_and_segmentation_from_alpha(built):
   seg = np.asarray(Image.open(io.BytesIO(pol["segmentation"])))
   assert seg.shape == (149, 160)
   assert abs((seg > 0).mean() - (_alpha("geography/map_of_poland_guziec_") >= 128).mean()) < 0.02
+  # Faint lines (alpha < 128 everywhere): drawn in the image, no object pixel in the mask.
+  star = records["openclipart/shapes/stars/star_34pt05step"]
+  assert (np.asarray(Image.open(io.BytesIO(star["segmentation"]))) == 0).all()
+  assert np.asarray(Image.open(io.BytesIO(star["image"]))).min() < 200
   # No transparency: the flag fills its canvas, every pixel is the object.
   vat = records["openclipart/signs_and_symbols/flags/europe/vatican"]
   seg = np.asarray(Image.open(io.BytesIO(vat["segmentation"])))

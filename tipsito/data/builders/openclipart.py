@@ -30,7 +30,8 @@ Record schema (array_record), splits 'train' and 'test':
   segmentation: PNG uint8 (H,W,1) at the image's size, value = label + 1 where the (downscaled) alpha
     >= 128, 0 = background (the tuxpaint convention); a drawing with no pixel below 128 (a PNG without
     transparency: mostly flags and patterns, which fill their canvas) is label + 1 everywhere, counted
-    as 'opaque';
+    as 'opaque'; a faint drawing with no pixel >= 128 (the thin-line 'gramastar' stars of shapes/stars)
+    is 0 everywhere, counted as 'no object pixel';
   id: 'openclipart/<path relative to png/, without .png>'.
 
 Split (fixed, depends only on the file names and PNG bytes converted): the package holds the same
@@ -45,9 +46,11 @@ copy of a drawing is thus in the same split. `split_of(file_name)` is the rule f
 Skipped and reported (`conversion_report.json`): a PNG without its SVG ('missing caption': no title,
 description or keywords), an SVG without its PNG ('missing image'), a zero-byte PNG ('zero-byte'), a PNG
 PIL cannot decode ('corrupt image'), a PNG above `_common.MAX_PIXELS` ('huge image', two in the package,
-20990 x 29700), an SVG that is not well-formed XML ('bad svg'), a file outside the 22 category folders
-('unknown category'). An SVG that parses but has no metadata is kept (title from the file name). The
-report also holds the counts per split and category and of the fallbacks ('stats').
+20990 x 29700), a PNG with every pixel fully transparent ('blank image': 118 of special/gradients, whose
+gradients the package's renderer left out, and 6 more), an SVG that is not well-formed XML ('bad svg'),
+a file outside the 22 category folders ('unknown category'). An SVG that parses but has no metadata is
+kept (title from the file name). The report also holds the counts per split and category and of the
+fallbacks ('stats').
 """
 from __future__ import annotations
 
@@ -92,12 +95,14 @@ SPLIT_SALT = "openclipart/"
 SKIP_HUGE_IMAGE = "huge image"
 SKIP_BAD_SVG = "bad svg"
 SKIP_UNKNOWN_CATEGORY = "unknown category"
+SKIP_BLANK = "blank image"
 
 # Fallbacks counted in the report's stats (not skips).
 NOTE_TITLE_FROM_NAME = "title from file name"
 NOTE_NO_DESCRIPTION = "no description"
 NOTE_NO_KEYWORDS = "no keywords"
 NOTE_OPAQUE = "opaque"
+NOTE_NO_OBJECT = "no object pixel"
 NOTE_DOWNSCALED = "downscaled"
 
 _DC = "{http://purl.org/dc/elements/1.1/}"
@@ -267,6 +272,8 @@ def _make_example(args):
   rel, png, svg, category, max_size = args
   meta = read_metadata(svg)
   rgb, alpha = _load_png(png)
+  if alpha.getextrema()[1] == 0:
+    raise _common.SkipInput(SKIP_BLANK, f"{png}: every pixel is fully transparent")
   notes = []
   title = meta["title"]
   if not title:
@@ -287,6 +294,8 @@ def _make_example(args):
   obj = np.asarray(alpha) >= ALPHA_THRESHOLD
   if obj.all():
     notes.append(NOTE_OPAQUE)
+  elif not obj.any():
+    notes.append(NOTE_NO_OBJECT)
   ex = {
       "image": _common.png_bytes(rgb),
       "segmentation": _common.png_bytes(obj.astype(np.uint8) * (label + 1)),
