@@ -11,9 +11,10 @@ Examples:
   python -m tipsito.data.convert shapes --data_dir /tmp/d --max_objects 2 --object_sizes medium,large
   python -m tipsito.data.convert tuxpaint --data_dir ~/tfds --num_workers 4   # 785 stamps
   python -m tipsito.data.convert fashion_mnist --data_dir ~/tfds [--image_size 56] [--limit 1000]
+  python -m tipsito.data.convert openclipart --data_dir ~/tfds [--image_size 256] [--limit 500]  # 8,121
   python -m tipsito.data.convert table --data_dir ~/tfds --input caps.tsv --config_name mycaps
   python -m tipsito.data.convert webdataset --data_dir ~/tfds --input 'shards/*.tar' --num_shards 8
-Read back: tfds.data_source('shapes', data_dir=...) / 'tuxpaint' / 'fashion_mnist/default' /
+Read back: tfds.data_source('shapes', data_dir=...) / 'tuxpaint' / 'openclipart' / 'fashion_mnist/default' /
 'table/mycaps', or tipsito.data.sources.open_source(config).
 """
 from __future__ import annotations
@@ -126,7 +127,7 @@ def _builder_options(name: str, cls, kwargs: dict, *, input_path, split_sizes, i
   """Checks the options that apply to builder `name`, adds them to `kwargs`; returns its BuilderConfig."""
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   config = None
-  if name in ("shapes", "tuxpaint", "fashion_mnist"):
+  if name in ("shapes", "tuxpaint", "fashion_mnist", "openclipart"):
     # Size knobs are builder overrides, not part of the config identity: the default config's
     # directory holds whatever sizes were asked for; --config_name keeps variants side by side.
     base = cls.BUILDER_CONFIGS[0]
@@ -148,6 +149,11 @@ def _builder_options(name: str, cls, kwargs: dict, *, input_path, split_sizes, i
   elif name == "tuxpaint":
     if input_path:
       kwargs["stamps_dir"] = input_path
+    kwargs["limit"] = limit
+    kwargs["overrides"] = {"max_size": image_size}
+  elif name == "openclipart":
+    if input_path:
+      kwargs["input_dir"] = input_path
     kwargs["limit"] = limit
     kwargs["overrides"] = {"max_size": image_size}
   elif name == "fashion_mnist":
@@ -211,12 +217,13 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("name", choices=NAMES)
   p.add_argument("--data_dir", required=True, help="TFDS data dir to write into")
   p.add_argument("--input", dest="input_path", help="input file/dir/glob (table, webdataset; optional "
-                 "override of the Debian package dir for tuxpaint / fashion_mnist)")
+                 "override of the Debian package dir for tuxpaint / fashion_mnist / openclipart)")
   p.add_argument("--split_sizes", help="shapes only: 'train=2000,test=200'")
   p.add_argument("--max_objects", type=int, help="shapes only: 1..N objects per image (default 4)")
   p.add_argument("--object_sizes", help="shapes only: comma subset of small,medium,large (default all)")
   p.add_argument("--colours", help="shapes only: comma subset of the fill colours (default all ten)")
-  p.add_argument("--image_size", type=int, help="shapes: side; tuxpaint: max side; fashion_mnist: upscale to")
+  p.add_argument("--image_size", type=int,
+                 help="shapes: side; tuxpaint, openclipart: max side; fashion_mnist: upscale to")
   p.add_argument("--num_workers", type=int, help="conversion processes (default: cores - 1)")
   p.add_argument("--num_shards", type=int, help="array_record shards per split (default: by size)")
   p.add_argument("--limit", type=int, help="at most this many inputs (per split for fashion_mnist)")

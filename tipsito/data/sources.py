@@ -70,7 +70,7 @@ def _version_key(name: str):
   return tuple(int(p) for p in name.split("."))
 
 
-BUILT_IN_CONVERTERS = ("shapes", "tuxpaint", "fashion_mnist")
+BUILT_IN_CONVERTERS = ("shapes", "tuxpaint", "fashion_mnist", "openclipart")
 
 
 def base_name(name: str | None) -> str:
@@ -82,8 +82,9 @@ FILE_CONVERTERS = ("table", "webdataset")
 def how_to_convert(name: str, data_dir: str) -> str:
   """What builds dataset `name` (its first path component) in `data_dir`: 'build it with `<command>`'.
 
-  Why: only shapes / tuxpaint / fashion_mnist are converters of their own; every other dataset (cc12m,
-  webli, ...) is a caption table or webdataset tars converted under a config name of your choice.
+  Why: only shapes / tuxpaint / fashion_mnist / openclipart are converters of their own; every other
+  dataset (cc12m, webli, ...) is a caption table or webdataset tars converted under a config name of your
+  choice.
   """
   base, _, cfg = name.split(":")[0].partition("/")
   if base in BUILT_IN_CONVERTERS:

@@ -52,6 +52,13 @@ BUILTIN_SUITES: dict[str, dict[str, dict[str, Any]]] = {
         "zeroshot": dict(split="test"),
         "knn": dict(split="test", train_split="train", max_train_examples=10000),
     },
+    # Every eval reads the fixed 'test' split (drawings a run on 'train' never saw); kNN's bank is 'train'.
+    "openclipart": {
+        "zeroshot": dict(split="test"),
+        "retrieval": dict(split="test"),
+        "segmentation": dict(split="test"),
+        "knn": dict(split="test", train_split="train"),
+    },
 }
 
 

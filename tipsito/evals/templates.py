@@ -10,11 +10,13 @@ Sets:
 - `tcl`: the 9 templates TCL (Cha et al. 2023) averages for zero-shot segmentation (its "custom" set: the
   7 CLIP "subset" templates plus two plural forms). TIPS/TIPSv2 report zero-shot segmentation with them.
 - `simple`: one "a photo of a {}." prompt (quick checks, tiny models).
-- small dataset-specific lists for the built-in demo datasets (`shapes`, `tuxpaint`, `fashion_mnist`).
+- small dataset-specific lists for the built-in demo datasets (`shapes`, `tuxpaint`, `fashion_mnist`,
+  `openclipart`).
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Sequence
 
 from tipsito.data import sources
@@ -134,6 +136,14 @@ TUXPAINT = (
     "a stamp of {}.",
 )
 
+OPENCLIPART = (
+    "a drawing of a {}.",
+    "clip art of a {}.",
+    "a vector drawing of a {}.",
+    "an icon of a {}.",
+    "a simple illustration of a {}.",
+)
+
 FASHION_MNIST = (
     "a photo of a {}.",
     "a black and white photo of a {}.",
@@ -150,6 +160,7 @@ TEMPLATE_SETS: dict[str, tuple[str, ...]] = {
     "shapes": SHAPES,
     "tuxpaint": TUXPAINT,
     "fashion_mnist": FASHION_MNIST,
+    "openclipart": OPENCLIPART,
     "identity": ("{}",),
 }
 
@@ -167,17 +178,23 @@ CLASS_NAMES: dict[str, tuple[str, ...]] = {
 def class_names_for(dataset: str | None) -> tuple[str, ...] | None:
   """Curated class names of a built-in dataset (better prompts than raw folder names), or None.
 
-  tuxpaint's ClassLabel names are folder names ('naturalforces'); its builder also defines the words
-  its captions use ('force of nature'), which are what a prompt should say.
+  tuxpaint's and openclipart's ClassLabel names are folder names ('naturalforces', 'signs_and_symbols');
+  their builders also define the words their captions use ('force of nature', 'sign or symbol'), which
+  are what a prompt should say.
   """
   base = sources.base_name(dataset)
-  if base == "tuxpaint":
+  if base in _WORD_BUILDERS:
     try:
-      from tipsito.data.builders import tuxpaint  # pylint: disable=g-import-not-at-top
-      return tuple(tuxpaint.CATEGORY_WORDS[c] for c in tuxpaint.CATEGORIES)
+      mod = importlib.import_module(_WORD_BUILDERS[base])
+      return tuple(mod.CATEGORY_WORDS[c] for c in mod.CATEGORIES)
     except Exception:  # pylint: disable=broad-except
       return None
   return CLASS_NAMES.get(base)
+
+
+# Builders whose CATEGORY_WORDS (per ClassLabel name in CATEGORIES) are the class names.
+_WORD_BUILDERS = {"tuxpaint": "tipsito.data.builders.tuxpaint",
+                  "openclipart": "tipsito.data.builders.openclipart"}
 
 
 # Which template set each dataset uses when the config says `templates=None`.
@@ -185,6 +202,7 @@ DEFAULT_TEMPLATES: dict[str, str] = {
     "shapes": "shapes",
     "tuxpaint": "tuxpaint",
     "fashion_mnist": "fashion_mnist",
+    "openclipart": "openclipart",
 }
 
 

@@ -1,4 +1,5 @@
-"""tipsito TFDS dataset builders (array_record): shapes, tuxpaint, fashion_mnist, table, webdataset.
+"""tipsito TFDS dataset builders (array_record): shapes, tuxpaint, fashion_mnist, openclipart, table,
+webdataset.
 
 Why lazy: importing a builder imports TFDS; multiprocessing workers and light tools import this
 package without paying for that. `builder_class(name)` imports the one module it needs.
@@ -13,6 +14,7 @@ BUILDERS = {
     "shapes": ("tipsito.data.builders.shapes", "Shapes"),
     "tuxpaint": ("tipsito.data.builders.tuxpaint", "Tuxpaint"),
     "fashion_mnist": ("tipsito.data.builders.fashion_mnist", "FashionMnist"),
+    "openclipart": ("tipsito.data.builders.openclipart", "Openclipart"),
     "table": ("tipsito.data.builders.table", "Table"),
     "webdataset": ("tipsito.data.builders.webdataset", "Webdataset"),
 }
