@@ -384,3 +384,26 @@ def test_oracle_scores_100_through_the_training_eval_path(monkeypatch, bench, pr
   assert metrics["zs_seg/num_examples"] == 5 and metrics["zs_seg/num_classes"] == len(names)
   if protocol == "whole":  # aspect kept: 8 x 24, 24 x 8, 8 x 8, 8 x 32, 16 x 8, one queue per shape
     assert sorted({s[1:3] for s in enc.shapes}) == [(8, 8), (8, 24), (8, 32), (16, 8), (24, 8)]
+
+
+def test_many_shapes_flush_early_and_count_every_example_once():
+  # 'whole' keeps one queue per input shape; with many shapes the longest queue is flushed early
+  # (padded) so host memory stays bounded. Every example is still scored exactly once.
+  names = ["thing #0", "thing #1"]
+  text, eye, dim = onehot_setup(names, ["{}"])
+  recs = []
+  for i, w in enumerate([8, 16, 24, 8, 32, 16, 40, 8]):
+    label = np.full((8, w), i % 2, np.uint8)
+    recs.append({"image": rgb(label + 50), "segmentation": label})
+  cfg = dict(type="segmentation", dataset="fake", class_names=names, background_index=None,
+             resize="short_side", image_size=8, batch_size=2, templates="identity")
+  for cap, batches in ((8, 6), (1, 8)):
+    ev = make_evaluator("seg", cfg, source_fn=source_of(recs))
+    ev.MAX_QUEUED_BATCHES = cap  # 1: flush the longest queue when more than 2 examples wait
+    enc = CodeEncoder(text, {50: eye[0], 51: eye[1]}, dim)
+    res = ev.run(enc)
+    assert res["seg/num_examples"] == 8 and res["seg/pixel_acc"] == 100.0
+    np.testing.assert_array_equal(ev.last_confusion, [[8 * (8 + 24 + 32 + 40), 0], [0, 8 * (16 + 8 + 16 + 8)]])
+    # cap 8: full batches for widths 8 and 16, then 24, 32, 40 and the last 8 at the end; cap 1: every
+    # example leaves in its own padded batch.
+    assert len(enc.shapes) == batches, cap

@@ -202,11 +202,15 @@ def resize_bilinear(x, out_hw: tuple[int, int]):
   return _lerp(x, bilinear_taps(x.shape[1], out_hw[1]), 1)
 
 
-@jax.jit
-def _upsample_argmax(scores, h_i0, h_i1, h_f, w_i0, w_i1, w_f):
-  x = _lerp(scores, (h_i0, h_i1, h_f), 0)
-  x = _lerp(x, (w_i0, w_i1, w_f), 1)
-  return jnp.argmax(x, axis=-1).astype(jnp.int32)
+@functools.partial(jax.jit, static_argnames=("block",))
+def _upsample_argmax(scores, h_i0, h_i1, h_f, w_i0, w_i1, w_f, block):
+  rows = _lerp(scores, (h_i0, h_i1, h_f), 0)  # (H, w, C)
+  blocks = rows.reshape((-1, block) + rows.shape[1:])  # the (H, W, C) map is never whole in memory
+
+  def one(b):
+    return jnp.argmax(_lerp(b, (w_i0, w_i1, w_f), 1), axis=-1).astype(jnp.int32)
+
+  return jax.lax.map(one, blocks).reshape(rows.shape[0], -1)
 
 
 def _padded_taps(n_in: int, n_out: int, multiple: int):
@@ -220,13 +224,14 @@ def upsample_argmax(scores, out_hw: tuple[int, int], pad_multiple: int = 32) -> 
   """(h, w, C) scores -> (H, W) int32 arg-max labels after bilinear upsampling to `out_hw`.
 
   The output is computed on a grid padded up to multiples of `pad_multiple` and cropped, so label maps
-  of many sizes share a few compiled functions; ties go to the lower class index.
+  of many sizes share a few compiled functions, `pad_multiple` rows at a time; ties go to the lower
+  class index.
   """
   h, w = scores.shape[:2]
   out_h, out_w = int(out_hw[0]), int(out_hw[1])
   th = _padded_taps(h, out_h, pad_multiple)
   tw = _padded_taps(w, out_w, pad_multiple)
-  return np.asarray(_upsample_argmax(jnp.asarray(scores), *th, *tw))[:out_h, :out_w]
+  return np.asarray(_upsample_argmax(jnp.asarray(scores), *th, *tw, block=pad_multiple))[:out_h, :out_w]
 
 
 def window_boxes(h: int, w: int, crop: int, stride: int) -> list[tuple[int, int, int, int]]:
@@ -309,6 +314,7 @@ class SegmentationEvaluator(evaluator.Evaluator):
   TYPE = "segmentation"
   NEEDS_MASKS = True
   DEFAULTS = DEFAULTS
+  MAX_QUEUED_BATCHES = 8  # 'whole': examples waiting for a full batch of their shape, in batches
 
   def __init__(self, name: str, cfg=None, **kwargs):
     super().__init__(name, cfg, **kwargs)
@@ -372,7 +378,8 @@ class SegmentationEvaluator(evaluator.Evaluator):
     return out, batch, valid, scorer(jnp.asarray(out["values"]))
 
   def _predict_whole(self, encoder, examples, scorer, sink):
-    """'whole': one queue of encoder inputs per shape, flushed at batch_size; scores -> label map."""
+    """'whole': one queue of encoder inputs per shape, flushed at batch_size (or, the longest one,
+    when more than MAX_QUEUED_BATCHES batches of examples wait); scores -> label map."""
     patch = patch_size_of(encoder)
     bs = int(self.cfg["batch_size"])
     queues: dict[tuple, list] = {}
@@ -389,6 +396,8 @@ class SegmentationEvaluator(evaluator.Evaluator):
       queues.setdefault(x.shape, []).append((x, ex))
       if len(queues[x.shape]) == bs:
         flush(x.shape)
+      elif sum(len(q) for q in queues.values()) > self.MAX_QUEUED_BATCHES * bs:  # bounded host memory
+        flush(max(queues, key=lambda k: len(queues[k])))
     for key in list(queues):
       flush(key)
 
