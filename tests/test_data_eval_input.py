@@ -63,3 +63,31 @@ def test_ground_truth_from_alpha_and_reduce_zero_label():
   np.testing.assert_array_equal(mask, [[255, 0], [1, 255]])
   with pytest.raises(KeyError):
     eval_input.read_example({'img': rec['image']}, fields)
+
+
+def test_short_side_size_keeps_the_aspect_ratio():
+  # The TIPS notebook's rule: short side -> S, long side int(S * long / short) (truncated).
+  assert eval_input.short_side_size(512, 683, 448) == (448, 597)  # 448 * 683 / 512 = 597.6
+  assert eval_input.short_side_size(683, 512, 448) == (597, 448)
+  assert eval_input.short_side_size(300, 300, 448) == (448, 448)
+  assert eval_input.short_side_size(448, 1000, 448) == (448, 1000)  # already at S: untouched
+  assert eval_input.short_side_size(20, 30, 8) == (8, 12)
+
+
+@pytest.mark.parametrize('workers', [1, 3])
+def test_short_side_examples_keep_the_label_map_at_its_own_size(workers):
+  rng = np.random.default_rng(1)
+  recs = []
+  for i, (h, w) in enumerate([(24, 40), (40, 24), (16, 16)]):
+    seg = rng.integers(0, 5, (h, w), dtype=np.uint8)
+    recs.append({'image': _png(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)), 'segmentation': seg,
+                 'label': i})
+  fields = eval_input.EvalFields(image_size=12, resize='short_side', label_key='label',
+                                 mask=eval_input.MaskSpec(source='segmentation'))
+  exs = list(eval_input.eval_examples(recs, fields, num_workers=workers, chunk_size=2))
+  assert [e['label'] for e in exs] == [0, 1, 2]
+  assert [e['image'].shape for e in exs] == [(12, 20, 3), (20, 12, 3), (12, 12, 3)]
+  for e, r in zip(exs, recs):  # the label map is the record's, pixel for pixel
+    np.testing.assert_array_equal(e['segmentation'], r['segmentation'])
+  with pytest.raises(ValueError, match='short_side'):
+    next(eval_input.eval_batches(recs, fields, 2))

@@ -55,8 +55,10 @@ def tipsv2(variant: str, *, ema: str, total_steps: int, batch_size: int) -> mlc.
                           batch_size=1024, image_size=224)
   c.evals.retrieval = dict(type="retrieval", dataset="coco_captions", split="val", every_steps=10000,
                            batch_size=1024, image_size=224)
-  c.evals.segmentation = dict(type="segmentation", dataset="ade20k", split="validation",
-                              every_steps=10000, batch_size=64, image_size=448, cls_index=1)
+  # TIPSv2's ADE150 column (tipsito/evals/segmentation.py BENCHMARKS): 150 classes, labels 0 and 255
+  # ignored, short side 448 keeping the aspect ratio, scored at the label map's size, 'whole' protocol.
+  c.evals.segmentation = dict(type="segmentation", benchmark="ade150", dataset="ade20k",
+                              split="validation", every_steps=10000, batch_size=64)
   return c
 
 

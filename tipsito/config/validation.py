@@ -194,8 +194,22 @@ def validate(config: mlc.ConfigDict, *, num_devices: int | None = None, process_
   if num_devices is not None:
     _check_batch_split(config, num_devices, process_count)
   _check_keys("mesh", config.mesh, ("data", "fsdp", "model"))
+  _check_evals(config)
   if check_tokenizer:
     check_text_vocab(config)
+
+
+def _check_evals(config: mlc.ConfigDict) -> None:
+  """Enabled segmentation evals: keys and values (benchmark, protocol, resize; tipsito/evals/segmentation.py)."""
+  from tipsito.evals import segmentation  # pylint: disable=g-import-not-at-top
+  for name, ev in (config.get("evals") or {}).items():
+    ev = ev.to_dict() if hasattr(ev, "to_dict") else dict(ev)
+    if ev.get("type") != "segmentation" or ev.get("enabled", True) is False:
+      continue
+    try:
+      segmentation.resolve_config(ev)
+    except (KeyError, ValueError) as e:
+      raise ConfigError(f"config.evals.{name}: {e.args[0]}") from None
 
 
 def _check_model(config: mlc.ConfigDict, recipe) -> None:

@@ -5,7 +5,9 @@ Why one module, in `tipsito/data`: every evaluator (and training's periodic eval
 opened and decoded by the training decoder (`transforms.open_image` / `load_rgb`, full resolution, no JPEG
 draft) and resized by the one deterministic resize (`transforms.fixed_resize`, also used by training with
 `input.augment='none'`). Batches have a fixed size, so the encoder's jitted functions compile once, and a
-`_valid` mask, so every example counts exactly once.
+`_valid` mask, so every example counts exactly once. The zero-shot segmentation benchmarks instead resize
+the short side keeping the aspect ratio and score at the label map's own size (`resize='short_side'`);
+those examples are read one by one (`eval_examples`).
 
 Why not the grain training pipeline: an eval split may be any prepared TFDS dataset, including TFRecord
 streams without random access; an evaluation is one ordered pass with no RNG, no shuffling and no resume
@@ -38,6 +40,10 @@ from tipsito.data import transforms as T
 EVAL_LIMITS = T.ImageLimits(min_side=1, max_aspect=float('inf'))
 
 MASK_SOURCES = ('auto', 'segmentation', 'alpha')
+# `EvalFields.resize` modes: the two fixed-size ones of `transforms.fixed_resize` (image and label map
+# resized together to (S, S)), and 'short_side' (zero-shot segmentation benchmarks: the image's short
+# side to S keeping the aspect ratio, the label map left at its original size; see `short_side_size`).
+RESIZE_MODES = tuple(T.FIXED_RESIZE_MODES) + ('short_side',)
 
 
 # --------------------------------------------------------------------------------------------
@@ -240,10 +246,37 @@ def ground_truth_mask(record: Mapping, alpha: np.ndarray | None, image_hw: tuple
   return mask
 
 
+def short_side_size(h: int, w: int, size: int) -> tuple[int, int]:
+  """(h', w') with the short side = `size` and the aspect ratio kept, the long side truncated.
+
+  The rule of the official TIPS zero-shot segmentation notebook ("TIPS_zeroshot_segmentation.ipynb",
+  its `ShortSideResize`): a square image becomes (size, size); an image whose short side already is
+  `size` is left alone.
+  """
+  h, w, size = int(h), int(w), int(size)
+  if min(h, w) == size:
+    return h, w
+  if w < h:
+    return int(size * h / w), size
+  return size, int(size * w / h)
+
+
+def resize_short_side(image: np.ndarray, size: int) -> np.ndarray:
+  """A uint8 (H, W, 3) image resized (PIL bicubic, antialiased) to `short_side_size`."""
+  nh, nw = short_side_size(image.shape[0], image.shape[1], size)
+  if (nh, nw) == image.shape[:2]:
+    return image
+  return np.asarray(Image.fromarray(image).resize((nw, nh), resample=T.BICUBIC))
+
+
 @dataclasses.dataclass(frozen=True)
 class EvalFields:
   """What one eval example holds: 'image' (S, S, 3) uint8 always; 'label' () int32 when `label_key`;
-  'segmentation' (S, S) uint8 when `mask`; 'captions' (list of str) when `captions`."""
+  'segmentation' (S, S) uint8 when `mask`; 'captions' (list of str) when `captions`.
+
+  With `resize='short_side'` the image is (H', W', 3) with min(H', W') = S (`short_side_size`) and the
+  label map keeps the record's own (H, W): such examples differ in shape, so they are read one by one
+  (`eval_examples`), never stacked into batches."""
   image_size: int | tuple[int, int] = 224
   resize: str = 'center_crop'
   image_key: str = 'image'
@@ -263,7 +296,12 @@ def read_example(record: Mapping, fields: EvalFields) -> dict:
   if fields.mask is not None:
     mask = ground_truth_mask(record, T.alpha_channel(img), (img.height, img.width), fields.mask)
   rgb, _ = T.load_rgb(img, 1.0, EVAL_LIMITS)
-  image, mask = T.fixed_resize(np.asarray(rgb), mask, fields.image_size, fields.resize)
+  if fields.resize == 'short_side':
+    if not isinstance(fields.image_size, (int, np.integer)):
+      raise ValueError(f"resize='short_side' needs an int image_size, got {fields.image_size!r}")
+    image = resize_short_side(np.asarray(rgb), int(fields.image_size))  # the label map stays as it is
+  else:
+    image, mask = T.fixed_resize(np.asarray(rgb), mask, fields.image_size, fields.resize)
   ex: dict[str, Any] = {'image': np.ascontiguousarray(image)}
   if mask is not None:
     ex['segmentation'] = np.ascontiguousarray(mask)
@@ -342,13 +380,36 @@ def _chunks(items: Iterable, n: int) -> Iterator[list]:
     yield buf
 
 
+def eval_examples(source, fields: EvalFields, *, max_examples: int | None = None,
+                  num_workers: int = 1, chunk_size: int = 32) -> Iterator[dict]:
+  """`read_example` outputs one by one, in dataset order (for examples of different shapes).
+
+  Records are decoded `chunk_size` at a time by `num_workers` threads, so memory stays bounded; the
+  order never depends on either. Every process of a multi-host run gets the same examples.
+  """
+  read = functools.partial(read_example, fields=fields)
+  records = iterate_source(source, max_examples)
+  workers = max(1, int(num_workers or 1))
+  if workers == 1:
+    for rec in records:
+      yield read(rec)
+    return
+  with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+    for recs in _chunks(records, max(1, int(chunk_size))):
+      yield from pool.map(read, recs)
+
+
 def eval_batches(source, fields: EvalFields, batch_size: int, *, max_examples: int | None = None,
                  num_workers: int = 1) -> Iterator[dict]:
   """Padded fixed-size batches of `read_example` outputs (with `_valid`), in dataset order.
 
   `num_workers` decoding threads; the order never depends on it. Every process of a multi-host run
-  gets the same batches.
+  gets the same batches. Fixed-size resize modes only ('short_side' examples differ in shape: use
+  `eval_examples`).
   """
+  if fields.resize == 'short_side':
+    raise ValueError("resize='short_side' examples differ in shape and cannot be batched; "
+                     'read them with eval_examples')
   records = iterate_source(source, max_examples)
   read = functools.partial(read_example, fields=fields)
   workers = max(1, int(num_workers or 1))

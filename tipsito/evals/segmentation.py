@@ -3,83 +3,309 @@
 Why this protocol: it measures dense patch-text alignment, the property TIPSv2's iBOT++ targets. Patch
 features are the *value embeddings* of the last block (MaskCLIP trick, `embed_images(...)['values']`,
 with the export's projection when `project`), L2-normalised and compared by cosine with per-class text
-embeddings averaged over TCL's 9 templates. Cosine maps are upsampled bilinearly to the image size and
-the arg-max class is the prediction; mIoU is computed from a confusion matrix accumulated over the whole
-split (ignore label 255; classes absent from both GT and prediction are excluded).
+embeddings averaged over TCL's 9 templates. Score maps are upsampled bilinearly (half-pixel centres, no
+antialiasing, as PyTorch's `F.interpolate(mode='bilinear')` in the TIPS notebook) to the size of the
+label map, the arg-max class is the prediction, and mIoU comes from one confusion matrix over the whole
+split (`ignore_index` pixels skipped; classes absent from both GT and prediction excluded).
 
-Protocols:
-- 'whole' (TIPSv2 default): the image resized to `image_size` is encoded once.
-- 'slide' (TCL): the image at `image_size` is covered by `crop_size` windows with `stride`; window cosine
-  maps (upsampled to the window) are summed and divided by the per-pixel window count.
+Benchmarks (`benchmark`, see `BENCHMARKS` and the README's table): 'ade150', 'pc59', 'pc60', 'voc21',
+the four columns of TIPSv2 Tables 1, 3, 4 and 5. A benchmark fixes the class list
+(tipsito/evals/class_names.py), the label mapping, the background rule and the resize rule:
+- images: short side resized to `image_size` (448) keeping the aspect ratio (the TIPS notebook's
+  `ShortSideResize`, `tipsito.data.eval_input.short_side_size`); the label map stays at its own size and
+  predictions are upsampled to it before the confusion matrix;
+- ade150 / pc59: no background class; label 0 ("other" / background) and 255 are ignored, v -> v - 1
+  (`reduce_zero_label`), exactly 150 / 59 classes are scored;
+- pc60 / voc21: label 0 is the class 'background' and is scored; 255 is ignored. By default the
+  background is prompted like any class (the word 'background' in TCL's templates): TIPSv2 describes
+  its protocol as the arg-max over "the text features of each class name", and neither TIPSv2 nor the
+  TIPS notebook publishes a threshold for cosine scores. TCL's convention (a constant background score,
+  its `bg_thresh`) is `bg_threshold=t`: background is not prompted and gets the constant score t, so in
+  'whole' a pixel is background when its best cosine is below t (t is on the cosine scale; TCL's 0.4
+  was tuned for its own masks and does not transfer).
+Without `benchmark`, the keys below say it all (dataset class names, `background_index` etc.): the
+built-in demo suites use this.
 
-Background: if `background_index` is set and `bg_threshold` is None, the background class is prompted
-like any other class with `background_name`; with a `bg_threshold` (PC60-style) it is not prompted and a
-pixel is background when its best foreground cosine is below the threshold.
+Protocols (`protocol`):
+- 'whole' (TIPSv2 default, "simple protocol"): the image is encoded once; its patch-grid cosines are
+  upsampled straight to the label map (TIPS notebook `predict_whole`).
+- 'slide' (TCL; TIPSv2 Table 8): `crop_size` windows every `stride` pixels, the last one flush with the
+  border (TIPS notebook `predict_slide`, mmseg's slide inference); each window's cosines are upsampled to
+  the window, turned into **softmax probabilities** over classes (raw cosines, temperature 1, as the
+  notebook), summed where windows overlap and divided by the per-pixel window count; the averaged
+  probabilities are then upsampled to the label map.
+Encoder inputs (images or windows) whose sides are not multiples of the encoder's patch size are resized
+up to the next multiple first (bicubic; the notebook's `encode_image_value_attention` does the same), so
+the patch grid covers exactly the image; without this the model's centre zero-padding would shift the
+upsampled scores against the pixels.
 
-Class names: `class_names` (index = GT value) or the dataset's ClassLabel names with `background_name`
-inserted at `background_index` (tipsito builders: mask value = class + 1, 0 = background).
-GT masks: the record's segmentation field, or the alpha channel (`mask_source='alpha'`: foreground =
-alpha >= 128, labelled label+1 when `alpha_label='label'`, else 1). `reduce_zero_label` maps 0 -> 255 and
-v -> v-1 (ADE20K convention). GT is resized with nearest neighbour together with the image, and metrics
-are computed at the eval resolution. The GT maps are read by `tipsito.data.eval_input` (`MaskSpec`).
+Batching: examples are read one by one (`eval_input.eval_examples`; shapes differ) and encoded in
+fixed-size padded batches of `batch_size` images of one shape ('whole': one queue per input shape) or
+of `batch_size` windows ('slide'), so every shape compiles once.
 
-Config keys (besides evaluator.COMMON_DEFAULTS): protocol ('whole'), crop_size (None), stride (None =
-crop_size * 2 // 3), background_index (0), background_name ('background'), bg_threshold (None),
-ignore_index (255), reduce_zero_label (False), mask_source ('auto'), alpha_label ('label'),
-templates (None = 'tcl'), resize ('resize').
+Class names without a benchmark: `class_names` (index = GT value) or the dataset's ClassLabel names
+with `background_name` inserted at `background_index` (tipsito builders: mask value = class + 1,
+0 = background). GT masks: the record's segmentation field, or the alpha channel
+(`mask_source='alpha'`: foreground = alpha >= 128, labelled label+1 when `alpha_label='label'`, else 1).
+`reduce_zero_label` maps 0 -> 255 and v -> v-1 (ADE20K convention). With the fixed-size resize modes
+('resize', 'center_crop') GT is resized with nearest neighbour together with the image; with
+'short_side' it keeps its size. The GT maps are read by `tipsito.data.eval_input` (`MaskSpec`).
+
+Config keys (besides evaluator.COMMON_DEFAULTS): benchmark (None | 'ade150' | 'pc59' | 'pc60' |
+'voc21'), protocol ('whole' | 'slide'), crop_size (None = the image's short side; benchmarks: 448),
+stride (None = crop_size * 2 // 3; benchmarks: 336, the TIPS notebook's), bg_threshold (None),
+templates (None = 'tcl'), and, only without a benchmark (a benchmark defines them, `BENCHMARK_KEYS`):
+class_names, background_index (0), background_name ('background'), ignore_index (255),
+reduce_zero_label (False), mask_source ('auto'), resize ('resize'); alpha_label ('label').
+With a benchmark, image_size is the short side (default 448).
 Metrics: '<name>/miou', '<name>/pixel_acc', '<name>/mean_acc' (percent), '<name>/num_examples',
 '<name>/num_classes'.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from typing import Callable, Iterable, Iterator
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from PIL import Image
 
 from tipsito.data import eval_input
+from tipsito.evals import class_names as class_names_lib
 from tipsito.evals import evaluator
 from tipsito.evals import metrics as metrics_lib
 from tipsito.evals import pictures as pictures_lib
+from tipsito.evals import templates as templates_lib
+
+PROTOCOLS = ("whole", "slide")
 
 
-@functools.partial(jax.jit, static_argnames=("out_hw",))
-def dense_cosine(values, class_emb, out_hw: tuple[int, int]):
-  """(B,h,w,D) value features x (C,D) normalised class embeddings -> (B,H,W,C) upsampled cosines.
+@dataclasses.dataclass(frozen=True)
+class Benchmark:
+  """One named zero-shot segmentation benchmark (see the module docstring)."""
+  class_names: tuple[str, ...]
+  background_index: int | None  # the scored 'background' class, or None (label 0 is ignored)
+  reduce_zero_label: bool  # label 0 -> ignore, v -> v - 1
+  source: str
+  image_size: int = 448  # short side
+  crop_size: int = 448  # 'slide' window
+  stride: int = 336  # 'slide' step (TIPS notebook; TCL uses 224)
 
-  Bilinear upsampling of the cosine maps (not of the features), as in TCL / the TIPS notebook; one
-  image at a time (lax.map) keeps memory at H*W*C per step.
+
+BENCHMARKS: dict[str, Benchmark] = {
+    "ade150": Benchmark(class_names_lib.ADE150, None, True, "TIPS zero-shot segmentation notebook"),
+    "pc59": Benchmark(class_names_lib.PC59, None, True, "TCL 'context59' (mmseg PascalContextDataset59)"),
+    "pc60": Benchmark(class_names_lib.PC60, 0, False, "TCL 'context' (mmseg PascalContextDataset)"),
+    "voc21": Benchmark(class_names_lib.VOC21, 0, False, "TCL 'voc' (mmseg PascalVOCDataset)"),
+}
+
+# Keys a benchmark sets itself; giving one next to `benchmark` is an error (it would change the benchmark).
+BENCHMARK_KEYS = ("class_names", "background_index", "background_name", "ignore_index",
+                  "reduce_zero_label", "mask_source", "resize")
+
+DEFAULTS = dict(benchmark=None, protocol="whole", crop_size=None, stride=None, background_index=0,
+                background_name="background", bg_threshold=None, ignore_index=255,
+                reduce_zero_label=False, mask_source="auto", alpha_label="label", resize="resize")
+
+
+def resolve_config(cfg) -> dict:
+  """The full config of a segmentation eval (common defaults, these defaults, the benchmark, `cfg`).
+
+  Raises KeyError for unknown keys and ValueError for a wrong value or a key that contradicts the
+  benchmark; used by the evaluator and by `tipsito.config.validation` (before anything compiles).
   """
-  v = values / jnp.maximum(jnp.linalg.norm(values, axis=-1, keepdims=True), 1e-12)
+  given = evaluator.as_dict(cfg)
+  merged = dict(evaluator.COMMON_DEFAULTS)
+  merged.update(DEFAULTS)
+  unknown = set(given) - set(merged)
+  if unknown:
+    raise KeyError(f"unknown config keys {sorted(unknown)}")
+  merged.update(given)
+  if merged["protocol"] not in PROTOCOLS:
+    raise ValueError(f"protocol={merged['protocol']!r} is not allowed; valid values: {list(PROTOCOLS)} "
+                     f"(the benchmark is `benchmark`: {sorted(BENCHMARKS)})")
+  name = merged["benchmark"]
+  if name is not None:
+    if name not in BENCHMARKS:
+      raise ValueError(f"benchmark={name!r} is not allowed; valid values: None or {sorted(BENCHMARKS)}")
+    clash = sorted(k for k in BENCHMARK_KEYS if k in given)
+    if clash:
+      raise ValueError(f"benchmark={name!r} defines {clash}; remove them, or drop `benchmark` and set "
+                       "every key yourself")
+    b = BENCHMARKS[name]
+    merged.update(class_names=list(b.class_names), background_index=b.background_index,
+                  background_name=None, ignore_index=255, reduce_zero_label=b.reduce_zero_label,
+                  mask_source="segmentation", resize="short_side")
+    for key in ("image_size", "crop_size", "stride"):
+      if given.get(key) is None:
+        merged[key] = getattr(b, key)
+    if b.background_index is None and merged["bg_threshold"] is not None:
+      raise ValueError(f"bg_threshold is set but benchmark={name!r} has no background class")
+  if merged["resize"] not in eval_input.RESIZE_MODES:
+    raise ValueError(f"resize={merged['resize']!r} is not allowed; valid values: "
+                     f"{list(eval_input.RESIZE_MODES)}")
+  for key in ("crop_size", "stride"):
+    v = merged[key]
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+      raise ValueError(f"{key}={v!r} is not allowed; valid values: None or an integer >= 1")
+  if merged["resize"] == "short_side" and (isinstance(merged["image_size"], bool)
+                                           or not isinstance(merged["image_size"], int)):
+    raise ValueError(f"resize='short_side' needs an integer image_size (the short side), got "
+                     f"{merged['image_size']!r}")
+  return merged
 
-  def one(vi):
-    cos = jnp.einsum("hwd,cd->hwc", vi, class_emb)
-    return jax.image.resize(cos, (out_hw[0], out_hw[1], cos.shape[-1]), method="bilinear")
 
-  return jax.lax.map(one, v)
+# ------------------------------------------------------------------------------------------------------
+# Scores, resampling and sliding windows (pure functions, tested on hand-made cases)
+# ------------------------------------------------------------------------------------------------------
 
 
 @jax.jit
-def predict_from_cosine(cos, prompted, bg_index, bg_threshold):
-  """Arg-max over prompted classes; pixels whose best cosine < bg_threshold become bg_index.
+def patch_scores(values, class_emb, const_mask, const_value):
+  """(..., D) features x (C, D) unit class embeddings -> (..., C) class scores.
 
-  `prompted` (C,) bool marks classes with a text embedding; `bg_threshold` = -inf disables the
-  threshold. Returns int32 labels (..., H, W).
+  The score of class c is the cosine with its text embedding, or `const_value[c]` where `const_mask[c]`
+  (a background scored by a constant, TCL's `bg_thresh`).
   """
-  masked = jnp.where(prompted, cos, -jnp.inf)
-  pred = jnp.argmax(masked, axis=-1).astype(jnp.int32)
-  best = jnp.max(masked, axis=-1)
-  return jnp.where(best < bg_threshold, bg_index, pred)
+  v = values / jnp.maximum(jnp.linalg.norm(values, axis=-1, keepdims=True), 1e-12)
+  cos = jnp.einsum("...d,cd->...c", v, class_emb)
+  return jnp.where(const_mask, const_value, cos)
 
 
-def window_positions(size: int, crop: int, stride: int) -> list[int]:
-  """Start offsets of sliding windows covering [0, size) (last window flush with the border; mmseg)."""
-  if crop >= size:
-    return [0]
-  n = (size - crop + stride - 1) // stride + 1
-  return sorted({min(i * stride, size - crop) for i in range(n)})
+def bilinear_taps(n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """Source indices i0, i1 (int32) and weights of i1 (float32) of 1-D bilinear resampling n_in -> n_out.
+
+  Half-pixel centres without antialiasing, source positions clamped at 0 and indices at n_in - 1: the
+  arithmetic of PyTorch's `F.interpolate(mode='bilinear', align_corners=False)`.
+  """
+  src = np.maximum((np.arange(n_out, dtype=np.float64) + 0.5) * (n_in / n_out) - 0.5, 0.0)
+  i0 = np.minimum(np.floor(src).astype(np.int32), n_in - 1)
+  i1 = np.minimum(i0 + 1, n_in - 1).astype(np.int32)
+  return i0, i1, (src - i0).astype(np.float32)
+
+
+def _lerp(x, taps, axis: int):
+  """Resamples axis `axis` of x with `bilinear_taps`."""
+  i0, i1, frac = (jnp.asarray(t) for t in taps)
+  shape = [1] * x.ndim
+  shape[axis] = -1
+  f = frac.reshape(shape)
+  return jnp.take(x, i0, axis=axis) * (1.0 - f) + jnp.take(x, i1, axis=axis) * f
+
+
+def resize_bilinear(x, out_hw: tuple[int, int]):
+  """(h, w, C) -> (H, W, C) bilinear resampling (`bilinear_taps` along both axes)."""
+  x = _lerp(x, bilinear_taps(x.shape[0], out_hw[0]), 0)
+  return _lerp(x, bilinear_taps(x.shape[1], out_hw[1]), 1)
+
+
+@functools.partial(jax.jit, static_argnames=("block",))
+def _upsample_argmax(scores, h_i0, h_i1, h_f, w_i0, w_i1, w_f, block):
+  rows = _lerp(scores, (h_i0, h_i1, h_f), 0)  # (H, w, C)
+  blocks = rows.reshape((-1, block) + rows.shape[1:])  # the (H, W, C) map is never whole in memory
+
+  def one(b):
+    return jnp.argmax(_lerp(b, (w_i0, w_i1, w_f), 1), axis=-1).astype(jnp.int32)
+
+  return jax.lax.map(one, blocks).reshape(rows.shape[0], -1)
+
+
+def _padded_taps(n_in: int, n_out: int, multiple: int):
+  """`bilinear_taps` padded (index 0, weight 0) up to a multiple of `multiple` outputs."""
+  i0, i1, f = bilinear_taps(n_in, n_out)
+  pad = -n_out % multiple
+  return (np.pad(i0, (0, pad)), np.pad(i1, (0, pad)), np.pad(f, (0, pad)))
+
+
+def upsample_argmax(scores, out_hw: tuple[int, int], pad_multiple: int = 32) -> np.ndarray:
+  """(h, w, C) scores -> (H, W) int32 arg-max labels after bilinear upsampling to `out_hw`.
+
+  The output is computed on a grid padded up to multiples of `pad_multiple` and cropped, so label maps
+  of many sizes share a few compiled functions, `pad_multiple` rows at a time; ties go to the lower
+  class index.
+  """
+  h, w = scores.shape[:2]
+  out_h, out_w = int(out_hw[0]), int(out_hw[1])
+  th = _padded_taps(h, out_h, pad_multiple)
+  tw = _padded_taps(w, out_w, pad_multiple)
+  return np.asarray(_upsample_argmax(jnp.asarray(scores), *th, *tw, block=pad_multiple))[:out_h, :out_w]
+
+
+def window_boxes(h: int, w: int, crop: int, stride: int) -> list[tuple[int, int, int, int]]:
+  """(y1, x1, y2, x2) of the sliding windows over an (h, w) image (TIPS notebook / mmseg slide mode).
+
+  A grid of `stride` steps, the last window moved back to end at the border, every window `crop`
+  square or clipped to the image when the image is smaller than `crop`.
+  """
+  def spans(n):
+    out = []
+    for i in range(max(n - crop + stride - 1, 0) // stride + 1):
+      end = min(i * stride + crop, n)
+      out.append((max(end - crop, 0), end))
+    return out
+
+  return [(y1, x1, y2, x2) for y1, y2 in spans(h) for x1, x2 in spans(w)]
+
+
+@functools.partial(jax.jit, static_argnames=("boxes", "hw"))
+def slide_average(window_scores, boxes, hw):
+  """Per-pixel mean of the windows' softmax maps: (n, gh, gw, C) window scores -> (H, W, C).
+
+  Each window's scores are upsampled bilinearly to its box, turned into softmax probabilities over
+  classes, and summed into the image; the sum is divided by the number of windows covering the pixel.
+  """
+  c = window_scores.shape[-1]
+  total = jnp.zeros(tuple(hw) + (c,), jnp.float32)
+  count = jnp.zeros(tuple(hw) + (1,), jnp.float32)
+  for i, (y1, x1, y2, x2) in enumerate(boxes):
+    probs = jax.nn.softmax(resize_bilinear(window_scores[i].astype(jnp.float32), (y2 - y1, x2 - x1)),
+                           axis=-1)
+    total = total.at[y1:y2, x1:x2].add(probs)
+    count = count.at[y1:y2, x1:x2].add(1.0)
+  return total / count
+
+
+def to_patch_multiple(image: np.ndarray, patch: int) -> np.ndarray:
+  """A uint8 (H, W, 3) image resized (bicubic) up to sides that are multiples of `patch`."""
+  h, w = image.shape[:2]
+  nh, nw = -(-h // patch) * patch, -(-w // patch) * patch
+  if (nh, nw) == (h, w):
+    return image
+  return np.asarray(Image.fromarray(np.ascontiguousarray(image)).resize((nw, nh), Image.Resampling.BICUBIC))
+
+
+def patch_size_of(encoder) -> int:
+  """The image tower's patch size (`image_config['patch_size']`, or a `patch_size` attribute; else 1)."""
+  cfg = getattr(encoder, "image_config", None) or {}
+  return max(1, int(cfg.get("patch_size") or getattr(encoder, "patch_size", None) or 1))
+
+
+def _chunks(items: Iterable, n: int) -> Iterator[list]:
+  buf = []
+  for item in items:
+    buf.append(item)
+    if len(buf) == n:
+      yield buf
+      buf = []
+  if buf:
+    yield buf
+
+
+def _pad_stack(images: list[np.ndarray], batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+  """Equal-shaped images -> (batch_size, ...) with zero rows after them, and the `_valid` mask."""
+  arr = np.stack(images)
+  n = arr.shape[0]
+  if n < batch_size:
+    arr = np.concatenate([arr, np.zeros((batch_size - n,) + arr.shape[1:], arr.dtype)], 0)
+  return arr, np.arange(batch_size) < n
+
+
+# ------------------------------------------------------------------------------------------------------
+# The evaluator
+# ------------------------------------------------------------------------------------------------------
 
 
 class SegmentationEvaluator(evaluator.Evaluator):
@@ -87,9 +313,15 @@ class SegmentationEvaluator(evaluator.Evaluator):
 
   TYPE = "segmentation"
   NEEDS_MASKS = True
-  DEFAULTS = dict(protocol="whole", crop_size=None, stride=None, background_index=0,
-                  background_name="background", bg_threshold=None, ignore_index=255,
-                  reduce_zero_label=False, mask_source="auto", alpha_label="label", resize="resize")
+  DEFAULTS = DEFAULTS
+  MAX_QUEUED_BATCHES = 8  # 'whole': examples waiting for a full batch of their shape, in batches
+
+  def __init__(self, name: str, cfg=None, **kwargs):
+    super().__init__(name, cfg, **kwargs)
+    try:
+      self.cfg = resolve_config(cfg)
+    except (KeyError, ValueError) as e:
+      raise type(e)(f"eval {self.name!r}: {e.args[0]}") from None
 
   # ------------------------------------------------------------------ classes and prompts
   def seg_class_names(self) -> list[str]:
@@ -103,17 +335,24 @@ class SegmentationEvaluator(evaluator.Evaluator):
     return names
 
   def _class_embeddings(self, encoder, names):
-    """(C, D) normalised class embeddings and the (C,) mask of prompted classes."""
+    """(C, D) unit text embeddings (zero rows for constant-score classes), the (C,) mask of the
+    constant-score classes and their (C,) scores."""
     bg = self.cfg.get("background_index")
     thr = self.cfg.get("bg_threshold")
-    prompted = np.ones(len(names), bool)
+    const = np.zeros(len(names), bool)
+    const_value = np.zeros(len(names), np.float32)
     if bg is not None and thr is not None:
-      prompted[int(bg)] = False
-    emb_prompted = self.class_text_embeddings(encoder, [n for n, p in zip(names, prompted) if p],
-                                              self.templates("tcl"))
+      const[int(bg)] = True
+      const_value[int(bg)] = float(thr)
+    if self.cfg.get("benchmark") and self.cfg.get("templates") is None:
+      templates = templates_lib.get_templates("tcl")  # a benchmark's prompts, whatever the dataset
+    else:
+      templates = self.templates("tcl")
+    emb_prompted = self.class_text_embeddings(encoder, [n for n, c in zip(names, const) if not c],
+                                              templates)
     emb = np.zeros((len(names), emb_prompted.shape[1]), np.float32)
-    emb[prompted] = emb_prompted
-    return emb, prompted
+    emb[~const] = emb_prompted
+    return emb, const, const_value
 
   # ------------------------------------------------------------------ GT masks
   def mask_spec(self) -> eval_input.MaskSpec:
@@ -124,47 +363,71 @@ class SegmentationEvaluator(evaluator.Evaluator):
         alpha_label_key=cfg["label_key"] if cfg["alpha_label"] == "label" else None,
         reduce_zero_label=bool(cfg["reduce_zero_label"]), ignore_index=int(cfg["ignore_index"]))
 
-  # ------------------------------------------------------------------ dense cosines
-  def _values(self, encoder, images: np.ndarray):
-    """One fixed-size batch through the image tower with value embeddings: (outputs, values)."""
-    out = self.embed_images(encoder, images, need_values=True)
-    return out, out["values"]
+  def examples(self) -> Iterator[dict]:
+    """The split's examples one by one, in dataset order (image, segmentation; shapes may differ)."""
+    return eval_input.eval_examples(self.source(), self.input_fields(need_mask=True),
+                                    max_examples=self.cfg.get("max_examples"),
+                                    num_workers=int(self.cfg.get("num_workers") or 1))
 
-  def _cosines_whole(self, encoder, batch, class_emb):
-    """'whole' protocol: one pass per image, cosine maps upsampled to the image size."""
-    out, values = self._values(encoder, batch["image"])
-    hw = tuple(batch["image"].shape[1:3])
-    return out, dense_cosine(jnp.asarray(values), jnp.asarray(class_emb), hw)
+  # ------------------------------------------------------------------ encoder passes
+  def _encode_scores(self, encoder, images: list[np.ndarray], scorer):
+    """Equal-shaped images (at most batch_size) as one zero-padded batch: (encoder outputs, the padded
+    batch, its valid mask, device scores (batch_size, gh, gw, C))."""
+    batch, valid = _pad_stack(images, int(self.cfg["batch_size"]))
+    out = self.embed_images(encoder, batch, need_values=True)
+    return out, batch, valid, scorer(jnp.asarray(out["values"]))
 
-  def _cosines_slide(self, encoder, batch, class_emb):
-    """'slide' protocol (TCL): windows of crop_size with stride, encoded in fixed batches of
-    batch_size crops (valid images only); per-window cosine maps are summed and averaged per pixel."""
-    images = batch["image"]
-    b, h, w = images.shape[:3]
-    crop = int(self.cfg.get("crop_size") or min(h, w))
-    stride = int(self.cfg.get("stride") or max(1, crop * 2 // 3))
-    ys, xs = window_positions(h, crop, stride), window_positions(w, crop, stride)
-    wins = [(y, x) for y in ys for x in xs]
-    valid_idx = np.nonzero(batch["_valid"])[0]  # padded images are not encoded at all
-    crops = np.stack([images[valid_idx, y:y + crop, x:x + crop] for y, x in wins], 1)  # (V, n, c, c, 3)
-    flat = crops.reshape((-1,) + crops.shape[2:])
+  def _predict_whole(self, encoder, examples, scorer, sink):
+    """'whole': one queue of encoder inputs per shape, flushed at batch_size (or, the longest one,
+    when more than MAX_QUEUED_BATCHES batches of examples wait); scores -> label map."""
+    patch = patch_size_of(encoder)
     bs = int(self.cfg["batch_size"])
-    cos_parts = []
-    for s in range(0, flat.shape[0], bs):
-      chunk = flat[s:s + bs]
-      n = chunk.shape[0]
-      if n < bs:
-        chunk = np.concatenate([chunk, np.zeros((bs - n,) + chunk.shape[1:], chunk.dtype)], 0)
-      _, values = self._values(encoder, chunk)
-      cos_parts.append(np.asarray(dense_cosine(jnp.asarray(values), jnp.asarray(class_emb),
-                                               (crop, crop)))[:n])
-    cos_w = np.concatenate(cos_parts, 0).reshape(len(valid_idx), len(wins), crop, crop, -1)
-    total = np.zeros((b, h, w, cos_w.shape[-1]), np.float32)
-    count = np.zeros((1, h, w, 1), np.float32)
-    for i, (y, x) in enumerate(wins):
-      total[valid_idx, y:y + crop, x:x + crop] += cos_w[:, i]
-      count[:, y:y + crop, x:x + crop] += 1.0
-    return None, jnp.asarray(total / np.maximum(count, 1.0))
+    queues: dict[tuple, list] = {}
+
+    def flush(key):
+      items = queues.pop(key)
+      out, batch, valid, scores = self._encode_scores(encoder, [x for x, _ in items], scorer)
+      sink.pca(out, batch, valid)
+      for i, (_, ex) in enumerate(items):
+        sink.add(ex, upsample_argmax(scores[i], ex["segmentation"].shape))
+
+    for ex in examples:
+      x = to_patch_multiple(ex["image"], patch)
+      queues.setdefault(x.shape, []).append((x, ex))
+      if len(queues[x.shape]) == bs:
+        flush(x.shape)
+      elif sum(len(q) for q in queues.values()) > self.MAX_QUEUED_BATCHES * bs:  # bounded host memory
+        flush(max(queues, key=lambda k: len(queues[k])))
+    for key in list(queues):
+      flush(key)
+
+  def _predict_slide(self, encoder, examples, scorer, sink):
+    """'slide': windows of batch_size images at a time, encoded in fixed batches of batch_size windows
+    of one shape; per image, the windows' softmax maps averaged, then upsampled to the label map."""
+    patch = patch_size_of(encoder)
+    bs = int(self.cfg["batch_size"])
+    for chunk in _chunks(examples, bs):
+      plans, queues = [], {}
+      for j, ex in enumerate(chunk):
+        h, w = ex["image"].shape[:2]
+        crop = int(self.cfg.get("crop_size") or min(h, w))
+        stride = int(self.cfg.get("stride") or max(1, crop * 2 // 3))
+        boxes = tuple(window_boxes(h, w, crop, stride))
+        plans.append(boxes)
+        for k, (y1, x1, y2, x2) in enumerate(boxes):
+          x = to_patch_multiple(ex["image"][y1:y2, x1:x2], patch)
+          queues.setdefault(x.shape, []).append(((j, k), x))
+      window_scores = {}
+      for items in queues.values():
+        for part in _chunks(items, bs):
+          out, batch, valid, scores = self._encode_scores(encoder, [x for _, x in part], scorer)
+          sink.pca(out, batch, valid)
+          for i, (jk, _) in enumerate(part):
+            window_scores[jk] = scores[i]
+      for j, (ex, boxes) in enumerate(zip(chunk, plans)):
+        ws = jnp.stack([window_scores[(j, k)] for k in range(len(boxes))])
+        probs = slide_average(ws, boxes, tuple(ex["image"].shape[:2]))
+        sink.add(ex, upsample_argmax(probs, ex["segmentation"].shape))
 
   # ------------------------------------------------------------------ run
   def run(self, encoder) -> dict[str, float]:
@@ -172,45 +435,68 @@ class SegmentationEvaluator(evaluator.Evaluator):
     self.pictures = {}
     names = self.seg_class_names()
     num_classes = len(names)
-    class_emb, prompted = self._class_embeddings(encoder, names)
-    bg = self.cfg.get("background_index")
-    thr = self.cfg.get("bg_threshold")
-    bg_index = jnp.int32(int(bg) if bg is not None else 0)
-    bg_thr = jnp.float32(float(thr) if (thr is not None and bg is not None) else -np.inf)
-    cm = metrics_lib.ConfusionMatrix(num_classes, int(self.cfg["ignore_index"]))
+    class_emb, const, const_value = self._class_embeddings(encoder, names)
+    emb, cmask, cval = jnp.asarray(class_emb), jnp.asarray(const), jnp.asarray(const_value)
+    scorer: Callable = lambda values: patch_scores(values, emb, cmask, cval)
+    sink = _Sink(self, num_classes)
     protocol = self.cfg["protocol"]
-    n_pics = int(self.cfg.get("num_pictures") or 0)
-    overlays = []
-    n = 0
-    for batch in self.batches(need_mask=True):
-      if protocol == "whole":
-        out, cos = self._cosines_whole(encoder, batch, class_emb)
-      elif protocol == "slide":
-        out, cos = self._cosines_slide(encoder, batch, class_emb)
-        if n_pics and self.key("pca") not in self.pictures:
-          out = self.embed_images(encoder, batch["image"])  # whole-image pass for the PCA picture
-      else:
-        raise ValueError(f"unknown protocol {protocol!r} (use 'whole' or 'slide')")
-      pred = np.asarray(predict_from_cosine(cos, jnp.asarray(prompted), bg_index, bg_thr))
-      valid = batch["_valid"]
-      cm.update(pred, batch["segmentation"], valid)
-      n += int(valid.sum())
-      if out is not None:
-        self._collect_pca(out, batch)
-      for i in np.nonzero(valid)[0]:
-        if len(overlays) >= n_pics:
-          break
-        overlays.append(pictures_lib.segmentation_overlay(batch["image"][i], pred[i],
-                                                          batch["segmentation"][i], num_classes))
-    if overlays:
-      self.pictures[f"{self.name}/overlay"] = pictures_lib.stack_rows(overlays)
-    r = cm.compute()
+    if protocol == "whole":
+      self._predict_whole(encoder, self.examples(), scorer, sink)
+    else:
+      self._predict_slide(encoder, self.examples(), scorer, sink)
+    if sink.overlays:
+      self.pictures[f"{self.name}/overlay"] = _stack_padded(sink.overlays)
+    r = sink.cm.compute()
     self.last_iou = dict(zip(names, (float(x) for x in r["iou"])))
-    self.last_confusion = cm.matrix
+    self.last_confusion = sink.cm.matrix
     return {
         self.key("miou"): evaluator.pct(r["miou"]),
         self.key("pixel_acc"): evaluator.pct(r["pixel_acc"]),
         self.key("mean_acc"): evaluator.pct(r["mean_acc"]),
-        self.key("num_examples"): float(n),
+        self.key("num_examples"): float(sink.count),
         self.key("num_classes"): float(num_classes),
     }
+
+
+class _Sink:
+  """Where predictions go: the confusion matrix, the example count, overlay and PCA pictures."""
+
+  def __init__(self, ev: SegmentationEvaluator, num_classes: int):
+    self.ev = ev
+    self.num_classes = num_classes
+    self.cm = metrics_lib.ConfusionMatrix(num_classes, int(ev.cfg["ignore_index"]))
+    self.count = 0
+    self.n_pics = int(ev.cfg.get("num_pictures") or 0)
+    self.overlays: list[np.ndarray] = []
+
+  def add(self, ex: dict, pred: np.ndarray) -> None:
+    """One example's (H, W) prediction at its label map's size."""
+    gt = ex["segmentation"]
+    self.cm.update(pred, gt)
+    self.count += 1
+    if len(self.overlays) < self.n_pics:
+      self.overlays.append(_overlay(ex["image"], pred, gt, self.num_classes,
+                                    int(np.min(ex["image"].shape[:2]))))
+
+  def pca(self, out, batch, valid) -> None:
+    """PCA pictures of the first encoded batch (`Evaluator._collect_pca`)."""
+    if self.n_pics:
+      self.ev._collect_pca(out, {"image": batch, "_valid": valid})  # pylint: disable=protected-access
+
+
+def _overlay(image, pred, gt, num_classes: int, height: int) -> np.ndarray:
+  """[image | prediction | GT] at the label map's size, scaled to `height` rows (nearest)."""
+  h, w = gt.shape
+  if image.shape[:2] != (h, w):
+    image = np.asarray(Image.fromarray(image).resize((w, h), Image.Resampling.BILINEAR))
+  row = pictures_lib.segmentation_overlay(image, pred, gt, num_classes)
+  if row.shape[0] != height:
+    width = max(1, int(round(row.shape[1] * height / row.shape[0])))
+    row = np.asarray(Image.fromarray(row).resize((width, height), Image.Resampling.NEAREST))
+  return row
+
+
+def _stack_padded(rows: list[np.ndarray]) -> np.ndarray:
+  """Rows of different widths stacked vertically, zero-padded on the right."""
+  width = max(r.shape[1] for r in rows)
+  return pictures_lib.stack_rows([np.pad(r, ((0, 0), (0, width - r.shape[1]), (0, 0))) for r in rows])
