@@ -167,3 +167,15 @@ def test_training_tokenization_follows_the_text_flavour(recipe, flavour):
   np.testing.assert_array_equal(ids, t.tokenize(["a red circle"]))
   assert (ids[0, 0] == t.sot_id) == (flavour == "clip")
   assert pickle.loads(pickle.dumps(pipeline._tokenizer_for(c, None))).flavour == flavour
+  # The text embedding is sized for those ids (vocab_size=None: from the tokenizer), and a config sized
+  # for the model's pieces alone fails validation when SOT/EOT do not fit.
+  from tipsito.config import validation
+  from tipsito.train import step as step_lib
+  assert step_lib.tokenizer_vocab_size(c) == t.vocab_size == tok_lib.Tokenizer().vocab_size + (
+      2 if flavour == "clip" else 0)
+  c.model.text.vocab_size = tok_lib.Tokenizer().vocab_size
+  if flavour == "clip":
+    with pytest.raises(validation.ConfigError, match=r"vocabulary of 2002 \(2000 of the model \+ SOT/EOT"):
+      validation.check_text_vocab(c)
+  else:
+    validation.check_text_vocab(c)

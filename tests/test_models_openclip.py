@@ -504,3 +504,36 @@ def test_clip_text_export_with_too_small_vocab_refuses_strings(towers, tok, tmp_
   with pytest.raises(ValueError, match=rf"'clip' tokenizer has {tok.vocab_size} ids.*embeds {small}"):
     enc.embed_texts(['a red circle'])
   assert enc.embed_texts(np.ones((1, MAX_LEN), np.int32)).shape == (1, EMBED)
+
+
+@pytest.mark.parametrize('flavour', ['clip', 'tips'])
+def test_id_only_evals_tokenize_with_the_text_flavour(tok, flavour):
+  """Evals of an export without a tokenizer tokenize with the configured model in the export's text
+  flavour (SOT/EOT for 'clip'), as training did."""
+  import types
+  from tipsito.evals import make_evaluator
+  n = tok.vocab_size
+  enc = types.SimpleNamespace(tokenizer=None, text_config={'flavour': flavour, 'max_len': MAX_LEN,
+                                                           'vocab_size': n})
+  ev = make_evaluator('zs', {'type': 'zeroshot', 'dataset': 'shapes'})
+  ids = ev._text_input(enc, ['a red circle'])
+  want = tok_lib.Tokenizer(max_len=MAX_LEN, flavour=flavour).tokenize(['a red circle'])
+  np.testing.assert_array_equal(ids, want)
+  assert (ids[0, 0] == tok.sot_id) == (flavour == 'clip')
+
+
+def test_training_encoder_of_ito_is_openclip():
+  """Training-time evals (tipsito/export.py training_encoder) see the ITO recipe's OpenCLIP towers and
+  tokenize with SOT/EOT; the text embedding holds them (vocab_size from the tokenizer)."""
+  from tipsito import export
+  from tipsito.config import defaults
+  from tipsito.train import step as step_lib
+  c = defaults.tiny_config('ito', image_size=IMG_SIZE)
+  setup = step_lib.build(c)
+  params = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), setup.state_shapes.params)
+  enc = export.training_encoder(setup, params)
+  assert enc.tokenizer.flavour == 'clip'
+  assert enc.text_config['vocab_size'] == enc.tokenizer.vocab_size == enc.tokenizer.eot_id + 1
+  for k, v in presets.IMAGE_STRUCTURE['openclip'].items():
+    assert enc.image_config[k] == v, k
+  assert 'norm_pre' in enc.params['image'] and 'bias' not in enc.params['image']['patch_embed']
