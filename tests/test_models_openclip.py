@@ -537,3 +537,32 @@ def test_training_encoder_of_ito_is_openclip():
   for k, v in presets.IMAGE_STRUCTURE['openclip'].items():
     assert enc.image_config[k] == v, k
   assert 'norm_pre' in enc.params['image'] and 'bias' not in enc.params['image']['patch_embed']
+
+
+def test_scanned_openclip_towers_equal_unrolled(towers, tok):
+  """`scan=True` (params stacked by tipsito/models/layer_stack.py) gives the unrolled OpenCLIP towers'
+  outputs: ln_pre, the class position row and the block settings (eps, GELU) reach the scanned blocks."""
+  from tipsito.models import layer_stack
+  vit, txt, tree = towers
+  images, ids = _images(2), tok.tokenize(TEXTS)
+  svit = VisionTransformer(**image_cfg(scan=True))
+  stxt = TextEncoder(**text_cfg(tok.vocab_size, scan=True))
+  got = svit.apply({'params': layer_stack.stack_tower(tree['image'])}, images)
+  want = vit.apply({'params': tree['image']}, images)
+  np.testing.assert_allclose(got['cls'], want['cls'], atol=1e-5, rtol=0)
+  got = stxt.apply({'params': layer_stack.stack_tower(tree['text'])}, ids)['pooled']
+  np.testing.assert_allclose(got, txt.apply({'params': tree['text']}, ids)['pooled'], atol=1e-5, rtol=0)
+
+
+def test_activations_by_name():
+  """The FFN activations a config (and an exporter) can name; an unknown one lists the valid names."""
+  from tipsito.models import layers
+  x = jnp.linspace(-4.0, 4.0, 101)
+  np.testing.assert_allclose(layers.activation_fn('quick_gelu')(x), x * jax.nn.sigmoid(1.702 * x),
+                             atol=1e-7)
+  np.testing.assert_allclose(layers.activation_fn('gelu_exact')(x),
+                             _gelu(np.asarray(x, np.float64)), atol=1e-6)
+  assert not np.allclose(layers.activation_fn('gelu')(x), layers.activation_fn('gelu_exact')(x),
+                         atol=1e-5)  # tanh GELU (TIPS) is not OpenCLIP's
+  with pytest.raises(ValueError, match=r"activation 'swish' unknown.*'gelu_exact'.*'quick_gelu'"):
+    layers.activation_fn('swish')
