@@ -51,10 +51,10 @@ def test_paper_config_refuses_the_demo_tokenizer(name, vocab):
   """The paper configs size the text embedding for the official tokenizers; left at the 2k demo model
   they fail validation with both numbers instead of training on 2k of the rows."""
   from tipsito.data import tokenizer as tok_lib
-  demo = tok_lib.Tokenizer(None).vocab_size
   c = load(name)
+  demo = tok_lib.Tokenizer(None, flavour=c.model.text.flavour).vocab_size  # 'clip': + SOT/EOT
   assert c.tokenizer is None and c.model.text.vocab_size == vocab
-  with pytest.raises(ConfigError, match=rf"config\.tokenizer=None.*vocabulary of {demo} but "
+  with pytest.raises(ConfigError, match=rf"config\.tokenizer=None.*vocabulary of {demo}\b.* but "
                                         rf"config\.model\.text\.vocab_size={vocab}"):
     config_validation.validate(c)
   c.model.text.vocab_size = None  # ... or take the size from the tokenizer

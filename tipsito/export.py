@@ -120,7 +120,7 @@ def training_encoder(setup, params: dict):
   from tipsito import inference  # pylint: disable=g-import-not-at-top
   from tipsito.data import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
   img, txt = export_configs(setup)
-  tok = tok_lib.Tokenizer(setup.config.tokenizer, max_len=int(setup.config.max_len))
+  tok = tok_lib.from_config(setup.config)
   return inference.Encoder.from_params(img, txt, export_params(params), temperature_of(params), tok)
 
 

@@ -38,18 +38,28 @@ def _inference_kwargs(cfg: dict, cls) -> dict:
   return kw
 
 
-def _make_tokenizer(path: Optional[str], max_len: int):
-  """Builds tipsito.data.tokenizer.Tokenizer lazily (owned by the data code).
+def _make_tokenizer(path: Optional[str], text_cfg: dict):
+  """Builds tipsito.data.tokenizer.Tokenizer lazily (owned by the data code) for the text tower
+  described by `text_cfg` (an export's config.json 'text'): its max_len and flavour ('clip' writes
+  SOT/EOT, as in training).
 
   Returns (tokenizer or None, error message or None); the error is raised
-  only when text strings are actually given.
+  only when text strings are actually given. A tokenizer whose ids do not
+  fit the tower's embedding table (e.g. SOT/EOT for an export written before
+  the 'clip' flavour had them) is refused the same way.
   """
   try:
     from tipsito.data.tokenizer import Tokenizer  # pylint: disable=g-import-not-at-top
   except ImportError as e:
     return None, (f'cannot tokenize strings: tipsito.data.tokenizer is not '
                   f'available ({e}); pass int32 token ids instead')
-  return Tokenizer(path, max_len=max_len), None
+  flavour = text_cfg.get('flavour') or 'tips'
+  tok = Tokenizer(path, max_len=int(text_cfg.get('max_len', 64)), flavour=flavour)
+  vocab = text_cfg.get('vocab_size')
+  if vocab is not None and tok.vocab_size > int(vocab):
+    return None, (f'cannot tokenize strings: the {flavour!r} tokenizer has {tok.vocab_size} ids '
+                  f'but the text tower embeds {vocab}; pass int32 token ids instead')
+  return tok, None
 
 
 @functools.lru_cache(maxsize=32)
@@ -169,7 +179,7 @@ def load(path) -> Encoder:
   tok, err = None, None
   if cfg.get('tokenizer'):
     tok_path = os.fspath(export_format.as_path(path) / cfg['tokenizer'])
-    tok, err = _make_tokenizer(tok_path, int(cfg['text'].get('max_len', 64)))
+    tok, err = _make_tokenizer(tok_path, cfg['text'])
   else:
     err = ('this export has no tokenizer (exported without --tokenizer): '
            'pass int32 token ids')

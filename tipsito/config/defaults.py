@@ -147,16 +147,23 @@ def _model_config(r: recipes.Recipe, variant: str, text_variant: str) -> mlc.Con
   tips_px = r.pixel == "tips"
   mean = presets.TIPS_PIXEL_MEAN if tips_px else presets.CLIP_PIXEL_MEAN
   std = presets.TIPS_PIXEL_STD if tips_px else presets.CLIP_PIXEL_STD
+  # CLIP/SigLIP/ITO (the recipes with an image projection) use OpenCLIP's towers, TIPS recipes the
+  # official TIPS ones (tipsito.models.presets.IMAGE_STRUCTURE / TEXT_STRUCTURE). OpenCLIP's position
+  # table is the 224px grid (ViT-B-16: 14x14 + the class row); TIPSv2's is 32x32 without one.
+  clip_style = "image_proj" in r.parts
+  structure = "openclip" if clip_style else "tips"
+  patch = presets.vit_config(variant)["patch_size"]
   m = mlc.ConfigDict()
   m.image = presets.vit_config(
-      variant, num_cls_tokens=r.num_cls, posemb_grid=32, use_mask_token=r.mask_ratio > 0,
+      variant, num_cls_tokens=r.num_cls, posemb_grid=224 // patch if clip_style else 32,
+      use_mask_token=r.mask_ratio > 0,
       dropout=0.0, stochastic_depth=0.0, remat=False, dtype="float32", param_dtype="float32",
-      pixel_mean=tuple(mean), pixel_std=tuple(std), **SCAN_DEFAULTS)
+      pixel_mean=tuple(mean), pixel_std=tuple(std), **presets.IMAGE_STRUCTURE[structure],
+      **SCAN_DEFAULTS)
   width = m.image.width
-  clip_style = "image_proj" in r.parts
   m.text = presets.text_config(
-      text_variant, flavour="clip" if clip_style else "tips", vocab_size=32000, max_len=64,
-      out_dim=None, dropout=0.0, remat=False, dtype="float32", param_dtype="float32", **SCAN_DEFAULTS)
+      text_variant, vocab_size=32000, max_len=64, out_dim=None, dropout=0.0, remat=False,
+      dtype="float32", param_dtype="float32", **presets.TEXT_STRUCTURE[structure], **SCAN_DEFAULTS)
   # CLIP/ITO: both towers project to embed_dim; TIPS: shared width, no projection.
   m.embed_dim = width if clip_style else None
   if clip_style:

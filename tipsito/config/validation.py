@@ -159,14 +159,16 @@ def check_text_vocab(config: mlc.ConfigDict) -> None:
     return
   from tipsito.data import tokenizer as tok_lib  # pylint: disable=import-outside-toplevel
   try:
-    tok = tok_lib.Tokenizer(config.tokenizer, max_len=int(config.max_len))
+    tok = tok_lib.from_config(config)  # the text flavour's special tokens count ('clip': SOT/EOT)
   except FileNotFoundError as e:
     raise ConfigError(f"config.tokenizer={config.tokenizer!r}: {e}") from None
   if vocab is not None and tok.vocab_size != int(vocab):
     which = ("None (the shipped demo model)" if config.tokenizer is None else repr(config.tokenizer))
+    special = (f" ({tok.vocab_size - 2} of the model + SOT/EOT of the 'clip' text flavour)"
+               if tok.flavour == "clip" else "")
     raise ConfigError(
-        f"config.tokenizer={which} has a vocabulary of {tok.vocab_size} but config.model.text.vocab_size="
-        f"{vocab}; set --config.tokenizer to the SentencePiece model the text tower is sized for (e.g. the "
+        f"config.tokenizer={which} has a vocabulary of {tok.vocab_size}{special} but "
+        f"config.model.text.vocab_size={vocab}; set --config.tokenizer to the SentencePiece model the text tower is sized for (e.g. the "
         f"official 32k TIPS model for vocab_size=32000), or --config.model.text.vocab_size=None to take the "
         f"size from the tokenizer")
 

@@ -191,11 +191,13 @@ class ExampleSpec:
 
 
 class _Tokenizer:
-  """Picklable lazy handle: an injected tokenizer object, or (path, max_len) built on first use in
-  whichever process needs it (sentencepiece processors are not reliably picklable)."""
+  """Picklable lazy handle: an injected tokenizer object, or (path, max_len, flavour) built on first use
+  in whichever process needs it (sentencepiece processors are not reliably picklable). `flavour` is the
+  text tower's ('clip' adds SOT/EOT, tipsito/data/tokenizer.py)."""
 
-  def __init__(self, tokenizer=None, path=None, max_len=64):
+  def __init__(self, tokenizer=None, path=None, max_len=64, flavour='tips'):
     self._tok, self.path, self.max_len = tokenizer, path, int(max_len)
+    self.flavour = flavour or 'tips'
     self._injected = tokenizer is not None
 
   def __getstate__(self):
@@ -208,7 +210,7 @@ class _Tokenizer:
     """The tokenizer, constructed on first use in this process."""
     if self._tok is None:
       from tipsito.data import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
-      self._tok = tok_lib.Tokenizer(self.path, max_len=self.max_len)
+      self._tok = tok_lib.Tokenizer(self.path, max_len=self.max_len, flavour=self.flavour)
     return self._tok
 
   def __call__(self, texts: Sequence[str]) -> np.ndarray:
@@ -513,10 +515,12 @@ def _finish(ds: grain.MapDataset, *, per_host: int, name: str, num_workers: int,
 
 
 def _tokenizer_for(config, tokenizer) -> _Tokenizer:
-  """Wraps an injected tokenizer, or config.tokenizer/max_len, in a picklable handle."""
+  """Wraps an injected tokenizer, or config.tokenizer/max_len/model.text.flavour, in a picklable handle."""
   if isinstance(tokenizer, _Tokenizer):
     return tokenizer
-  return _Tokenizer(tokenizer, _get(config, 'tokenizer', None), _get(config, 'max_len', 64))
+  text = _get(_get(config, 'model', None), 'text', None)
+  return _Tokenizer(tokenizer, _get(config, 'tokenizer', None), _get(config, 'max_len', 64),
+                    _get(text, 'flavour', 'tips'))
 
 
 def _skip_settings(data):

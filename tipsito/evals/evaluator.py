@@ -277,7 +277,8 @@ class Evaluator:
     if self._tokenizer is None:
       from tipsito.data.tokenizer import Tokenizer  # pylint: disable=g-import-not-at-top
       text_cfg = getattr(encoder, "text_config", None) or {}
-      self._tokenizer = Tokenizer(self.cfg.get("tokenizer"), max_len=int(text_cfg.get("max_len", 64)))
+      self._tokenizer = Tokenizer(self.cfg.get("tokenizer"), max_len=int(text_cfg.get("max_len", 64)),
+                                  flavour=text_cfg.get("flavour") or "tips")
       vocab = text_cfg.get("vocab_size")
       if vocab is not None and self._tokenizer.vocab_size > int(vocab):
         raise ValueError(f"eval {self.name!r}: tokenizer vocab {self._tokenizer.vocab_size} exceeds the "

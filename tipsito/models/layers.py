@@ -5,7 +5,8 @@ are all pre-LN transformers that differ only in the FFN (GELU MLP, masked ReLU
 MLP, SwiGLU) and in the attention mask. Keeping one Block keeps the parameter
 naming uniform, which the TIPS importer relies on (tipsito/tips_import.py).
 
-Conventions: LayerNorm eps 1e-6; attention uses separate query/key/value
+Conventions: LayerNorm eps 1e-6 (the official TIPS release; the OpenCLIP-style CLIP/ITO towers pass
+1e-5, PyTorch's LayerNorm default that OpenCLIP and Hugging Face CLIP use); attention uses separate query/key/value
 DenseGeneral projections with bias (kernel (D,H,D/H)) and an output projection
 (kernel (H,D/H,D)), like flax MultiHeadDotProductAttention, but the core goes
 through `jax.nn.dot_product_attention` so that fused kernels are used where the
@@ -23,13 +24,38 @@ from tipsito.models.activation_sharding import constrain_batch
 from tipsito.models import presets
 
 Dtype = Any
-LN_EPS = 1e-6
+LN_EPS = presets.TIPS_LN_EPS
+OPENCLIP_LN_EPS = presets.OPENCLIP_LN_EPS
 
 
-def layer_norm(name: str, dtype: Dtype, param_dtype: Dtype) -> nn.LayerNorm:
-  """The LayerNorm used everywhere (eps 1e-6 as in the official release)."""
-  return nn.LayerNorm(epsilon=LN_EPS, dtype=dtype, param_dtype=param_dtype,
+def layer_norm(name: str, dtype: Dtype, param_dtype: Dtype,
+               eps: float = LN_EPS) -> nn.LayerNorm:
+  """The LayerNorm used everywhere (eps 1e-6 as in the official release unless `eps` is given)."""
+  return nn.LayerNorm(epsilon=eps, dtype=dtype, param_dtype=param_dtype,
                       name=name)
+
+
+def quick_gelu(x: jax.Array) -> jax.Array:
+  """x * sigmoid(1.702 x): the GELU approximation of OpenAI's CLIP weights (OpenCLIP `QuickGELU`)."""
+  return x * jax.nn.sigmoid(jnp.asarray(1.702, x.dtype) * x)
+
+
+# FFN activations by config name (`model.image.activation`, `model.text.activation`):
+# 'gelu' is flax's tanh approximation (the official TIPS vision tower), 'gelu_exact' the erf GELU
+# (torch nn.GELU: OpenCLIP ViT-B-16), 'quick_gelu' OpenAI CLIP's, 'relu' the TIPS text tower's.
+ACTIVATIONS = {
+    'gelu': nn.gelu,
+    'gelu_exact': lambda t: nn.gelu(t, approximate=False),
+    'quick_gelu': quick_gelu,
+    'relu': nn.relu,
+}
+
+
+def activation_fn(name: str) -> Callable[[jax.Array], jax.Array]:
+  """The activation called `name` (ACTIVATIONS); the error lists the valid names."""
+  if name not in ACTIVATIONS:
+    raise ValueError(f'activation {name!r} unknown; valid values: {sorted(ACTIVATIONS)}')
+  return ACTIVATIONS[name]
 
 
 def drop_path(x: jax.Array, rate: float, rng: jax.Array) -> jax.Array:
@@ -84,8 +110,9 @@ class Attention(nn.Module):
 class Mlp(nn.Module):
   """Two-layer FFN (Dense_0 -> act -> Dense_1), optionally masked.
 
-  `activation`: 'gelu' (flax's tanh approximation, as the official vision
-  tower), 'gelu_exact' or 'relu' (official TIPS text tower). When `valid` is
+  `activation`: a name of ACTIVATIONS ('gelu' is flax's tanh approximation,
+  as the official vision tower; 'relu' the official TIPS text tower; 'gelu_exact'
+  OpenCLIP's nn.GELU). When `valid` is
   given, the hidden and output activations are multiplied by it, exactly as
   the official TIPS text MLP does (keeps padded positions at zero FFN output).
   """
@@ -99,9 +126,7 @@ class Mlp(nn.Module):
   def __call__(self, x: jax.Array, valid: Optional[jax.Array] = None,
                train: bool = False) -> jax.Array:
     d = x.shape[-1]
-    act = {'gelu': nn.gelu,
-           'gelu_exact': lambda t: nn.gelu(t, approximate=False),
-           'relu': nn.relu}[self.activation]
+    act = activation_fn(self.activation)
     h = nn.Dense(self.mlp_dim, dtype=self.dtype, param_dtype=self.param_dtype,
                  kernel_init=nn.initializers.xavier_uniform(),
                  bias_init=nn.initializers.normal(1e-6), name='Dense_0')(x)
@@ -148,11 +173,13 @@ class Block(nn.Module):
   can be wrapped by `nn.remat` with `train`/`values_only` static.
   `mask` is a boolean attention mask broadcastable to (B, heads, T, T);
   `valid` (B,T) multiplies the FFN activations (TIPS text tower only).
+  `ln_eps` is the epsilon of both LayerNorms (1e-6 TIPS, 1e-5 OpenCLIP).
   """
   num_heads: int
   mlp_dim: int
   ffn: str = 'mlp'  # 'mlp' | 'swiglu'
   activation: str = 'gelu'
+  ln_eps: float = LN_EPS
   mask_ffn: bool = False
   is_causal: bool = False
   dropout: float = 0.0
@@ -174,8 +201,9 @@ class Block(nn.Module):
       ffn = SwiGlu(self.mlp_dim, self.dropout, name='mlp', **kw)
     else:
       raise ValueError(f'Unknown ffn {self.ffn!r}')
-    return (layer_norm('norm1', **kw), Attention(self.num_heads, name='attn', **kw),
-            layer_norm('norm2', **kw), ffn)
+    eps = self.ln_eps
+    return (layer_norm('norm1', eps=eps, **kw), Attention(self.num_heads, name='attn', **kw),
+            layer_norm('norm2', eps=eps, **kw), ffn)
 
   def _forward(self, sublayers, x, mask, valid, train, values_only, rate):
     """x += Attn(LN x); x += FFN(LN x), stochastic depth `rate` on both branches."""

@@ -4,8 +4,8 @@ Why a table: every recipe (TIPSv2, ITO, CLIP, distillation) names its towers by
 variant ('B/14', 'g/14', ...) and the sizes must be exactly those of the
 official TIPS release / TIPSv2 Table 16 so that parameter counts and released
 checkpoints line up. Recipe-level choices (number of CLS tokens,
-pixel statistics, dtype, mask token) are *not* part of a preset: they are given
-as overrides by the config that uses the preset.
+pixel statistics, dtype, mask token, tower structure) are *not* part of a
+preset: they are given as overrides by the config that uses the preset.
 """
 from __future__ import annotations
 
@@ -18,6 +18,27 @@ TIPS_PIXEL_MEAN = (0.0, 0.0, 0.0)
 TIPS_PIXEL_STD = (1.0, 1.0, 1.0)
 CLIP_PIXEL_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_PIXEL_STD = (0.26862954, 0.26130258, 0.27577711)
+
+# LayerNorm epsilon: the official TIPS release (flax default 1e-6) and torch.nn.LayerNorm's default,
+# which OpenCLIP and Hugging Face CLIP (`layer_norm_eps`) use.
+TIPS_LN_EPS = 1e-6
+OPENCLIP_LN_EPS = 1e-5
+
+# Tower structure by family, given as overrides next to a size preset (tipsito/config/defaults.py).
+# 'tips': the official TIPS towers (the module defaults). 'openclip': OpenCLIP's ViT and text
+# transformer (ViT-B-16: nn.GELU, i.e. exact erf GELU; LayerNorm 1e-5; conv1 without bias; a position
+# row for the class token; ln_pre), so that CLIP/SigLIP/ITO weights map one-to-one onto OpenCLIP and
+# Hugging Face CLIPModel (tests/test_models_openclip.py holds the name mapping).
+IMAGE_STRUCTURE: dict[str, dict[str, Any]] = {
+    'tips': dict(activation='gelu', ln_eps=TIPS_LN_EPS, patch_bias=True, cls_posemb=False,
+                 pre_norm=False),
+    'openclip': dict(activation='gelu_exact', ln_eps=OPENCLIP_LN_EPS, patch_bias=False,
+                     cls_posemb=True, pre_norm=True),
+}
+TEXT_STRUCTURE: dict[str, dict[str, Any]] = {
+    'tips': dict(flavour='tips', activation='relu', ln_eps=TIPS_LN_EPS),
+    'openclip': dict(flavour='clip', activation='gelu_exact', ln_eps=OPENCLIP_LN_EPS),
+}
 
 
 def _vit(width: int, depth: int, num_heads: int, mlp_dim: int, patch_size: int,

@@ -1,13 +1,22 @@
-"""Text encoders: the official TIPS tower and the CLIP/ITO tower.
+"""Text encoders: the official TIPS tower and OpenCLIP's text tower (CLIP/SigLIP/ITO).
 
 Why two flavours in one module: TIPS recipes must reproduce the released
 TIPS text tower bit-for-bit in semantics (sqrt(D)-scaled embedding, fixed
 sinusoidal positions, key-padding mask, ReLU MLP multiplied by the valid mask,
-final LN, masked mean), while CLIP/ITO baselines use the OpenCLIP-style tower
-(learned positions, GELU, causal mask, EOT pooling, projection). Both share the
-pre-LN Block of layers.py.
+final LN eps 1e-6, masked mean), while CLIP/SigLIP/ITO use OpenCLIP's
+`TextTransformer` so that their weights map one-to-one onto OpenCLIP and
+Hugging Face `CLIPTextModel` (tests/test_models_openclip.py): token embedding +
+learned positions, causal mask, exact-erf GELU, LayerNorm eps 1e-5, `ln_final`
+(here `norm`), pooled at the end-of-text token, `text_projection` (here `proj`)
+without bias. Both share the pre-LN Block of layers.py.
 
-Input convention (contract): int32 ids (B,L), pad id 0, valid = ids != 0.
+Input convention (contract): int32 ids (B,L), pad id 0, valid = ids != 0. For
+the 'clip' flavour the tokenizer (tipsito/data/tokenizer.py, flavour 'clip')
+writes [SOT, pieces..., EOT] and keeps EOT under truncation, so the last valid
+token is the EOT; EOT is also the largest id, so this is the position OpenCLIP
+pools (`text.argmax(-1)`) and Hugging Face pools (first `eos_token_id`).
+Padding keys are masked too; that changes nothing at the valid positions,
+which see only earlier (valid) tokens through the causal mask.
 """
 from __future__ import annotations
 
@@ -49,8 +58,12 @@ class TextEncoder(nn.Module):
   Param tree: token_emb/embedding (V,D), [posemb (max_len,D) for 'clip'],
   block_{i}/..., norm, [proj/kernel (D,out_dim) when out_dim]. With `scan=True`
   the blocks' params live under `blocks/...` with a leading depth axis.
+  `activation` / `ln_eps` None mean the flavour's own: 'relu' / 1e-6 (TIPS),
+  'gelu_exact' / 1e-5 (OpenCLIP's nn.GELU and PyTorch LayerNorm).
   """
   flavour: str = 'tips'  # 'tips' | 'clip'
+  activation: Optional[str] = None  # MLP activation (layers.ACTIVATIONS); None = the flavour's
+  ln_eps: Optional[float] = None  # every LayerNorm; None = the flavour's
   vocab_size: int = 32000
   max_len: int = 64
   width: int = 768
@@ -74,7 +87,8 @@ class TextEncoder(nn.Module):
 
     Returns {'pooled': (B,D_out), 'tokens': (B,L,width) after final LN,
     'valid': (B,L) bool}. 'pooled' is the masked mean (tips) or the last
-    valid token (clip), then the optional projection.
+    valid token, the EOT of the 'clip' tokenizer (clip), then the optional
+    projection.
     """
     if self.flavour not in FLAVOURS:
       raise ValueError(f'Unknown text flavour {self.flavour!r}')
@@ -90,19 +104,21 @@ class TextEncoder(nn.Module):
     if self.flavour == 'tips':
       x = x * jnp.asarray(math.sqrt(self.width), x.dtype)
       x = x + jnp.asarray(sinusoidal_posemb(length, self.width), x.dtype)
-      is_causal, activation, mask_ffn = False, 'relu', True
+      is_causal, activation, mask_ffn, eps = False, 'relu', True, layers.LN_EPS
     else:
       if length > self.max_len:
         raise ValueError(f'sequence length {length} > max_len {self.max_len}')
       pos = self.param('posemb', nn.initializers.normal(0.01),
                        (self.max_len, self.width), self.param_dtype)
       x = x + pos[:length].astype(x.dtype)
-      is_causal, activation, mask_ffn = True, 'gelu', False
+      is_causal, activation, mask_ffn, eps = True, 'gelu_exact', False, layers.OPENCLIP_LN_EPS
+    activation = self.activation if self.activation is not None else activation
+    eps = float(self.ln_eps) if self.ln_eps is not None else eps
     x = nn.Dropout(self.dropout)(x, deterministic=not train)
 
     attn_mask = valid[:, None, None, :]  # keys only: (B,1,1,L)
     block_kw = dict(num_heads=self.num_heads, mlp_dim=self.mlp_dim, ffn='mlp',
-                    activation=activation, mask_ffn=mask_ffn,
+                    activation=activation, ln_eps=eps, mask_ffn=mask_ffn,
                     is_causal=is_causal, dropout=self.dropout, **kw)
     if self.scan:
       stack = layers.scan_blocks(
@@ -115,7 +131,7 @@ class TextEncoder(nn.Module):
       for i in range(self.depth):
         x = block_cls(name=f'block_{i}', **block_kw)(x, attn_mask, valid, train,
                                                      False)
-    x = layers.layer_norm('norm', **kw)(x)
+    x = layers.layer_norm('norm', eps=eps, **kw)(x)
 
     if self.flavour == 'tips':
       v = valid[..., None].astype(jnp.float32)

@@ -1,15 +1,24 @@
-"""Image encoder: the pre-LN ViT of the official TIPS release.
+"""Image encoder: the pre-LN ViT of the official TIPS release, or OpenCLIP's ViT.
 
-Why this shape: released TIPS/TIPSv2 weights must load and reproduce official
-outputs (tests/test_models_conformance.py), and the same module trains every
-recipe (TIPSv2 with 2 CLS tokens and an iBOT mask token, CLIP/ITO with 1 CLS
-and CLIP pixel statistics). Semantics that matter for conformance:
+Why one module for both: released TIPS/TIPSv2 weights must load and reproduce official outputs
+(tests/test_models_conformance.py), and CLIP/SigLIP/ITO towers must map one-to-one onto OpenCLIP's
+ViT (and Hugging Face `CLIPVisionModel`) so that exported weights run there
+(tests/test_models_openclip.py). The two differ only in a few switches; the blocks are shared.
+
+TIPS semantics (the field defaults; conformance matters):
   * inputs not a multiple of the patch size are centre zero-padded;
-  * learned posemb on a fixed grid (32x32), resized with
-    `jax.image.resize(..., 'bilinear')` (antialiased) to the actual grid, and
-    added to the patch tokens *before* the CLS tokens are prepended;
+  * patch embedding with bias; learned posemb on a fixed grid (32x32), resized with
+    `jax.image.resize(..., 'bilinear')` (antialiased) to the actual grid, and added to the patch
+    tokens *before* the CLS tokens are prepended (CLS tokens get no position);
+  * no LayerNorm before the blocks; tanh GELU; LayerNorm eps 1e-6;
   * token order [cls_0 .. cls_{n-1}, patches row-major];
   * the MaskCLIP value trick reuses the last block's parameters.
+OpenCLIP semantics (`patch_bias=False, cls_posemb=True, pre_norm=True, activation='gelu_exact',
+ln_eps=1e-5`, set by tipsito/config/defaults.py for the CLIP-style recipes), as OpenCLIP's
+`VisionTransformer.forward`: conv1 without bias; class embedding prepended; one position table with
+a row per CLS token followed by the grid rows (`positional_embedding`, (1 + G*G, D)) added to every
+token; `ln_pre`; the blocks; `ln_post` (here `norm`) on every token, the CLS token being the pooled
+output that `image_proj` projects.
 """
 from __future__ import annotations
 
@@ -55,8 +64,9 @@ def resize_posemb(posemb: jax.Array, grid: tuple[int, int]) -> jax.Array:
 class VisionTransformer(nn.Module):
   """Pre-LN ViT returning CLS tokens, patch tokens and (optionally) values.
 
-  Param tree: patch_embed/{kernel,bias}, posemb (1,G,G,D), cls (1,n,D),
-  [mask_token (D,)], block_{i}/{norm1,attn/{query,key,value,out},norm2,mlp},
+  Param tree: patch_embed/{kernel[,bias]}, posemb (1,G,G,D) or, with `cls_posemb`,
+  (n + G*G, D) (rows: the n CLS tokens, then the grid row-major), cls (1,n,D),
+  [mask_token (D,)], [norm_pre], block_{i}/{norm1,attn/{query,key,value,out},norm2,mlp},
   norm. `mask_token` only exists when `use_mask_token` (training only).
   With `scan=True` the blocks are one `nn.scan` and their params live under
   `blocks/...` with a leading depth axis (tipsito.models.layer_stack converts;
@@ -67,7 +77,12 @@ class VisionTransformer(nn.Module):
   depth: int = 12
   num_heads: int = 12
   mlp_dim: int = 3072
-  ffn: str = 'mlp'  # 'mlp' (tanh GELU) | 'swiglu'
+  ffn: str = 'mlp'  # 'mlp' | 'swiglu'
+  activation: str = 'gelu'  # of the 'mlp' FFN: layers.ACTIVATIONS ('gelu' = tanh, TIPS)
+  ln_eps: float = layers.LN_EPS  # every LayerNorm (1e-6 TIPS, 1e-5 OpenCLIP)
+  patch_bias: bool = True  # patch embedding bias (TIPS); OpenCLIP's conv1 has none
+  cls_posemb: bool = False  # position rows for the CLS tokens too (OpenCLIP), one (n+G*G, D) table
+  pre_norm: bool = False  # LayerNorm `norm_pre` before the blocks (OpenCLIP ln_pre)
   num_cls_tokens: int = 1
   posemb_grid: Union[int, Sequence[int]] = 32
   use_mask_token: bool = False
@@ -128,9 +143,11 @@ class VisionTransformer(nn.Module):
     x = self.preprocess(images).astype(self.dtype)
     x = nn.Conv(self.width, (self.patch_size, self.patch_size),
                 strides=(self.patch_size, self.patch_size), padding='VALID',
+                use_bias=self.patch_bias,
                 kernel_init=nn.initializers.lecun_normal(),
                 name='patch_embed', **kw)(x)
     b, gh, gw, d = x.shape
+    n = self.num_cls_tokens
 
     if self.use_mask_token:
       mask_token = self.param('mask_token', nn.initializers.zeros, (d,),
@@ -142,19 +159,33 @@ class VisionTransformer(nn.Module):
         raise ValueError(f'mask shape {mask.shape} != patch grid {(b, gh, gw)}')
       x = jnp.where(mask[..., None], mask_token.astype(x.dtype), x)
 
-    posemb = self.param('posemb', nn.initializers.normal(0.02),
-                        (1, *self._grid(), d), self.param_dtype)
-    x = x + resize_posemb(posemb, (gh, gw)).astype(x.dtype)
+    # OpenCLIP initialises the class and position embeddings N(0, width**-0.5); TIPS zeros / 0.02.
+    scale = d ** -0.5
+    if self.cls_posemb:
+      gs = self._grid()
+      posemb = self.param('posemb', nn.initializers.normal(scale),
+                          (n + gs[0] * gs[1], d), self.param_dtype)
+      cls_pos = posemb[:n].astype(x.dtype)
+      grid_pos = posemb[n:].reshape(1, gs[0], gs[1], d)
+    else:
+      grid_pos = self.param('posemb', nn.initializers.normal(0.02),
+                            (1, *self._grid(), d), self.param_dtype)
+    x = x + resize_posemb(grid_pos, (gh, gw)).astype(x.dtype)
     x = x.reshape(b, gh * gw, d)
 
-    cls = self.param('cls', nn.initializers.zeros,
-                     (1, self.num_cls_tokens, d), self.param_dtype)
-    x = jnp.concatenate([jnp.broadcast_to(cls.astype(x.dtype),
-                                          (b, self.num_cls_tokens, d)), x], 1)
+    cls = self.param('cls', nn.initializers.normal(scale) if self.cls_posemb
+                     else nn.initializers.zeros, (1, n, d), self.param_dtype)
+    cls = cls.astype(x.dtype)
+    if self.cls_posemb:
+      cls = cls + cls_pos[None]
+    x = jnp.concatenate([jnp.broadcast_to(cls, (b, n, d)), x], 1)
+    if self.pre_norm:
+      x = layers.layer_norm('norm_pre', eps=self.ln_eps, **kw)(x)
     x = nn.Dropout(self.dropout)(x, deterministic=not train)
 
     block_kw = dict(num_heads=self.num_heads, mlp_dim=self.mlp_dim,
-                    ffn=self.ffn, activation='gelu', dropout=self.dropout, **kw)
+                    ffn=self.ffn, activation=self.activation, ln_eps=self.ln_eps,
+                    dropout=self.dropout, **kw)
     rates = [self.stochastic_depth * i / max(self.depth - 1, 1)
              for i in range(self.depth)]
     values = None
@@ -175,9 +206,8 @@ class VisionTransformer(nn.Module):
           values = blk(x, None, None, train, True)
         x = blk(x, None, None, train, False)
 
-    norm = layers.layer_norm('norm', **kw)
+    norm = layers.layer_norm('norm', eps=self.ln_eps, **kw)
     x = norm(x)
-    n = self.num_cls_tokens
     out = {'cls': x[:, :n], 'patches': x[:, n:].reshape(b, gh, gw, d)}
     if return_values:
       out['values'] = norm(values)[:, n:].reshape(b, gh, gw, d)

@@ -40,9 +40,9 @@ def text_kwargs(config, vocab_size: Optional[int] = None) -> dict:
 
 
 def tokenizer_vocab_size(config) -> int:
-  """Vocabulary of the configured SentencePiece model (the shipped demo model when None)."""
+  """Vocabulary of the configured tokenizer (the shipped demo model when None; + SOT/EOT for 'clip')."""
   from tipsito.data import tokenizer as tok_lib  # pylint: disable=import-outside-toplevel
-  return int(tok_lib.Tokenizer(config.tokenizer, max_len=int(config.max_len)).vocab_size)
+  return int(tok_lib.from_config(config).vocab_size)
 
 
 @dataclasses.dataclass
