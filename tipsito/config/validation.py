@@ -19,11 +19,11 @@ from tipsito import models
 from tipsito.config import defaults
 from tipsito.data.masking import MASK_TYPES
 from tipsito.data.pipeline import AUGMENTS, VIEWS
-from tipsito.losses.self_distill import TEACHER_METHODS
+from tipsito.losses.self_distill import DINO_REDUCTIONS, TEACHER_METHODS
 from tipsito.models.text import FLAVOURS
 from tipsito.objective import recipes as recipes_lib
 from tipsito.objective.recipes import EMA_MODES
-from tipsito.objective.terms import TERMS
+from tipsito.objective.terms import TERMS, VIEW_WEIGHTINGS
 from tipsito.train import sharding
 from tipsito.train.optim import OPTIMIZERS, SCHEDULES
 
@@ -237,6 +237,8 @@ def _check_loss(config: mlc.ConfigDict, recipe) -> dict[str, float]:
   _choice("loss_opts.ibot_token_norm", lo.ibot_token_norm, TOKEN_NORMS)
   _choice("loss_opts.contrastive_view", lo.contrastive_view, ("unmasked", "masked"))
   _choice("loss_opts.fusion_cls", lo.fusion_cls, tuple(range(config.model.image.get("num_cls_tokens", 1))))
+  _choice("loss_opts.dino_reduction", lo.dino_reduction, DINO_REDUCTIONS)
+  _choice("loss_opts.view_weighting", lo.view_weighting, VIEW_WEIGHTINGS)
   _choice("ema.mode", config.ema.mode, EMA_MODES)
   if not 0.0 <= float(config.ema.momentum) <= 1.0:
     raise ConfigError(f"config.ema.momentum={config.ema.momentum}: must be in [0, 1]")

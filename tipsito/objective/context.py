@@ -38,7 +38,10 @@ class LossContext:
     model, recipe: the run's TrainModel and Recipe.
     weights: term -> float, zero weights removed (the active terms).
     masks_student_view: see `masks_student_view`.
-    student_temp ... fusion_cls: `config.loss_opts` of the same names.
+    student_temp ... fusion_cls, dino_reduction, view_weighting: `config.loss_opts` of the same names
+      (dino_reduction: 'mean' | 'sum' of the DINO cross-entropies over the student crops, see `dino_term`
+      in tipsito/objective/terms.py; view_weighting: 'mean' | 'sum' of the alt-text InfoNCE over ITO's
+      two views, see `contrastive_pair_weights` there).
     logit_scale_max: clamp of the log contrastive scale (`config.model.logit_scale_max`), None = none.
     ema_keys: top-level params with an EMA copy (`state.ema`).
     teacher_model: distillation only, the frozen teacher's VisionTransformer.
@@ -58,6 +61,8 @@ class LossContext:
   contrastive_view: str
   logit_scale_max: Optional[float]
   fusion_cls: int
+  dino_reduction: str
+  view_weighting: str
   ema_keys: tuple[str, ...]
   teacher_model: Any
 
