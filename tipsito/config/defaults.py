@@ -223,8 +223,10 @@ def _add_run_keys(c: mlc.ConfigDict) -> None:
   c.profile_steps = 0
   c.export = mlc.ConfigDict(dict(enabled=True, dir=None))
   c.init_from = None
+  # dino_global_crop: distillation also uses the student's global crop as a DINO student view (off:
+  # TIPSv2 §3.1 changes only the teacher and the mask for distillation).
   c.distill = mlc.ConfigDict(dict(teacher=None, teacher_image_npz=None, teacher_text_npz=None,
-                                  init_text=False))
+                                  init_text=False, dino_global_crop=False))
 
 
 def tiny_config(recipe_name: str, *, batch_size: int = 8, total_steps: int = 10,

@@ -239,6 +239,10 @@ def _check_loss(config: mlc.ConfigDict, recipe) -> dict[str, float]:
   _choice("loss_opts.fusion_cls", lo.fusion_cls, tuple(range(config.model.image.get("num_cls_tokens", 1))))
   _choice("loss_opts.dino_reduction", lo.dino_reduction, DINO_REDUCTIONS)
   _choice("loss_opts.view_weighting", lo.view_weighting, VIEW_WEIGHTINGS)
+  _choice("distill.dino_global_crop", config.distill.dino_global_crop, (False, True))
+  if config.distill.dino_global_crop and recipe.teacher != "frozen":
+    raise ConfigError(f"config.distill.dino_global_crop=True is for recipe 'distill' only (recipe "
+                      f"{recipe.name!r} has no frozen teacher); valid values: [False]")
   _choice("ema.mode", config.ema.mode, EMA_MODES)
   if not 0.0 <= float(config.ema.momentum) <= 1.0:
     raise ConfigError(f"config.ema.momentum={config.ema.momentum}: must be in [0, 1]")

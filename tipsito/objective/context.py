@@ -42,6 +42,8 @@ class LossContext:
       (dino_reduction: 'mean' | 'sum' of the DINO cross-entropies over the student crops, see `dino_term`
       in tipsito/objective/terms.py; view_weighting: 'mean' | 'sum' of the alt-text InfoNCE over ITO's
       two views, see `contrastive_pair_weights` there).
+    dino_global_crop: `config.distill.dino_global_crop`: distillation also uses the student's global crop
+      as a DINO student view (off by default: TIPSv2 §3.1 names only two changes for distillation).
     logit_scale_max: clamp of the log contrastive scale (`config.model.logit_scale_max`), None = none.
     ema_keys: top-level params with an EMA copy (`state.ema`).
     teacher_model: distillation only, the frozen teacher's VisionTransformer.
@@ -63,6 +65,7 @@ class LossContext:
   fusion_cls: int
   dino_reduction: str
   view_weighting: str
+  dino_global_crop: bool
   ema_keys: tuple[str, ...]
   teacher_model: Any
 

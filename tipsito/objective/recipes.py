@@ -103,7 +103,7 @@ TIPSV2_RECIPE = Recipe(
 # uses L_CLIP = 1/2 L_align(CLS1, alt-text) + 1/2 InfoNCE(CLS2, synthetic), i.e. with view_weighting
 # 'mean' (tipsito/objective/terms.py: contrastive_pair_weights) the effective weights are
 #   CLS1 x alt-text, view 1: 1/4;  CLS1 x alt-text, view 2: 1/4;  CLS2 x synthetic, view 1: 1/2
-# (total 1, TIPSv2's). view_weighting='sum' gives the weights as
+# (total 1, TIPSv2's; `python -m tipsito.info` prints them). view_weighting='sum' gives the weights as
 # written, 1/2 + 1/2 for CLS1 x alt-text and 1/2 for CLS2 (total 1.5), tipsito's behaviour before.
 TIPSITO_RECIPE = Recipe(
     name="tipsito", doc="tipsito: TIPSv2 + ITO second view + fusion loss.",
@@ -113,10 +113,12 @@ TIPSITO_RECIPE = Recipe(
     pixel="tips", view_weighting="mean")
 
 # Distillation (TIPSv2's B/L/So400m models are distilled from g/14): a frozen teacher replaces the
-# teacher branch; the randomly initialised student image encoder learns through DINO and iBOT++ on every
-# patch with no masking; the text tower trains with the CLIP loss (random init, or the teacher's text
-# tower: `config.distill.init_text`). When the teacher is a tipsito training workdir, its own EMA
-# DINO/iBOT heads are part of the frozen teacher and give the targets (no EMA in the student run). An
+# teacher branch; the randomly initialised student image encoder learns through DINO (on the local crops,
+# as in pretraining: TIPSv2 §3.1 names only the frozen teacher and no mask as changes; the global crop as
+# a DINO student view is `config.distill.dino_global_crop`) and iBOT++ on every patch with no masking;
+# the text tower trains with the CLIP loss (random init, or the teacher's text tower:
+# `config.distill.init_text`). When the teacher is a tipsito training workdir, its own EMA DINO/iBOT
+# heads are part of the frozen teacher and give the targets (no EMA in the student run). An
 # export or official TIPS weights hold encoders only: the teacher heads are then the EMA of the student
 # heads, applied to the frozen teacher features (our inference, logged at start). The student features
 # pass a training-only `distill_proj` to the teacher width.

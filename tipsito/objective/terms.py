@@ -139,9 +139,19 @@ def koleo_term(ctx: LossContext, f: Features, centers: dict) -> TermOutput:
   return TermOutput(_sd.koleo_loss(f.contrastive_cls1))
 
 
+def dino_student_views(ctx: LossContext, num_local: int) -> int:
+  """How many student views DINO compares with the teacher's one global view: the `num_local` local crops
+  (plus the student's global crop when distilling with `distill.dino_global_crop`), or view 1 alone when
+  there are no local crops."""
+  if not num_local:
+    return 1
+  return num_local + int(ctx.recipe.teacher == "frozen" and ctx.dino_global_crop)
+
+
 def dino_term(ctx: LossContext, f: Features, centers: dict) -> TermOutput:
-  """Student views: the local crops (plus the global view when distilling, where it is a student crop
-  too), or view 1 when there are no local crops.
+  """Student views: see `dino_student_views`. Distillation keeps the pretraining views by default: TIPSv2
+  §3.1 says distillation "only requires two modifications" (frozen teacher, no mask), so the student's
+  global crop is a DINO student view only with `config.distill.dino_global_crop=True`.
 
   `ctx.dino_reduction` combines the cross-entropies of the student views: 'mean' (default) or 'sum'
   (= M x 'mean' for M views). TIPSv2 Eq. 1 writes a sum over the M local crops, read literally 6x the DINO
@@ -157,7 +167,7 @@ def dino_term(ctx: LossContext, f: Features, centers: dict) -> TermOutput:
   t_logits = fwd(f.teacher_params, f.teacher["cls"][:, 0], method=TrainModel.dino)[None]  # (1,B,K)
   if f.local_cls is not None:
     s_logits = fwd(f.params, f.local_cls, method=TrainModel.dino)
-    if ctx.recipe.teacher == "frozen":
+    if ctx.recipe.teacher == "frozen" and ctx.dino_global_crop:
       g = fwd(f.params, f.student_cls, method=TrainModel.dino)[None]
       s_logits = jnp.concatenate([g, s_logits], 0)
   else:
