@@ -223,6 +223,10 @@ def _add_run_keys(c: mlc.ConfigDict) -> None:
   c.profile_steps = 0
   c.export = mlc.ConfigDict(dict(enabled=True, dir=None))
   c.init_from = None
+  # With init_from (stage 2): 'continue' carries on the init run's teacher (its EMA heads / EMA encoder
+  # and DINO/iBOT centres; the EMA mode must then be the init run's, checked by validation), 'reset'
+  # rebuilds it from the restored params (EMA = copy of the student, zero centres).
+  c.init_teacher = "continue"
   # dino_global_crop: distillation also uses the student's global crop as a DINO student view (off:
   # TIPSv2 §3.1 changes only the teacher and the mask for distillation).
   c.distill = mlc.ConfigDict(dict(teacher=None, teacher_image_npz=None, teacher_text_npz=None,

@@ -25,6 +25,7 @@ from tipsito.objective import recipes as recipes_lib
 from tipsito.objective.recipes import EMA_MODES
 from tipsito.objective.terms import TERMS, VIEW_WEIGHTINGS
 from tipsito.train import sharding
+from tipsito.train import workdir as workdir_lib
 from tipsito.train.optim import OPTIMIZERS, SCHEDULES
 
 # Enumerations no other module names as a constant (the modules reading these keys branch on the values).
@@ -184,6 +185,7 @@ def validate(config: mlc.ConfigDict, *, num_devices: int | None = None, process_
   weights = _check_loss(config, recipe)
   _check_optim(config)
   _check_input(config, recipe, weights)
+  _check_init(config)
   if num_devices is not None:
     _check_batch_split(config, num_devices, process_count)
   _check_keys("mesh", config.mesh, ("data", "fsdp", "model"))
@@ -302,6 +304,26 @@ def _check_input(config: mlc.ConfigDict, recipe, weights: dict[str, float]) -> N
   if recipe.teacher == "frozen" and not (config.distill.teacher or config.distill.teacher_image_npz):
     raise ConfigError("config.distill.teacher (an export dir) or config.distill.teacher_image_npz "
                       "(official TIPS weights) is required for recipe 'distill'")
+
+
+def _check_init(config: mlc.ConfigDict) -> None:
+  """`init_teacher`; with 'continue', the EMA mode must be the one of the `init_from` run (its config.json)
+  since its EMA subset is restored as it is (tipsito/train/workdir.py `init_from_run`). Refusing, rather
+  than silently following the init run, keeps the config the one source of what the run does."""
+  _choice("init_teacher", config.init_teacher, workdir_lib.INIT_TEACHER)
+  if not config.init_from or config.init_teacher != "continue":
+    return
+  saved = workdir_lib.init_run_config(config.init_from)
+  if saved is None:  # not a workdir (or not readable yet): the restore names what is missing
+    return
+  was = (saved.get("ema") or {}).get("mode")
+  if was != config.ema.mode:
+    hint = (" (configs/tipsv2_g14_hires.py: `ema=full`)" if was == "full" else "")
+    raise ConfigError(
+        f"config.ema.mode={config.ema.mode!r} but config.init_from={config.init_from!r} was trained with "
+        f"ema.mode={was!r}; config.init_teacher='continue' (the default) continues that run's teacher, so "
+        f"set --config.ema.mode={was}{hint}, or --config.init_teacher=reset to start a new teacher from "
+        f"its params")
 
 
 def _check_batch_split(config: mlc.ConfigDict, num_devices: int, process_count: int) -> None:
