@@ -1,6 +1,7 @@
 """TIPSv2 distillation (§3.1, Table 2): a frozen g/14 teacher replaces the teacher branch, the student image
-encoder starts from random weights, no masking (iBOT++ on every patch), DINO on the global + local crops,
-CLIP loss for the student text tower (`--config.distill.init_text=True` starts it from the teacher's).
+encoder starts from random weights, no masking (iBOT++ on every patch), DINO on the local crops (the
+paper's two changes only; `--config.distill.dino_global_crop=True` adds the global crop as a DINO student
+view), CLIP loss for the student text tower (`--config.distill.init_text=True` starts it from the teacher's).
 
 The teacher (`teacher=DIR`): a tipsito training workdir of the g/14 pretraining (its own EMA DINO/iBOT
 heads are then part of the frozen teacher and give the targets, as in the paper), or an export / official

@@ -161,10 +161,12 @@ def test_distill_no_gradient_reaches_frozen_teacher():
 # --- contrastive: CLS1 <- alt-text, CLS2 <- synthetic caption, view 2 <- alt-text ----------------------
 
 def test_contrastive_terms_read_the_right_cls_caption_and_view():
-  """tipsito: clip = mean(InfoNCE(CLS1 of unmasked view 1, 'text'), InfoNCE(CLS2, 'text2')),
-  clip_view2 = InfoNCE(CLS1 of 'image2', 'text'). The arguments each InfoNCE receives, the values and the
-  per-term gradients equal a reference written from the model's methods: CLS2 gets gradient only through
-  the synthetic-caption term, CLS1 only through the alt-text terms."""
+  """tipsito: clip = InfoNCE(CLS1 of unmasked view 1, 'text') and InfoNCE(CLS2, 'text2'), clip_view2 =
+  InfoNCE(CLS1 of 'image2', 'text'), weighted as tipsito/objective/terms.py contrastive_pair_weights says
+  (view_weighting 'mean': CLS1 x 'text' 1/4 + 1/4 over the two views, CLS2 x 'text2' 1/2). The arguments
+  each InfoNCE receives, the values and the per-term gradients equal a reference written from the model's
+  methods: CLS2 gets gradient only through the synthetic-caption term, CLS1 only through the alt-text
+  terms."""
   setup, state, batch = build("tipsito")
   w = {"clip": 1.0, "clip_view2": 0.5}
   total, metrics, calls = losses(setup, state, batch, w, record=[(con_lib, "clip_loss")])
@@ -178,7 +180,7 @@ def test_contrastive_terms_read_the_right_cls_caption_and_view():
     s = jnp.exp(p["logit_scale"])
     pairs = [(unit(v1[:, 0]), t1), (unit(v1[:, 1]), t2), (unit(v2[:, 0]), t1)]
     terms = [con_lib.clip_loss(a, b, s) for a, b in pairs]
-    return 0.5 * (terms[0] + terms[1]) + 0.5 * terms[2], (pairs, terms)
+    return 0.25 * terms[0] + 0.5 * terms[1] + 0.25 * terms[2], (pairs, terms)
 
   want, (pairs, terms) = jax.jit(ref)(p)
   assert len(calls) == 3
@@ -187,10 +189,11 @@ def test_contrastive_terms_read_the_right_cls_caption_and_view():
     close(args[1], txt)
   close(metrics["clip/cls1"], terms[0])
   close(metrics["clip/cls2"], terms[1])
-  close(metrics["loss/clip_view2"], terms[2])
+  close(metrics["clip_view2/cls1"], terms[2])
+  close(metrics["loss/clip_view2"], 0.5 * terms[2])
   close(total, want)
   # Per term: the gradient of CLS2's term is that of (CLS2, 'text2') alone, CLS1's that of (CLS1, 'text').
-  g = grad_of(setup, state, batch, w, key=("clip/cls1", "clip/cls2", "loss/clip_view2"))[0]
+  g = grad_of(setup, state, batch, w, key=("clip/cls1", "clip/cls2", "clip_view2/cls1"))[0]
   g_ref = jax.jit(jax.jacrev(lambda q: jnp.stack(ref(q)[1][1])))(p)
   jax.tree.map(lambda a, b: close(a, b, 1e-4), g, g_ref)
 

@@ -200,6 +200,57 @@ def crop_geometry(config) -> dict[str, Any]:
   return {"patch_px": p, "crops": crops, "lines": lines}
 
 
+def effective_weights(config, ctx) -> list[dict[str, Any]]:
+  """The weight each (loss term, CLS token, view) pair has in `loss/total`: `config.loss.<term>` times the
+  term's inner weights (tipsito/objective/terms.py: `contrastive_pair_weights`, `dino_student_views` with
+  `loss_opts.dino_reduction`). Rows {'pair', 'weight', 'note'}, in the order the total sums the terms.
+
+  Why: a term's config weight is not what a CLS token or a view gets (TIPSv2's L_CLIP halves each caption,
+  ITO's L_align halves each view, DINO's mean divides by the crops); this says it per pair.
+  """
+  from tipsito.objective import terms as t  # pylint: disable=import-outside-toplevel
+  w = ctx.weights
+  two_cls = int(config.model.image.get("num_cls_tokens", 1)) > 1
+  rows: list[dict[str, Any]] = []
+
+  def row(pair: str, weight: float, note: str = "") -> None:
+    rows.append({"pair": pair, "weight": round(float(weight), 6), "note": note})
+
+  pairs = t.contrastive_pair_weights(ctx, two_cls)
+  two_views = t.CLIP in w and t.CLIP_VIEW2 in w
+  for name in t.TERMS:
+    if name not in w:
+      continue
+    if name in (t.CLIP, t.CLIP_VIEW2):
+      for p, inner in pairs.items():
+        if p.term == name:
+          row(f"{name} {p.cls} x {p.caption}, view {p.view}", w[name] * inner,
+              f"loss_opts.view_weighting={ctx.view_weighting}" if two_views and p.cls == "CLS1" else "")
+    elif name == t.SIGLIP:
+      row("siglip CLS1 x alt-text, view 1", w[name])
+    elif name == t.FUSION:
+      row(f"fusion (view 1 CLS{ctx.fusion_cls + 1} + alt-text) x (view 2 + alt-text)", w[name])
+    elif name == t.KOLEO:
+      row("koleo CLS1, view 1", w[name])
+    elif name == t.DINO:
+      n_local = int(config.input.num_local) if "multicrop" in config.input.views else 0
+      n = t.dino_student_views(ctx, n_local)
+      views = "view 1"
+      if n_local:
+        views = f"each of {n_local} local crops" + (" and the global crop" if n > n_local else "")
+      per = w[name] / n if ctx.dino_reduction == "mean" else w[name]
+      row(f"dino CLS1 of {views} x teacher CLS1, global image", per,
+          f"loss_opts.dino_reduction={ctx.dino_reduction} over {n} student views: {per * n:g} in all")
+    elif name == t.IBOT:
+      which = "all patches, iBOT++" if ctx.ibot_all_patches or not ctx.masks_student_view else \
+          "masked patches, iBOT"
+      row(f"ibot patches of view 1 ({which}) x teacher patches, global image", w[name],
+          f"token_norm={ctx.ibot_token_norm}, mean per image")
+    elif name == t.FEATURE:
+      row("feature CLS1 + patches of view 1 x frozen teacher", w[name], "1/2 each")
+  return rows
+
+
 def compute_info(config, *, with_sharding: bool = False, devices: int = 0,
                  processes: int = 1) -> dict[str, Any]:
   """All numbers as a JSON-friendly dict (see module docstring)."""
@@ -235,6 +286,7 @@ def compute_info(config, *, with_sharding: bool = False, devices: int = 0,
   }
   if {"dino_head", "ibot_head"} & set(params):
     out["ema_comparison"] = _ema_comparison(config, mesh, towers, parts, student)
+  out["effective_weights"] = effective_weights(config, setup.ctx)
   if with_sharding:
     plan = sharding_plan(config, setup, int(devices or jax.device_count()), int(processes))
     out["sharding"] = plan.pop("rows")
@@ -261,6 +313,8 @@ def _table(info: dict) -> str:
                  f"({100 * e['fraction_saved']:.1f}% saved; vision side "
                  f"{100 * e['vision_side_fraction_saved']:.1f}%; bytes {100 * e['bytes_fraction_saved']:.1f}%)")
     lines.append("  " + e["explanation"])
+  for r in info.get("effective_weights", []):
+    lines.append(f"  weight {r['pair']}: {r['weight']:g}" + (f" ({r['note']})" if r["note"] else ""))
   plan = info.get("sharding_plan")
   if plan:
     lines.append(f"  sharding on {plan['devices']} devices, mesh {plan['mesh']}: params "

@@ -126,10 +126,15 @@ def base_config(recipe_name: str, variant: str, *, text_variant: str | None = No
   c.model = _model_config(r, variant, text_variant or variant)
 
   c.loss = mlc.ConfigDict(dict(r.loss))
+  # dino_reduction: 'mean' | 'sum' of DINO's cross-entropies over the student crops (TIPSv2 Eq. 1 writes
+  # a sum; 'mean' is DINOv2's implementation, why it is the default: `dino_term` in
+  # tipsito/objective/terms.py). view_weighting: 'mean' | 'sum' of the alt-text InfoNCE over ITO's two
+  # views (`contrastive_pair_weights` there; the recipe's default: 'mean' for tipsito).
   c.loss_opts = mlc.ConfigDict(dict(
       student_temp=0.1, teacher_temp=0.07, warmup_teacher_temp=0.04, teacher_temp_warmup_steps=0,
       center_momentum=0.9, ibot_all_patches=recipe_name != "tips", ibot_token_norm="masked",
-      teacher_method="centering", fusion_cls=0, contrastive_view="unmasked"))
+      teacher_method="centering", fusion_cls=0, contrastive_view="unmasked", dino_reduction="mean",
+      view_weighting=r.view_weighting))
   # EMA teacher momentum: `constant`, or `cosine` from `momentum` at step 0 to 1 at the last step (DINO).
   c.ema = mlc.ConfigDict(dict(mode=r.ema_mode, momentum=0.996, schedule="constant"))
   c.optim = _optim_config(r.optimizer, total_steps)
@@ -229,8 +234,14 @@ def _add_run_keys(c: mlc.ConfigDict) -> None:
   c.profile_steps = 0
   c.export = mlc.ConfigDict(dict(enabled=True, dir=None))
   c.init_from = None
+  # With init_from (stage 2): 'continue' carries on the init run's teacher (its EMA heads / EMA encoder
+  # and DINO/iBOT centres; the EMA mode must then be the init run's, checked by validation), 'reset'
+  # rebuilds it from the restored params (EMA = copy of the student, zero centres).
+  c.init_teacher = "continue"
+  # dino_global_crop: distillation also uses the student's global crop as a DINO student view (off:
+  # TIPSv2 §3.1 changes only the teacher and the mask for distillation).
   c.distill = mlc.ConfigDict(dict(teacher=None, teacher_image_npz=None, teacher_text_npz=None,
-                                  init_text=False))
+                                  init_text=False, dino_global_crop=False))
 
 
 def tiny_config(recipe_name: str, *, batch_size: int = 8, total_steps: int = 10,

@@ -12,6 +12,7 @@ import ml_collections as mlc
 
 from tipsito.config import args
 from tipsito.config import defaults
+from tipsito.train import workdir as workdir_lib
 
 TIPSV2_VARIANTS = ("g/14", "So400m/14", "L/14", "B/14", "S/14")
 TIPSV2_EMA_MODES = ("head", "full")
@@ -78,16 +79,22 @@ def tipsv2_distill(student: str, *, teacher: str, total_steps: int, batch_size: 
   return c
 
 
-def high_resolution_stage(c: mlc.ConfigDict, *, init: str) -> mlc.ConfigDict:
+def high_resolution_stage(c: mlc.ConfigDict, *, init: str, init_teacher: str = "continue") -> mlc.ConfigDict:
   """Stage 2 of a TIPSv2 config, in place: 448 + 6 x 140 crops, a fresh short schedule, params from `init`.
 
   The same stage for pretraining (configs/tipsv2_g14_hires.py) and distillation
   (configs/tipsv2_distill_hires.py); `init` = '' leaves `init_from` unset (--config.init_from sets it).
+  The teacher of stage 1 carries on (`init_teacher='continue'`: its EMA heads, EMA encoder with full EMA,
+  and DINO/iBOT centres; TIPSv2 §4 calls stage 2 "a high-resolution adaptation stage", and the teacher
+  temperature stays at its final value, no second warmup); `c.ema.mode` must then be stage 1's, which
+  validation checks against stage 1's config.json. 'reset' starts a new teacher from the stage-1 params.
   """
+  args.check_choice("init_teacher", init_teacher, workdir_lib.INIT_TEACHER)
   c.input.update(dict(global_size=448, local_size=140))
   c.optim.update(dict(lr=2e-4, warmup_steps=500))
   c.loss_opts.teacher_temp_warmup_steps = 0
   c.init_from = init or None
+  c.init_teacher = init_teacher
   return c
 
 

@@ -19,12 +19,13 @@ from tipsito import models
 from tipsito.config import defaults
 from tipsito.data.masking import MASK_TYPES
 from tipsito.data.pipeline import AUGMENTS, VIEWS
-from tipsito.losses.self_distill import TEACHER_METHODS
+from tipsito.losses.self_distill import DINO_REDUCTIONS, TEACHER_METHODS
 from tipsito.models.text import FLAVOURS
 from tipsito.objective import recipes as recipes_lib
 from tipsito.objective.recipes import EMA_MODES
-from tipsito.objective.terms import TERMS
+from tipsito.objective.terms import TERMS, VIEW_WEIGHTINGS
 from tipsito.train import sharding
+from tipsito.train import workdir as workdir_lib
 from tipsito.train.optim import OPTIMIZERS, SCHEDULES
 
 # Enumerations no other module names as a constant (the modules reading these keys branch on the values).
@@ -193,6 +194,7 @@ def validate(config: mlc.ConfigDict, *, num_devices: int | None = None, process_
   weights = _check_loss(config, recipe)
   _check_optim(config)
   _check_input(config, recipe, weights)
+  _check_init(config)
   if num_devices is not None:
     _check_batch_split(config, num_devices, process_count)
   _check_keys("mesh", config.mesh, ("data", "fsdp", "model"))
@@ -260,6 +262,12 @@ def _check_loss(config: mlc.ConfigDict, recipe) -> dict[str, float]:
   _choice("loss_opts.ibot_token_norm", lo.ibot_token_norm, TOKEN_NORMS)
   _choice("loss_opts.contrastive_view", lo.contrastive_view, ("unmasked", "masked"))
   _choice("loss_opts.fusion_cls", lo.fusion_cls, tuple(range(config.model.image.get("num_cls_tokens", 1))))
+  _choice("loss_opts.dino_reduction", lo.dino_reduction, DINO_REDUCTIONS)
+  _choice("loss_opts.view_weighting", lo.view_weighting, VIEW_WEIGHTINGS)
+  _choice("distill.dino_global_crop", config.distill.dino_global_crop, (False, True))
+  if config.distill.dino_global_crop and recipe.teacher != "frozen":
+    raise ConfigError(f"config.distill.dino_global_crop=True is for recipe 'distill' only (recipe "
+                      f"{recipe.name!r} has no frozen teacher); valid values: [False]")
   _choice("ema.mode", config.ema.mode, EMA_MODES)
   if not 0.0 <= float(config.ema.momentum) <= 1.0:
     raise ConfigError(f"config.ema.momentum={config.ema.momentum}: must be in [0, 1]")
@@ -319,6 +327,26 @@ def _check_input(config: mlc.ConfigDict, recipe, weights: dict[str, float]) -> N
   if recipe.teacher == "frozen" and not (config.distill.teacher or config.distill.teacher_image_npz):
     raise ConfigError("config.distill.teacher (an export dir) or config.distill.teacher_image_npz "
                       "(official TIPS weights) is required for recipe 'distill'")
+
+
+def _check_init(config: mlc.ConfigDict) -> None:
+  """`init_teacher`; with 'continue', the EMA mode must be the one of the `init_from` run (its config.json)
+  since its EMA subset is restored as it is (tipsito/train/workdir.py `init_from_run`). Refusing, rather
+  than silently following the init run, keeps the config the one source of what the run does."""
+  _choice("init_teacher", config.init_teacher, workdir_lib.INIT_TEACHER)
+  if not config.init_from or config.init_teacher != "continue":
+    return
+  saved = workdir_lib.init_run_config(config.init_from)
+  if saved is None:  # not a workdir (or not readable yet): the restore names what is missing
+    return
+  was = (saved.get("ema") or {}).get("mode")
+  if was != config.ema.mode:
+    hint = (" (configs/tipsv2_g14_hires.py: `ema=full`)" if was == "full" else "")
+    raise ConfigError(
+        f"config.ema.mode={config.ema.mode!r} but config.init_from={config.init_from!r} was trained with "
+        f"ema.mode={was!r}; config.init_teacher='continue' (the default) continues that run's teacher, so "
+        f"set --config.ema.mode={was}{hint}, or --config.init_teacher=reset to start a new teacher from "
+        f"its params")
 
 
 def _check_batch_split(config: mlc.ConfigDict, num_devices: int, process_count: int) -> None:

@@ -34,6 +34,9 @@ import jax.numpy as jnp
 
 # How the teacher's outputs become targets (`config.loss_opts.teacher_method`).
 TEACHER_METHODS = ("centering", "sinkhorn")
+# How the DINO cross-entropies of the (student crop, teacher crop) pairs are combined
+# (`config.loss_opts.dino_reduction`): see `dino_loss_from_probs`.
+DINO_REDUCTIONS = ("mean", "sum")
 
 Array = jax.Array
 
@@ -208,10 +211,15 @@ def dino_loss_from_probs(student_logits: Array, teacher_probs: Array, student_te
   distillation teacher). With student logits s (S, B, K) and teacher probabilities p (T, B, K):
 
       CE(s, t) = -(1/B) * sum_b sum_k p[t, b, k] * log_softmax(s[s, b] / tau_s)[k]
-      'sum'  : L = sum_{(s, t) in P} CE(s, t)                 (dinov2 DINOLoss.forward)
-      'mean' : L = (1/|P|) * sum_{(s, t) in P} CE(s, t)       (our recipes)
+      'sum'  : L = sum_{(s, t) in P} CE(s, t)                 (dinov2 DINOLoss.forward; TIPSv2 Eq. 1)
+      'mean' : L = (1/|P|) * sum_{(s, t) in P} CE(s, t)       (dinov2 ssl_meta_arch; our default)
 
-  where P is every (student crop, teacher crop) pair, or, with skip_same_view, every pair except
+  With one teacher crop and M student crops, 'sum' = M * 'mean'. TIPSv2 Eq. 1 writes the loss as a sum
+  over the M local crops; dinov2's meta-arch divides that sum by the number of loss terms (M with one
+  global crop), i.e. takes the mean. `config.loss_opts.dino_reduction` chooses (default 'mean'; why:
+  `dino_term` in tipsito/objective/terms.py).
+
+  P is every (student crop, teacher crop) pair, or, with skip_same_view, every pair except
   (i, i) for i < min(S, T): the student's first T crops are then the teacher's views in the same order
   and a crop is never its own target (original DINO with global crops on both sides). With S = T = 2
   and skip_same_view, 'mean' equals dinov2's "global crops swapped" loss.

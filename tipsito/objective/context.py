@@ -38,7 +38,12 @@ class LossContext:
     model, recipe: the run's TrainModel and Recipe.
     weights: term -> float, zero weights removed (the active terms).
     masks_student_view: see `masks_student_view`.
-    student_temp ... fusion_cls: `config.loss_opts` of the same names.
+    student_temp ... fusion_cls, dino_reduction, view_weighting: `config.loss_opts` of the same names
+      (dino_reduction: 'mean' | 'sum' of the DINO cross-entropies over the student crops, see `dino_term`
+      in tipsito/objective/terms.py; view_weighting: 'mean' | 'sum' of the alt-text InfoNCE over ITO's
+      two views, see `contrastive_pair_weights` there).
+    dino_global_crop: `config.distill.dino_global_crop`: distillation also uses the student's global crop
+      as a DINO student view (off by default: TIPSv2 §3.1 names only two changes for distillation).
     logit_scale_max: clamp of the log contrastive scale (`config.model.logit_scale_max`), None = none.
     ema_keys: top-level params with an EMA copy (`state.ema`).
     teacher_model: distillation only, the frozen teacher's VisionTransformer.
@@ -58,6 +63,9 @@ class LossContext:
   contrastive_view: str
   logit_scale_max: Optional[float]
   fusion_cls: int
+  dino_reduction: str
+  view_weighting: str
+  dino_global_crop: bool
   ema_keys: tuple[str, ...]
   teacher_model: Any
 

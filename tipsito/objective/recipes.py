@@ -29,6 +29,9 @@ class Recipe:
     optimizer: default `config.optim.name`.
     pixel: 'tips' (mean 0 / std 1) or 'clip' (CLIP statistics).
     teacher: 'ema' (self-distillation) or 'frozen' (distillation from an exported/imported model).
+    view_weighting: default `config.loss_opts.view_weighting`, how the alt-text InfoNCE of ITO's two views
+      combine ('mean' | 'sum', see `tipsito.objective.terms.contrastive_pair_weights`); only matters
+      when both `clip` and `clip_view2` are on.
   """
   name: str
   doc: str
@@ -41,6 +44,7 @@ class Recipe:
   optimizer: str = "adamw"
   pixel: str = "clip"
   teacher: str = "ema"
+  view_weighting: str = "sum"
 
   @property
   def terms(self) -> tuple[str, ...]:
@@ -66,7 +70,9 @@ SIGLIP_RECIPE = Recipe(
     optimizer="adamw", pixel="clip")
 
 # ITO: L = L_align + lambda * L_fusion with L_align the mean over the two views, i.e. weights
-# clip = clip_view2 = 0.5 and fusion = lambda = 2. The fusion Transformer is training-only.
+# clip = clip_view2 = 0.5 and fusion = lambda = 2. The weights already write L_align's mean, so the view
+# weighting is 'sum' (each InfoNCE at its weight): CLS x caption 0.5 for view 1 and 0.5 for view 2.
+# The fusion Transformer is training-only.
 ITO_RECIPE = Recipe(
     name="ito", doc="ITO: two views x caption InfoNCE + fusion NT-Xent (lambda=2), AdamW.",
     parts=("image", "text", "image_proj", "logit_scale", "fusion"),
@@ -92,18 +98,27 @@ TIPSV2_RECIPE = Recipe(
 # tipsito (ours): TIPSv2 plus ITO's second augmented view ('image2', contrasted with 'text') and the
 # fusion NT-Xent loss between (view 1 + caption) and (view 2 + caption); tests whether ITO's cheap second
 # view and fusion module add to TIPSv2. Every term is switchable.
+# Contrastive weights: TIPSv2's L_CLIP is the mean over its two captions (TIPSv2 A.9), and ITO's L_align,
+# which is what the second view adds, is the mean over the two views of the one caption (ITO). tipsito
+# uses L_CLIP = 1/2 L_align(CLS1, alt-text) + 1/2 InfoNCE(CLS2, synthetic), i.e. with view_weighting
+# 'mean' (tipsito/objective/terms.py: contrastive_pair_weights) the effective weights are
+#   CLS1 x alt-text, view 1: 1/4;  CLS1 x alt-text, view 2: 1/4;  CLS2 x synthetic, view 1: 1/2
+# (total 1, TIPSv2's; `python -m tipsito.info` prints them). view_weighting='sum' gives the weights as
+# written, 1/2 + 1/2 for CLS1 x alt-text and 1/2 for CLS2 (total 1.5), tipsito's behaviour before.
 TIPSITO_RECIPE = Recipe(
     name="tipsito", doc="tipsito: TIPSv2 + ITO second view + fusion loss.",
     parts=_TIPS_PARTS + ("fusion",),
     loss={CLIP: 1.0, CLIP_VIEW2: 0.5, FUSION: 2.0, DINO: 1.0, IBOT: 2.0, KOLEO: 0.0},
     views="multicrop_two_views", num_cls=2, ema_mode="head", mask_ratio=0.75, optimizer="adafactor",
-    pixel="tips")
+    pixel="tips", view_weighting="mean")
 
 # Distillation (TIPSv2's B/L/So400m models are distilled from g/14): a frozen teacher replaces the
-# teacher branch; the randomly initialised student image encoder learns through DINO and iBOT++ on every
-# patch with no masking; the text tower trains with the CLIP loss (random init, or the teacher's text
-# tower: `config.distill.init_text`). When the teacher is a tipsito training workdir, its own EMA
-# DINO/iBOT heads are part of the frozen teacher and give the targets (no EMA in the student run). An
+# teacher branch; the randomly initialised student image encoder learns through DINO (on the local crops,
+# as in pretraining: TIPSv2 §3.1 names only the frozen teacher and no mask as changes; the global crop as
+# a DINO student view is `config.distill.dino_global_crop`) and iBOT++ on every patch with no masking;
+# the text tower trains with the CLIP loss (random init, or the teacher's text tower:
+# `config.distill.init_text`). When the teacher is a tipsito training workdir, its own EMA DINO/iBOT
+# heads are part of the frozen teacher and give the targets (no EMA in the student run). An
 # export or official TIPS weights hold encoders only: the teacher heads are then the EMA of the student
 # heads, applied to the frozen teacher features (our inference, logged at start). The student features
 # pass a training-only `distill_proj` to the teacher width.

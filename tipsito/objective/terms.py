@@ -5,14 +5,19 @@ returns its loss, its metrics and its centre update. Weights are `config.loss.<t
 off), options `config.loss_opts`; a recipe (tipsito/objective/recipes.py) names the terms it allows
 and their default weights. Adding a term is one function here, one `TERMS` entry and a weight in a recipe.
 
-  clip        InfoNCE, view 1. One CLS: (CLS, 'text'). Two CLS (TIPS): mean of (CLS1,'text') and
-              (CLS2,'text2'). logits = s * cos, s = exp(logit_scale) clamped to exp(logit_scale_max).
+  clip        InfoNCE, view 1. One CLS: (CLS, 'text'). Two CLS (TIPS): (CLS1,'text') and (CLS2,'text2'),
+              each half (TIPSv2's L_CLIP, the mean over the two captions). logits = s * cos,
+              s = exp(logit_scale) clamped to exp(logit_scale_max). With `clip_view2` on and
+              `loss_opts.view_weighting='mean'` the (CLS1,'text') part is halved again: see
+              `contrastive_pair_weights`.
   siglip      sigmoid loss (CLS, 'text') with learned scale and bias.
-  clip_view2  InfoNCE of the second ITO view 'image2' (CLS1) with 'text' (ITO's L_align second half).
+  clip_view2  InfoNCE of the second ITO view 'image2' (CLS1) with 'text' (ITO's L_align second half),
+              halved with `view_weighting='mean'`.
   fusion      ITO NT-Xent between fusion(view 1, 'text') and fusion(view 2, 'text'), same scale s.
   koleo       KoLeo regulariser on the student CLS1 of view 1 (off by default).
   dino        DINO CE: student = dino_head(CLS1 of the local crops, or of view 1 if there are none),
-              teacher = teacher dino_head(CLS1 of the teacher features on the unmasked 'image').
+              teacher = teacher dino_head(CLS1 of the teacher features on the unmasked 'image');
+              `loss_opts.dino_reduction` 'mean' (default) or 'sum' over the student crops.
   ibot        iBOT (`loss_opts.ibot_all_patches=False`) or iBOT++ (True) on the patch tokens of the
               student's masked view vs the teacher's unmasked ones.
   feature     distillation only: 1 - cos between the projected student and the frozen teacher tokens
@@ -53,14 +58,56 @@ class TermOutput(NamedTuple):
   centers: dict = {}
 
 
+class Pair(NamedTuple):
+  """One InfoNCE of the contrastive terms: which term computes it, on which CLS token, caption and view."""
+  term: str
+  cls: str       # 'CLS1' | 'CLS2'
+  caption: str   # 'alt-text' ('text') | 'synthetic' ('text2')
+  view: int      # 1 = 'image', 2 = ITO's 'image2'
+
+
+CLS1_ALT_V1 = Pair(CLIP, "CLS1", "alt-text", 1)
+CLS2_SYN_V1 = Pair(CLIP, "CLS2", "synthetic", 1)
+CLS1_ALT_V2 = Pair(CLIP_VIEW2, "CLS1", "alt-text", 2)
+VIEW_WEIGHTINGS = ("mean", "sum")
+
+
+def contrastive_pair_weights(ctx: LossContext, two_cls: bool) -> dict[Pair, float]:
+  """The weight of each InfoNCE inside its term (`config.loss.<term>` multiplies it); `two_cls`: the
+  image tower has a second CLS token for the synthetic caption.
+
+  Why these numbers (TIPSv2 A.9: "L_CLIP is the averaged result of contrastive losses from the two
+  captions"; ITO: L_align contrasts both views with the one caption, averaged over the views):
+    clip, two CLS:   (CLS1, alt-text) and (CLS2, synthetic) 1/2 each; one CLS: (CLS, alt-text) 1.
+    view_weighting 'mean', with both `clip` and `clip_view2` on: the alt-text InfoNCE is ITO's L_align,
+                     the mean over view 1 and view 2, so (CLS1, alt-text) of view 1 in `clip` and of view 2
+                     in `clip_view2` are each halved. tipsito's weights (clip 1, clip_view2 1/2) then give
+                     CLS1 x alt-text 1/4 + 1/4 and CLS2 x synthetic 1/2: TIPSv2's L_CLIP, with its alt-text
+                     half spread over ITO's two views, total 1 as in TIPSv2.
+    view_weighting 'sum': every InfoNCE at its term's weight as written (the `ito` recipe, whose weights
+                     0.5 + 0.5 already are L_align's mean; the tipsito behaviour before the option, CLS1
+                     x alt-text 1/2 + 1/2 and CLS2 x synthetic 1/2, total 1.5).
+  """
+  per_view = 1.0
+  if ctx.view_weighting == "mean" and CLIP in ctx.weights and CLIP_VIEW2 in ctx.weights:
+    per_view = 0.5
+  per_cls = 0.5 if two_cls else 1.0
+  out = {CLS1_ALT_V1: per_cls * per_view, CLS1_ALT_V2: per_view}
+  if two_cls:
+    out[CLS2_SYN_V1] = per_cls
+  return out
+
+
 def clip_term(ctx: LossContext, f: Features, centers: dict) -> TermOutput:
-  del ctx, centers
-  parts = [_con.clip_loss(f.project(f.contrastive_cls1), f.caption_emb, f.scale)]
-  metrics = {"clip/cls1": parts[0]}
-  if f.synthetic_caption_emb is not None:
-    parts.append(_con.clip_loss(f.project(f.contrastive["cls"][:, 1]), f.synthetic_caption_emb, f.scale))
-    metrics["clip/cls2"] = parts[1]
-  return TermOutput(sum(parts) / len(parts), metrics)
+  del centers
+  two_cls = f.synthetic_caption_emb is not None
+  w = contrastive_pair_weights(ctx, two_cls)
+  cls1 = _con.clip_loss(f.project(f.contrastive_cls1), f.caption_emb, f.scale)
+  loss, metrics = w[CLS1_ALT_V1] * cls1, {"clip/cls1": cls1}
+  if two_cls:
+    cls2 = _con.clip_loss(f.project(f.contrastive["cls"][:, 1]), f.synthetic_caption_emb, f.scale)
+    loss, metrics["clip/cls2"] = loss + w[CLS2_SYN_V1] * cls2, cls2
+  return TermOutput(loss, metrics)
 
 
 def siglip_term(ctx: LossContext, f: Features, centers: dict) -> TermOutput:
@@ -71,8 +118,10 @@ def siglip_term(ctx: LossContext, f: Features, centers: dict) -> TermOutput:
 
 
 def clip_view2_term(ctx: LossContext, f: Features, centers: dict) -> TermOutput:
-  del ctx, centers
-  return TermOutput(_con.clip_loss(f.project(f.view2["cls"][:, 0]), f.caption_emb, f.scale))
+  del centers
+  w = contrastive_pair_weights(ctx, f.synthetic_caption_emb is not None)[CLS1_ALT_V2]
+  cls1 = _con.clip_loss(f.project(f.view2["cls"][:, 0]), f.caption_emb, f.scale)
+  return TermOutput(w * cls1, {"clip_view2/cls1": cls1})
 
 
 def fusion_term(ctx: LossContext, f: Features, centers: dict) -> TermOutput:
@@ -90,19 +139,41 @@ def koleo_term(ctx: LossContext, f: Features, centers: dict) -> TermOutput:
   return TermOutput(_sd.koleo_loss(f.contrastive_cls1))
 
 
+def dino_student_views(ctx: LossContext, num_local: int) -> int:
+  """How many student views DINO compares with the teacher's one global view: the `num_local` local crops
+  (plus the student's global crop when distilling with `distill.dino_global_crop`), or view 1 alone when
+  there are no local crops."""
+  if not num_local:
+    return 1
+  return num_local + int(ctx.recipe.teacher == "frozen" and ctx.dino_global_crop)
+
+
 def dino_term(ctx: LossContext, f: Features, centers: dict) -> TermOutput:
-  """Student views: the local crops (plus the global view when distilling, where it is a student crop
-  too), or view 1 when there are no local crops."""
+  """Student views: see `dino_student_views`. Distillation keeps the pretraining views by default: TIPSv2
+  §3.1 says distillation "only requires two modifications" (frozen teacher, no mask), so the student's
+  global crop is a DINO student view only with `config.distill.dino_global_crop=True`.
+
+  `ctx.dino_reduction` combines the cross-entropies of the student views: 'mean' (default) or 'sum'
+  (= M x 'mean' for M views). TIPSv2 Eq. 1 writes a sum over the M local crops, read literally 6x the DINO
+  weight; 'mean' is the default because (a) the DINO loss here is DINOv2's (pinned in
+  tests/test_losses_self_distill.py), and DINOv2's meta-arch divides the local-crop sum by the number of
+  loss terms (M with one global crop); (b) the paper's sums are schematic: Eq. 1 has no batch average
+  either, and Eq. 2 and 3 sum over patches, which iBOT, DINOv2 and this repo average, so reading Eq. 1
+  as a sum but Eq. 3 as a mean would be inconsistent; (c) the DINO weight then does not depend on the
+  number of local crops. TIPSv2 A.9 gives alpha = 1 for an implementation that "closely follows that of
+  TIPS" without saying how it normalises; the choice is ours, hence a key.
+  """
   fwd, t_temp, center = f.forward, f.teacher_temp, centers["dino"]
   t_logits = fwd(f.teacher_params, f.teacher["cls"][:, 0], method=TrainModel.dino)[None]  # (1,B,K)
   if f.local_cls is not None:
     s_logits = fwd(f.params, f.local_cls, method=TrainModel.dino)
-    if ctx.recipe.teacher == "frozen":
+    if ctx.recipe.teacher == "frozen" and ctx.dino_global_crop:
       g = fwd(f.params, f.student_cls, method=TrainModel.dino)[None]
       s_logits = jnp.concatenate([g, s_logits], 0)
   else:
     s_logits = fwd(f.params, f.student_cls, method=TrainModel.dino)[None]
-  loss = _sd.dino_loss(s_logits, t_logits, center, ctx.student_temp, t_temp, method=ctx.teacher_method)
+  loss = _sd.dino_loss(s_logits, t_logits, center, ctx.student_temp, t_temp, method=ctx.teacher_method,
+                       reduction=ctx.dino_reduction)
   metrics = collapse.teacher_signals(
       "dino", _sd.teacher_probs(t_logits, center, t_temp, method=ctx.teacher_method), center)
   return TermOutput(loss, metrics, {"dino": _sd.update_center(center, t_logits, ctx.center_momentum)})

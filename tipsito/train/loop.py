@@ -51,7 +51,8 @@ def guard_resume(config: mlc.ConfigDict, workdir: str) -> list:
 
 
 def restore_or_init(setup: step_lib.Setup, ckpt: checkpointing.Checkpointer, data_iter) -> Any:
-  """Latest checkpoint of the workdir if any (state + data iterator), else config.init_from, else init."""
+  """Latest checkpoint of the workdir if any (state + data iterator), else config.init_from (params, and
+  with `init_teacher='continue'` its teacher: tipsito/train/workdir.py `init_from_run`), else init."""
   abstract = checkpointing.abstract_with_shardings(setup.state_shapes, setup.state_shardings)
   if ckpt.latest_step() is not None:
     state, data_state = ckpt.restore(abstract)
@@ -61,10 +62,9 @@ def restore_or_init(setup: step_lib.Setup, ckpt: checkpointing.Checkpointer, dat
     return state
   state = setup.init_state()
   if setup.config.init_from:
-    params = checkpointing.restore_params(setup.config.init_from, abstract.params)
-    state = state.replace(params=params, ema={k: params[k] for k in state.ema},
-                          opt_state=jax.jit(setup.tx.init, out_shardings=setup.state_shardings.opt_state)(params))
-    logging.info("Initialised params from %s", setup.config.init_from)
+    state = workdir_lib.init_from_run(setup, state)
+    logging.info("Initialised params from %s (teacher: %s)", setup.config.init_from,
+                 setup.config.init_teacher)
   return state
 
 

@@ -27,7 +27,7 @@ SAFE_KEYS = (
     "input.prefetch", "input.read_threads", "data.data_dir", "data.max_skip_fraction",
     "data.min_records_for_skip_check", "mesh.", "sharding.", "nonfinite.",
     "profile_steps", "peak_tflops",  # observability only (tipsito/train/observability.py)
-    "init_from",  # ignored once the workdir has its own checkpoints
+    "init_from", "init_teacher",  # ignored once the workdir has its own checkpoints
 )
 
 

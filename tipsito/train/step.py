@@ -106,7 +106,8 @@ def make_loss_context(config, recipe, model, ema_keys, teacher=None) -> LossCont
       ibot_token_norm=lo.ibot_token_norm, teacher_method=lo.teacher_method,
       contrastive_view=lo.contrastive_view,
       logit_scale_max=None if config.model.logit_scale_max is None else float(config.model.logit_scale_max),
-      fusion_cls=int(lo.fusion_cls), ema_keys=tuple(ema_keys),
+      fusion_cls=int(lo.fusion_cls), dino_reduction=lo.dino_reduction, view_weighting=lo.view_weighting,
+      dino_global_crop=bool(config.distill.dino_global_crop), ema_keys=tuple(ema_keys),
       teacher_model=None if teacher is None else teacher.module)
 
 
