@@ -24,7 +24,8 @@ pixel statistics unless a study varies them; see that file for why); model size,
 decided later, with probes, through the args above.
 
 TODO(fidelity keys, after they are merged): arms for an explicit `input.global_crop_scale` and for
-`loss_opts.dino_reduction` (mean | sum) are left out until those keys exist.
+`loss_opts.dino_reduction` (mean | sum) are left out until those keys exist. TODO: the distillation
+study's student initialised from the teacher (see `_distill`).
 """
 import importlib.util
 import pathlib
@@ -126,6 +127,12 @@ def _ibot(a):
 
 
 def _distill(a):
+  # TODO(init from the teacher): the arm "student image encoder initialised from the teacher" needs a way
+  # to load the teacher's image encoder into the student. `init_from` = the teacher's workdir does not do
+  # it: its partial restore leaves the student-only `distill_proj` a ShapeDtypeStruct and the first step
+  # fails ("ShapeDtypeStruct is not a valid JAX type", seen on this study at 4 steps), and it would load
+  # the text tower and heads as well; a `distill.init_image` like `distill.init_text`
+  # (tipsito/train/step.py) would do it.
   teacher = "{workdir:teacher}"
   return dict(
       claim=("TIPSv2 §3.1 distils from a frozen teacher with no masking (mask ratio 0) and a randomly "
