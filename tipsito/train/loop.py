@@ -231,13 +231,11 @@ def _mean_metrics(metrics_acc: list[dict], monitor: nonfinite.NonFiniteMonitor, 
 
 
 def _save(run: _Run, state, step: int, data_iter) -> None:
-  """Checkpoints the state and the data iterator; never from non-finite params. The metric events are
-  flushed first: after a crash the events on disk cover every step up to the checkpoint resumed from."""
+  """Checkpoints the state and the data iterator; never from non-finite params."""
   run.monitor.flush()
   if not bool(run.params_finite(state.params)):
     raise nonfinite.NonFiniteError(f"Step {step}: the params are not finite; refusing to write a "
                                    "checkpoint from them (the latest checkpoint is kept)")
-  run.writer.flush()
   run.ckpt.save(step, state, data_iter.get_state(), force=True)
 
 
