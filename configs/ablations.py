@@ -34,6 +34,7 @@ import ml_collections as mlc
 
 from tipsito.config import args as args_lib
 from tipsito.config import defaults
+from tipsito.evals import registry
 
 # The metrics most studies report (final evals of the trained encoders; see `_data_and_evals`).
 GLOBAL = ("zeroshot/top1", "retrieval/i2t_r1", "retrieval/t2i_r1", "knn/top1")
@@ -50,9 +51,9 @@ def _demo(**kw) -> mlc.ConfigDict:
 
 
 def _data_and_evals(c: mlc.ConfigDict, a: mlc.ConfigDict) -> mlc.ConfigDict:
-  """The study data and its final evals, in one place (switch to the `openclipart` preset and eval suite
-  here once they exist). The evals are named by type (`zeroshot`, ...), so metric names stay the same
-  whatever the data."""
+  """The study data and its final evals, in one place (switch to the `openclipart` preset here once it
+  exists). The evals are the dataset's built-in suite (tipsito/evals/registry.py) named by type
+  (`zeroshot`, ...), so that metric names stay the same whatever the data."""
   if a.data != "shapes":
     raise ValueError(f"config arg data={a.data!r}: only 'shapes' is wired up so far (see _data_and_evals)")
   # configs/demo.py's shapes (one large red shape per image), at the study's size.
@@ -63,12 +64,12 @@ def _data_and_evals(c: mlc.ConfigDict, a: mlc.ConfigDict) -> mlc.ConfigDict:
   types = tuple(t for t in a.evals.split("+") if t)
   for t in types:
     args_lib.check_choice("evals", t, EVAL_TYPES)
-  ev = dict(dataset="shapes", split="test", data_dir=a.data_dir or None, image_size=a.size, every_steps=0,
-            batch_size=min(50, a.test_images), max_examples=a.eval_examples or None)
-  c.evals = mlc.ConfigDict()
-  for t in types:
-    extra = dict(max_train_examples=a.eval_examples or 1000) if t == "knn" else {}
-    c.evals[t] = dict(type=t, num_pictures=0, **ev, **extra)
+  suite = registry.builtin_evals(a.data, types=types, data_dir=a.data_dir or None, image_size=a.size,
+                                 batch_size=min(50, a.test_images), max_examples=a.eval_examples or None,
+                                 num_pictures=0)
+  c.evals = mlc.ConfigDict({cfg["type"]: cfg for cfg in suite.values()})
+  if "knn" in c.evals and not a.eval_examples:
+    c.evals.knn.max_train_examples = 1000  # as configs/demo.py
   return defaults.typed_optionals(c)
 
 
