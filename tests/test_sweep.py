@@ -135,11 +135,35 @@ def test_results_md_and_plots(sweeps):
     assert (w1 / "plots" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def _study():
+def _ablations():
   spec = importlib.util.spec_from_file_location("ablations_for_test", ROOT / "configs" / "ablations.py")
   mod = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(mod)
-  return mod.get_config(ARGS)
+  return mod
+
+
+def _study():
+  return _ablations().get_config(ARGS)
+
+
+def test_every_study_plans(tmp_path):
+  """Each study of configs/ablations.py: a claim, metrics, and every arm's config valid for every seed."""
+  from tipsito.studies import arms
+  mod = _ablations()
+  assert set(mod.STUDIES) == {"smoke", "ito", "ibot", "distill", "ema", "captions", "tipsito", "optimizer"}
+  for name in mod.STUDIES:
+    study = mod.get_config(f"study={name}")
+    assert study.claim and study.metrics, name
+    jobs = arms.plan(study, [0, 1], str(tmp_path))
+    assert len(jobs) == 2 * len(study.arms) >= 4, name
+    for job in jobs:
+      assert (job.config.seed, job.config.input.shuffle_seed) == (job.seed, job.seed)
+      assert job.config.data.data_dir == str(tmp_path / "data")  # built once, shared by the runs
+  distill = arms.plan(mod.get_config("study=distill"), [1], str(tmp_path))
+  assert {j.arm.name: j.config.distill.teacher for j in distill if j.arm.name != "teacher"} == {
+      "student_mask0": str(tmp_path / "teacher" / "seed_1"), "student_mask75": str(tmp_path / "teacher" / "seed_1")}
+  ema = {j.arm.name: j.config.ema.mode for j in arms.plan(mod.get_config("study=ema"), [0], str(tmp_path))}
+  assert ema == {"ema_head": "head", "ema_full": "full"}
 
 
 def test_wrong_override_fails_before_anything_runs(tmp_path):
