@@ -33,7 +33,7 @@ def write_json_atomic(path: str, obj: Any) -> None:
   os.makedirs(os.path.dirname(path), exist_ok=True)
   tmp = f"{path}.tmp{os.getpid()}"
   with open(tmp, "w", encoding="utf-8") as f:
-    json.dump(obj, f, indent=1, sort_keys=True)
+    json.dump(obj, f, indent=1)  # insertion order: the arms stay in study order
     f.flush()
     os.fsync(f.fileno())
   os.replace(tmp, path)

@@ -65,7 +65,8 @@ def loss_plot(summary: dict[str, Any], path: str) -> str:
   fig, axes = plt.subplots(1, max(1, len(tags)), figsize=(4.2 * max(1, len(tags)), 3.4), squeeze=False)
   for ax, tag in zip(axes[0], tags):
     for i, (name, a) in enumerate(summary["arms"].items()):
-      curves = [dict((int(s), v) for s, v in r["curves"][tag]) for r in a["runs"].values() if tag in r["curves"]]
+      curves = [dict((int(s), v) for s, v in r["curves"][tag])
+                for r in a["runs"].values() if tag in r["curves"]]
       if not curves:
         continue
       steps = sorted(set.intersection(*(set(c) for c in curves)))

@@ -28,7 +28,8 @@ LOWER_IS_BETTER = ("loss/", "state/")
 def loss_curves(run_dir: str) -> dict[str, list[list[float]]]:
   """{'loss/<term>': [[step, value], ...]} from the TensorBoard events of `run_dir` (all attempts; per
   step the value written last). A record cut off by a kill ends that file's reading."""
-  from tensorboard.backend.event_processing import event_file_loader  # pylint: disable=import-outside-toplevel
+  # pylint: disable-next=import-outside-toplevel
+  from tensorboard.backend.event_processing import event_file_loader
   from tensorboard.util import tensor_util  # pylint: disable=import-outside-toplevel
   latest: dict[str, dict[int, tuple[float, float]]] = {}  # tag -> step -> (wall time, value)
   for path in sorted(glob.glob(os.path.join(run_dir, "events.out.tfevents.*"))):

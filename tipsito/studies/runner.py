@@ -24,7 +24,6 @@ training loop's handler, which only acts between steps: that run finishes and th
 """
 from __future__ import annotations
 
-import dataclasses
 import logging as py_logging
 import os
 import signal
@@ -100,13 +99,6 @@ class Progress:
     self.out(f"[sweep] {job.label}: FAILED ({why}); log: {os.path.join(job.run_dir, job_lib.LOG_FILE)}")
 
 
-@dataclasses.dataclass
-class _Outcome:
-  failed: list = dataclasses.field(default_factory=list)
-  skipped: list = dataclasses.field(default_factory=list)
-  preempted: bool = False
-
-
 def _deps_finished(job: arms_lib.Job, sweep_dir: str) -> bool:
   return all(job_lib.is_finished(arms_lib.run_dir(sweep_dir, d, job.seed)) for d in job.arm.depends_on)
 
@@ -115,15 +107,13 @@ def _dep_failed(job: arms_lib.Job, given_up: set) -> bool:
   return any((d, job.seed) in given_up for d in job.arm.depends_on)
 
 
-def _run_in_process(todo, sweep_dir, progress, on_finished) -> _Outcome:
-  """One job after the other, in this process (tipsito.studies.job.run)."""
+def _run_in_process(todo, sweep_dir, progress, on_finished) -> bool:
+  """One job after the other, in this process (tipsito.studies.job.run). Returns whether a signal
+  stopped the sweep."""
   from absl import logging  # pylint: disable=import-outside-toplevel
   from tipsito.train import checkpointing  # pylint: disable=import-outside-toplevel
-  outcome, given_up = _Outcome(), set()
   for job in todo:
     if not _deps_finished(job, sweep_dir):  # arms come after their dependencies: one that failed
-      outcome.skipped.append(job)
-      given_up.add((job.arm.name, job.seed))
       progress.out(f"[sweep] {job.label}: skipped (depends on {list(job.arm.depends_on)}, not finished)")
       continue
     progress.started(job)
@@ -134,20 +124,17 @@ def _run_in_process(todo, sweep_dir, progress, on_finished) -> _Outcome:
       result = job_lib.run(job.run_dir)
     except checkpointing.Preempted as e:
       progress.out(f"[sweep] {job.label}: stopped by SIGTERM ({e}); run the same command to resume")
-      outcome.preempted = True
-      return outcome
+      return True
     except Exception as e:  # pylint: disable=broad-except  # one failed arm must not stop the others
       logging.error("%s", traceback.format_exc())
       progress.failed(job, f"{type(e).__name__}: {e}")
-      outcome.failed.append(job)
-      given_up.add((job.arm.name, job.seed))
       continue
     finally:
       logging.get_absl_logger().removeHandler(handler)
       handler.close()
       signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the loop's handler belongs to the finished run
     progress.finished(job, result, on_finished(job, result))
-  return outcome
+  return False
 
 
 def _job_env(sweep_dir: str) -> dict:
@@ -162,11 +149,12 @@ def _job_env(sweep_dir: str) -> dict:
   return env
 
 
-def _run_subprocesses(todo, sweep_dir, parallel, progress, on_finished) -> _Outcome:
-  """Up to `parallel` jobs at a time as `python -m tipsito.studies.job` subprocesses."""
-  outcome, given_up = _Outcome(), set()
+def _run_subprocesses(todo, sweep_dir, parallel, progress, on_finished) -> bool:
+  """Up to `parallel` jobs at a time as `python -m tipsito.studies.job` subprocesses. Returns whether a
+  signal (to the sweep or to a job) stopped the sweep."""
+  given_up = set()  # (arm, seed) of the runs that failed or were skipped
   pending, running = list(todo), {}  # running: Popen -> job
-  stop = []
+  stop = []  # signals received (or 75: a job was stopped); no new runs start once set
 
   def on_signal(signum, frame):
     del frame
@@ -184,7 +172,6 @@ def _run_subprocesses(todo, sweep_dir, parallel, progress, on_finished) -> _Outc
         ready = [j for j in pending if _deps_finished(j, sweep_dir)]
         for j in [j for j in pending if _dep_failed(j, given_up)]:
           pending.remove(j)
-          outcome.skipped.append(j)
           given_up.add((j.arm.name, j.seed))
           progress.out(f"[sweep] {j.label}: skipped (a dependency in {list(j.arm.depends_on)} failed)")
         if not ready:
@@ -200,7 +187,6 @@ def _run_subprocesses(todo, sweep_dir, parallel, progress, on_finished) -> _Outc
         break
       if not running and pending:  # only jobs whose dependencies can never finish are left
         for j in pending:
-          outcome.skipped.append(j)
           progress.out(f"[sweep] {j.label}: skipped (depends on {list(j.arm.depends_on)}, not finished)")
         break
       time.sleep(0.2)
@@ -211,17 +197,16 @@ def _run_subprocesses(todo, sweep_dir, parallel, progress, on_finished) -> _Outc
           progress.finished(job, result, on_finished(job, result))
         elif p.returncode == PREEMPTED_EXIT_CODE:
           progress.running.pop(job.run_dir, None)
-          progress.out(f"[sweep] {job.label}: stopped after a checkpoint (exit 75); rerun to resume")
-          outcome.preempted = True
+          progress.out(f"[sweep] {job.label}: stopped after a checkpoint (exit 75); no new runs start, "
+                       "rerun to resume")
+          stop.append(PREEMPTED_EXIT_CODE)
         else:
           progress.failed(job, f"exit code {p.returncode}")
-          outcome.failed.append(job)
           given_up.add((job.arm.name, job.seed))
   finally:
     for s, h in old.items():
       signal.signal(s, h)
-  outcome.preempted = outcome.preempted or bool(stop)
-  return outcome
+  return bool(stop)
 
 
 def collect(study, seeds: Sequence[int], sweep_dir: str, command: str) -> dict:
@@ -294,9 +279,9 @@ def run_sweep(study, *, seeds: Sequence[int], workdir: str, parallel: int = 1,
   t0 = time.time()
   if parallel == 1:
     _configure_in_process(sweep_dir)
-    outcome = _run_in_process(todo, sweep_dir, progress, on_finished)
+    stopped = _run_in_process(todo, sweep_dir, progress, on_finished)
   else:
-    outcome = _run_subprocesses(todo, sweep_dir, parallel, progress, on_finished)
+    stopped = _run_subprocesses(todo, sweep_dir, parallel, progress, on_finished)
 
   summary = collect(study, seeds, sweep_dir, command)
   js, md = results_lib.write(summary, sweep_dir)
@@ -307,7 +292,7 @@ def run_sweep(study, *, seeds: Sequence[int], workdir: str, parallel: int = 1,
   unfinished = [j for j in jobs if not job_lib.is_finished(j.run_dir)]
   out(f"[sweep] {len(jobs) - len(unfinished)}/{len(jobs)} runs finished ({_duration(time.time() - t0)} "
       f"this time); wrote {', '.join(os.path.relpath(p, sweep_dir) for p in written)}")
-  if outcome.preempted:
+  if stopped:
     return PREEMPTED_EXIT_CODE
   if unfinished:
     out(f"[sweep] unfinished: {', '.join(j.label for j in unfinished)}; the same command reruns them")
