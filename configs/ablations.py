@@ -4,11 +4,12 @@ base, run for several seeds by `python -m tipsito.sweep` (tipsito/sweep.py, tips
     python -m tipsito.sweep --config configs/ablations.py:study=ito --seeds 3 --workdir workdirs/ito
     python -m tipsito.sweep --config configs/ablations.py:study=ito --workdir W --dry_run  # the arms
 
-Args (k=v,...): study (one of STUDIES), steps (800), batch (32), size (64: global crop px), data (`shapes`;
-the one place to switch data is `_data_and_evals`), data_dir ('' = built into the sweep's W/data for
-built-in data), train_images / test_images (10000 / 200: size of the built `shapes` dataset),
-eval_examples (0 = every test example), evals ('+'-joined eval types, default all four), log_every (20),
-ckpt_every (100; a multiple of log_every, so that a resumed run logs the same per-step losses).
+Args (k=v,...): study (one of STUDIES; `smoke` by default), steps (800), batch (32), size (64: global
+crop px), data (`shapes`; the one place to switch data is `_data_and_evals`), data_dir ('' = built into
+the sweep's W/data for built-in data), train_images / test_images (10000 / 200: size of the built `shapes`
+dataset), eval_examples (0 = every test example), evals ('+'-joined eval types, default all four),
+log_every (20), ckpt_every (100; a multiple of log_every, so that a resumed run logs the same per-step
+losses).
 
 What a study is (read by tipsito/studies/arms.py):
   study    the name; claim: the sentence the study tests; metrics: the columns of results.md (a metric is
@@ -44,7 +45,8 @@ EVAL_TYPES = ("zeroshot", "retrieval", "segmentation", "knn")
 
 def _demo(**kw) -> mlc.ConfigDict:
   """configs/demo.py's `get_config` with these args (loaded from this folder: the shared base)."""
-  spec = importlib.util.spec_from_file_location("_ablations_demo", pathlib.Path(__file__).with_name("demo.py"))
+  path = pathlib.Path(__file__).with_name("demo.py")
+  spec = importlib.util.spec_from_file_location("_ablations_demo", path)
   mod = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(mod)
   return mod.get_config(",".join(f"{k}={v}" for k, v in kw.items()))
@@ -199,7 +201,7 @@ STUDIES = {"smoke": _smoke, "ito": _ito, "ibot": _ibot, "distill": _distill, "em
 
 def get_config(arg=None):
   """The study `study=NAME`; see the module docstring for the args."""
-  a = args_lib.parse_arg(arg, study="", steps=800, batch=32, size=64, data="shapes", data_dir="",
+  a = args_lib.parse_arg(arg, study="smoke", steps=800, batch=32, size=64, data="shapes", data_dir="",
                          train_images=10000, test_images=200, eval_examples=0,
                          evals="+".join(EVAL_TYPES), log_every=20, ckpt_every=100)
   args_lib.check_choice("study", a.study, STUDIES)

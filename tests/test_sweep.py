@@ -161,7 +161,8 @@ def test_every_study_plans(tmp_path):
       assert job.config.data.data_dir == str(tmp_path / "data")  # built once, shared by the runs
   distill = arms.plan(mod.get_config("study=distill"), [1], str(tmp_path))
   assert {j.arm.name: j.config.distill.teacher for j in distill if j.arm.name != "teacher"} == {
-      "student_mask0": str(tmp_path / "teacher" / "seed_1"), "student_mask75": str(tmp_path / "teacher" / "seed_1")}
+      "student_mask0": str(tmp_path / "teacher" / "seed_1"),
+      "student_mask75": str(tmp_path / "teacher" / "seed_1")}
   ema = {j.arm.name: j.config.ema.mode for j in arms.plan(mod.get_config("study=ema"), [0], str(tmp_path))}
   assert ema == {"ema_head": "head", "ema_full": "full"}
 
@@ -183,7 +184,8 @@ def test_dependency_placeholder_resolves_per_seed(tmp_path):
   """'{workdir:ARM}' (the distillation teacher) is ARM's run directory of the same seed."""
   from tipsito.studies import arms
   study = _study()
-  study.arms = study.arms + (dict(name="student", base="clip", overrides={"init_from": "{workdir:augment_ito}"}),)
+  student = dict(name="student", base="clip", overrides={"init_from": "{workdir:augment_ito}"})
+  study.arms = study.arms + (student,)
   jobs = arms.plan(study, [0, 1], str(tmp_path), only=["student"])
   assert [(j.arm.name, j.seed) for j in jobs] == [(FIRST, 0), (FIRST, 1), ("student", 0), ("student", 1)]
   assert [j.config.init_from for j in jobs[2:]] == [str(tmp_path / FIRST / f"seed_{s}") for s in (0, 1)]
