@@ -96,6 +96,9 @@ def test_rerun_runs_only_the_unfinished_runs(sweeps):
   assert re.search(rf"Resumed from \S+ at step {killed['step']}\b",
                    (_run_dir(w2, SECOND, 0) / "log.txt").read_text())
   assert json.loads((_run_dir(w2, SECOND, 1) / "result.json").read_text())["resumed_from_step"] is None
+  # Progress: arm i/n, seed, run counts and an ETA from the finished runs' durations.
+  assert re.search(r"arm 2/2 augment_none, seed \d: finished in \S+ \(zeroshot/top1 [\d.]+, loss/total [\d.]+\)"
+                   r" \| 4/4 runs done \| ETA 0s", sweeps["rerun"]), sweeps["rerun"]
 
 
 def test_results_equal_the_uninterrupted_sweep(sweeps):
@@ -177,6 +180,15 @@ def test_wrong_override_fails_before_anything_runs(tmp_path):
   study.arms = study.arms[:-1] + (dict(name="bad_value", base="clip", overrides={"input.views": "three"}),)
   with pytest.raises(arms.StudyError, match=r"arm 'bad_value' \(seed 0\): config\.input\.views='three'"):
     runner.run_sweep(study, seeds=[0, 1], workdir=str(tmp_path / "w"), plots=False)
+  assert not (tmp_path / "w").exists()
+
+
+def test_plots_need_the_studies_extra(tmp_path, monkeypatch):
+  """Without matplotlib the sweep stops before anything runs, naming the extra that installs it."""
+  from tipsito.studies import runner
+  monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now raises ImportError
+  with pytest.raises(ImportError, match=r'pip install -e "\.\[studies\]"'):
+    runner.run_sweep(_study(), seeds=[0], workdir=str(tmp_path / "w"))
   assert not (tmp_path / "w").exists()
 
 
