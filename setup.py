@@ -26,7 +26,7 @@ INSTALL_REQUIRES = [
 ENTRY_POINTS = [
     f"tipsito-{name}=tipsito.{module}:run"
     for name, module in (("train", "train"), ("evaluate", "evaluate"), ("export", "export"),
-                         ("info", "info"), ("bench", "step_bench"), ("plan", "plan"))
+                         ("info", "info"), ("bench", "step_bench"), ("plan", "plan"), ("sweep", "sweep"))
 ]
 
 setuptools.setup(
@@ -47,6 +47,8 @@ setuptools.setup(
         # `python -m tipsito.plan`: ahead-of-time compiles for TPU topologies from any machine. The libtpu
         # that jax[tpu]==0.10.2 pins; CPU-only users do not need it.
         "tpu-plan": ["libtpu==0.0.42.*"],
+        # `python -m tipsito.sweep`: the PNG plots of a study (tipsito/studies/plots.py).
+        "studies": ["matplotlib==3.11.2"],
     },
     entry_points={"console_scripts": ENTRY_POINTS},
 )

@@ -24,7 +24,8 @@ README = ROOT / "README.md"
 
 # Module of each CLI (absl tools are parsed in a subprocess each; argparse ones in-process).
 ABSL_TOOLS = {"train": "tipsito.train.cli", "evaluate": "tipsito.evaluate", "export": "tipsito.export",
-              "info": "tipsito.info", "step_bench": "tipsito.step_bench", "plan": "tipsito.plan"}
+              "info": "tipsito.info", "step_bench": "tipsito.step_bench", "plan": "tipsito.plan",
+              "sweep": "tipsito.sweep"}
 ARGPARSE_TOOLS = ("data.convert", "data.pipeline_bench", "data.train_tokenizer")
 
 

@@ -1,0 +1,207 @@
+"""The sweep runner (tipsito/sweep.py, tipsito/studies/) on the tiny `smoke` study of configs/ablations.py.
+
+Why: a study of seven claims x arms x seeds runs for days and will be interrupted. Killed (SIGKILL) after
+its first arm finished and while the second arm trains, then rerun, the sweep must rerun nothing that
+finished, resume the interrupted run from its checkpoint, and end with exactly the numbers of a sweep that
+was never interrupted (bitwise: a CPU run is deterministic, and resume is exact, tests/test_train_resume.py).
+The uninterrupted sweep runs its jobs in its own process (--parallel 1), the rerun as subprocesses
+(--parallel 2), so the equality also covers both ways of running a job. A wrong override key must fail
+before anything runs, naming the arm and the key.
+"""
+import importlib.util
+import json
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+# 2 arms x 2 seeds, 8 steps of batch 8 at 32 px, a checkpoint every 2 steps, zero-shot eval on 16 images.
+ARGS = ("study=smoke,steps=8,batch=8,size=32,train_images=48,test_images=16,evals=zeroshot,log_every=1,"
+        "ckpt_every=2")
+FIRST, SECOND = "augment_ito", "augment_none"
+
+
+def _sweep(workdir, *extra):
+  return [sys.executable, "-m", "tipsito.sweep", "--config", f"{ROOT}/configs/ablations.py:{ARGS}",
+          "--seeds", "2", "--workdir", str(workdir), *extra]
+
+
+def _run_dir(workdir, arm, seed):
+  return pathlib.Path(workdir) / arm / f"seed_{seed}"
+
+
+def _latest_step(run_dir):
+  from tipsito.train import workdir as workdir_lib
+  return workdir_lib.latest_checkpoint_step(str(run_dir)) if run_dir.is_dir() else None
+
+
+@pytest.fixture(scope="module")
+def sweeps(tmp_path_factory):
+  tmp = tmp_path_factory.mktemp("sweep")
+  # One compilation cache for all three sweeps (the first compiles, the others load the same programs).
+  env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "3",
+         "JAX_COMPILATION_CACHE_DIR": str(tmp / "jax_cache")}
+  w1, w2 = tmp / "uninterrupted", tmp / "killed"
+  t0 = time.time()
+  r = subprocess.run(_sweep(w1), env=env, capture_output=True, text=True, timeout=600)
+  assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+
+  # Killed: SIGKILL once both seeds of the first arm are finished and the second arm's seed 0 has a
+  # checkpoint but no result yet.
+  first = [_run_dir(w2, FIRST, s) / "result.json" for s in (0, 1)]
+  mid = _run_dir(w2, SECOND, 0)
+  with open(tmp / "killed.log", "w") as log:
+    p = subprocess.Popen(_sweep(w2), env=env, stdout=log, stderr=subprocess.STDOUT)
+    while p.poll() is None and time.time() - t0 < 900:
+      if all(f.exists() for f in first) and _latest_step(mid) and not (mid / "result.json").exists():
+        p.send_signal(signal.SIGKILL)
+        break
+      time.sleep(0.02)
+    p.wait()
+  assert p.returncode == -signal.SIGKILL, (tmp / "killed.log").read_text()[-3000:]
+  assert not (mid / "result.json").exists() and not (_run_dir(w2, SECOND, 1) / "result.json").exists()
+  killed = {"step": _latest_step(mid),
+            "first": {f: (f.stat().st_mtime_ns, f.read_bytes()) for f in first},
+            "first_logs": {f: (f.parent / "log.txt").stat().st_size for f in first}}
+
+  rerun = subprocess.run(_sweep(w2, "--parallel", "2"), env=env, capture_output=True, text=True, timeout=600)
+  assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+  return dict(w1=w1, w2=w2, killed=killed, rerun=rerun.stdout, seconds=time.time() - t0)
+
+
+def _results(workdir):
+  return json.loads((pathlib.Path(workdir) / "results.json").read_text())
+
+
+def test_rerun_runs_only_the_unfinished_runs(sweeps):
+  w2, killed = sweeps["w2"], sweeps["killed"]
+  # The finished arm was not run again: result files untouched, nothing added to its logs.
+  for f, (mtime, content) in killed["first"].items():
+    assert f.stat().st_mtime_ns == mtime and f.read_bytes() == content
+  for f, size in killed["first_logs"].items():
+    assert (f.parent / "log.txt").stat().st_size == size
+  ran = re.findall(r"\] (arm \d/\d \S+, seed \d): (started|resumed at step \d+)", sweeps["rerun"])
+  assert sorted(ran) == [(f"arm 2/2 {SECOND}, seed 0", f"resumed at step {killed['step']}"),
+                         (f"arm 2/2 {SECOND}, seed 1", "started")], sweeps["rerun"]
+  # The half-finished run resumed from the checkpoint it had when it was killed.
+  assert 0 < killed["step"] <= 8
+  res = json.loads((_run_dir(w2, SECOND, 0) / "result.json").read_text())
+  assert res["resumed_from_step"] == killed["step"]
+  assert re.search(rf"Resumed from \S+ at step {killed['step']}\b",
+                   (_run_dir(w2, SECOND, 0) / "log.txt").read_text())
+  assert json.loads((_run_dir(w2, SECOND, 1) / "result.json").read_text())["resumed_from_step"] is None
+  # Progress: arm i/n, seed, run counts and an ETA from the finished runs' durations.
+  assert re.search(r"arm 2/2 augment_none, seed \d: finished in \S+ \(zeroshot/top1 [\d.]+, loss/total [\d.]+\)"
+                   r" \| 4/4 runs done \| ETA 0s", sweeps["rerun"]), sweeps["rerun"]
+
+
+def test_results_equal_the_uninterrupted_sweep(sweeps):
+  a, b = _results(sweeps["w1"]), _results(sweeps["w2"])
+  assert list(a["arms"]) == list(b["arms"]) == [FIRST, SECOND]
+  for arm in a["arms"]:
+    ra, rb = a["arms"][arm]["runs"], b["arms"][arm]["runs"]
+    assert sorted(ra) == sorted(rb) == ["0", "1"]
+    for seed in ra:
+      # Every number, bitwise: final eval metrics, last losses, state sizes and every logged loss.
+      assert ra[seed]["metrics"] == rb[seed]["metrics"], (arm, seed)
+      assert ra[seed]["curves"] == rb[seed]["curves"], (arm, seed)
+      assert [s for s, _ in rb[seed]["curves"]["loss/total"]] == list(range(1, 9))
+      assert set(ra[seed]["metrics"]) >= {"zeroshot/top1", "loss/total", "state/train_state_MiB"}
+    assert a["arms"][arm]["summary"] == b["arms"][arm]["summary"]
+  # The two arms differ (otherwise the equality would say little).
+  assert a["arms"][FIRST]["runs"]["0"]["curves"] != a["arms"][SECOND]["runs"]["0"]["curves"]
+
+
+def test_results_md_and_plots(sweeps):
+  w1 = sweeps["w1"]
+  res = _results(w1)
+  md = (w1 / "results.md").read_text()
+  table = md.split("## Arms")[0]  # the results table; the arms table follows
+  assert "| arm | `zeroshot/top1` | `loss/total` | wall time per run |" in table
+  rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:4]]
+          for line in table.splitlines() if line.startswith((f"| {FIRST} |", f"| {SECOND} |"))}
+  assert set(rows) == {FIRST, SECOND}
+  for col, metric, pick in ((0, "zeroshot/top1", max), (1, "loss/total", min)):
+    means = {arm: res["arms"][arm]["summary"][metric]["mean"] for arm in rows}
+    best = pick(means.values())
+    for arm, cells in rows.items():
+      assert cells[col].startswith("**") == (means[arm] == best), (metric, arm, cells[col], means)
+      assert cells[col].endswith("(2)")  # two seeds
+  assert res["command"].startswith("python -m tipsito.sweep --config ") and res["command"] in md
+  for name in ("zeroshot_top1.png", "loss_total.png", "loss_curves.png"):
+    assert (w1 / "plots" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _ablations():
+  spec = importlib.util.spec_from_file_location("ablations_for_test", ROOT / "configs" / "ablations.py")
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
+def _study():
+  return _ablations().get_config(ARGS)
+
+
+def test_every_study_plans(tmp_path):
+  """Each study of configs/ablations.py: a claim, metrics, and every arm's config valid for every seed."""
+  from tipsito.studies import arms
+  mod = _ablations()
+  assert set(mod.STUDIES) == {"smoke", "ito", "ibot", "distill", "ema", "captions", "tipsito", "optimizer"}
+  for name in mod.STUDIES:
+    study = mod.get_config(f"study={name}")
+    assert study.claim and study.metrics, name
+    jobs = arms.plan(study, [0, 1], str(tmp_path))
+    assert len(jobs) == 2 * len(study.arms) >= 4, name
+    for job in jobs:
+      assert (job.config.seed, job.config.input.shuffle_seed) == (job.seed, job.seed)
+      assert job.config.data.data_dir == str(tmp_path / "data")  # built once, shared by the runs
+  distill = arms.plan(mod.get_config("study=distill"), [1], str(tmp_path))
+  assert {j.arm.name: j.config.distill.teacher for j in distill if j.arm.name != "teacher"} == {
+      "student_mask0": str(tmp_path / "teacher" / "seed_1"),
+      "student_mask75": str(tmp_path / "teacher" / "seed_1")}
+  ema = {j.arm.name: j.config.ema.mode for j in arms.plan(mod.get_config("study=ema"), [0], str(tmp_path))}
+  assert ema == {"ema_head": "head", "ema_full": "full"}
+
+
+def test_wrong_override_fails_before_anything_runs(tmp_path):
+  from tipsito.studies import arms, runner
+  study = _study()
+  # The wrong key is in the last arm: the first arm must not have started either.
+  study.arms = study.arms + (dict(name="typo", base="clip", overrides={"loss.clipp": 2.0}),)
+  with pytest.raises(arms.StudyError, match=r"arm 'typo': override 'loss\.clipp'.*did you mean loss\.clip\?"):
+    runner.run_sweep(study, seeds=[0, 1], workdir=str(tmp_path / "w"), plots=False)
+  study.arms = study.arms[:-1] + (dict(name="bad_value", base="clip", overrides={"input.views": "three"}),)
+  with pytest.raises(arms.StudyError, match=r"arm 'bad_value' \(seed 0\): config\.input\.views='three'"):
+    runner.run_sweep(study, seeds=[0, 1], workdir=str(tmp_path / "w"), plots=False)
+  assert not (tmp_path / "w").exists()
+
+
+def test_plots_need_the_studies_extra(tmp_path, monkeypatch):
+  """Without matplotlib the sweep stops before anything runs, naming the extra that installs it."""
+  from tipsito.studies import runner
+  monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now raises ImportError
+  with pytest.raises(ImportError, match=r'pip install -e "\.\[studies\]"'):
+    runner.run_sweep(_study(), seeds=[0], workdir=str(tmp_path / "w"))
+  assert not (tmp_path / "w").exists()
+
+
+def test_dependency_placeholder_resolves_per_seed(tmp_path):
+  """'{workdir:ARM}' (the distillation teacher) is ARM's run directory of the same seed."""
+  from tipsito.studies import arms
+  study = _study()
+  student = dict(name="student", base="clip", overrides={"init_from": "{workdir:augment_ito}"})
+  study.arms = study.arms + (student,)
+  jobs = arms.plan(study, [0, 1], str(tmp_path), only=["student"])
+  assert [(j.arm.name, j.seed) for j in jobs] == [(FIRST, 0), (FIRST, 1), ("student", 0), ("student", 1)]
+  assert [j.config.init_from for j in jobs[2:]] == [str(tmp_path / FIRST / f"seed_{s}") for s in (0, 1)]
+  assert jobs[2].arm.depends_on == (FIRST,)
+  study.arms = (study.arms[-1],) + study.arms[:-1]
+  with pytest.raises(arms.StudyError, match=r"arm 'student' depends on 'augment_ito', which is a later arm"):
+    arms.plan(study, [0], str(tmp_path))

@@ -1,0 +1,74 @@
+"""`python -m tipsito.sweep --config configs/ablations.py:study=NAME --seeds 3 --workdir W [--parallel N]`:
+every arm of a study for every seed, with the evals at the end; resumable.
+
+Writes `W/<arm>/seed_<s>/` (each run's training workdir, `job.json`, `log.txt` and, once finished,
+`result.json`), `W/results.json` (every number per arm and seed), `W/results.md` (mean ± std per metric and
+arm, best in bold) and `W/plots/*.png`. Rerun the same command after an interruption: finished runs are
+never rerun, a half-finished run resumes from its latest checkpoint.
+
+Flags: --config (a study config: configs/ablations.py; `--config.key=value` overrides work as usual),
+--seeds (number of seeds: 0..N-1), --workdir, --parallel (runs at the same time; 1 = in this process),
+--only (comma-separated arms; the arms they depend on are added), --dry_run (list the runs and their
+overrides and status, run nothing), --noplots. The library is tipsito/studies/.
+
+Exit status: 0 when every run is finished, 1 when a run failed (the others still ran), 75 when stopped by
+SIGTERM / Ctrl-C after the running jobs saved a checkpoint (rerun to resume), 2 for a wrong study config
+(before anything ran).
+"""
+from __future__ import annotations
+
+import shlex
+import sys
+from typing import Sequence
+
+from absl import app
+from absl import flags
+
+FLAGS = flags.FLAGS
+
+
+def _define_flags() -> None:
+  """Defines the CLI flags (idempotent; only when run as a program)."""
+  if "seeds" in FLAGS:
+    return
+  from ml_collections import config_flags  # pylint: disable=import-outside-toplevel
+  config_flags.DEFINE_config_file("config", None, "Study config (configs/ablations.py:study=NAME,...).",
+                                  lock_config=True)
+  flags.DEFINE_integer("seeds", 3, "Number of seeds per arm (seeds 0..N-1).", lower_bound=1)
+  flags.DEFINE_string("workdir", None, "Sweep folder (rerun the same command on it to resume).")
+  flags.DEFINE_integer("parallel", 1, "Runs at the same time (1: one after the other in this process; "
+                       "N > 1: N subprocesses).", lower_bound=1)
+  flags.DEFINE_list("only", None, "Run only these arms (and the arms they depend on).")
+  flags.DEFINE_bool("dry_run", False, "List the runs, their overrides and status; run nothing.")
+  flags.DEFINE_bool("plots", True, "Write the PNG plots (needs matplotlib: the `studies` extra).")
+  flags.mark_flags_as_required(["config", "workdir"])
+  for name in ("config", "workdir", "seeds", "parallel", "only", "dry_run", "plots"):
+    FLAGS.register_key_flag_for_module(sys.argv[0], FLAGS[name])
+
+
+def main(argv: Sequence[str]) -> None:
+  """Parses flags, runs the sweep, exits with its status."""
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  from tipsito.studies import arms  # pylint: disable=import-outside-toplevel
+  from tipsito.studies import runner  # pylint: disable=import-outside-toplevel
+  command = " ".join(["python -m tipsito.sweep"] + [shlex.quote(a) for a in sys.argv[1:]])
+  try:
+    code = runner.run_sweep(FLAGS.config, seeds=list(range(FLAGS.seeds)), workdir=FLAGS.workdir,
+                            parallel=FLAGS.parallel, only=FLAGS.only, dry_run=FLAGS.dry_run,
+                            plots=FLAGS.plots, command=command,
+                            out=lambda line: print(line, flush=True))
+  except (arms.StudyError, ImportError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
+  sys.exit(code)
+
+
+def run() -> None:
+  """Console-script entry point (tipsito-sweep)."""
+  _define_flags()
+  app.run(main)
+
+
+if __name__ == "__main__":
+  run()
