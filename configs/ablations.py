@@ -4,9 +4,9 @@ base, run for several seeds by `python -m tipsito.sweep` (tipsito/sweep.py, tips
     python -m tipsito.sweep --config configs/ablations.py:study=ito --seeds 3 --workdir workdirs/ito
     python -m tipsito.sweep --config configs/ablations.py:study=ito --workdir W --dry_run  # the arms
 
-Args (k=v,...): study (one of STUDIES; `smoke` by default), steps (800), batch (32), size (64: global
-crop px), data (`shapes`; the one place to switch data is `_data_and_evals`), data_dir ('' = built into
-the sweep's W/data for built-in data), train_images / test_images (10000 / 200: size of the built `shapes`
+Args (k=v,...): study (one of STUDIES; `smoke` by default), steps (0 = STUDY_STEPS of the data), batch
+(32), size (64: global crop px), data ('' = `openclipart` for the paper studies, `shapes` for `smoke`;
+the one place to switch data is `_data_and_evals`), data_dir ('' = built into the sweep's W/data), train_images / test_images (10000 / 200: size of the built `shapes`
 dataset), eval_examples (0 = every test example), evals ('+'-joined eval types, default all four),
 log_every (20), ckpt_every (100; a multiple of log_every, so that a resumed run logs the same per-step
 losses).
@@ -24,9 +24,9 @@ The base is configs/demo.py at the study's budget (its tiny/16 tower with patch 
 pixel statistics unless a study varies them; see that file for why); model size, resolution and steps are
 decided later, with probes, through the args above.
 
-TODO(fidelity keys, after they are merged): arms for an explicit `input.global_crop_scale` and for
-`loss_opts.dino_reduction` (mean | sum) are left out until those keys exist. TODO: the distillation
-study's student initialised from the teacher (see `_distill`).
+The open choices of the fidelity review (the global view's crop scale, `loss_opts.dino_reduction`) are
+arms of the `ibot` study. TODO: the distillation study's student initialised from the teacher (see
+`_distill`).
 """
 import importlib.util
 import pathlib
@@ -35,6 +35,7 @@ import ml_collections as mlc
 
 from tipsito.config import args as args_lib
 from tipsito.config import defaults
+from tipsito.config import paper
 from tipsito.evals import registry
 
 # The metrics most studies report (final evals of the trained encoders; see `_data_and_evals`).
@@ -53,26 +54,53 @@ def _demo(**kw) -> mlc.ConfigDict:
 
 
 def _data_and_evals(c: mlc.ConfigDict, a: mlc.ConfigDict) -> mlc.ConfigDict:
-  """The study data and its final evals, in one place (switch to the `openclipart` preset here once it
-  exists). The evals are the dataset's built-in suite (tipsito/evals/registry.py) named by type
-  (`zeroshot`, ...), so that metric names stay the same whatever the data."""
-  if a.data != "shapes":
-    raise ValueError(f"config arg data={a.data!r}: only 'shapes' is wired up so far (see _data_and_evals)")
-  # configs/demo.py's shapes (one large red shape per image), at the study's size.
-  c.data.build_options = dict(c.data.build_options, image_size=a.size,
-                              split_sizes={"train": a.train_images, "test": a.test_images})
+  """The study data and its final evals, in one place. The evals are the dataset's built-in suite
+  (tipsito/evals/registry.py) named by type (`zeroshot`, ...), so that metric names stay the same whatever
+  the data.
+
+  `openclipart` (the studies' data): the 7,199 training drawings of Debian's openclipart packages, built
+  on first use into the sweep's W/data (or read from `data_dir`); every eval reads the 796 held-out test
+  drawings (tipsito/data/builders/openclipart.py: split by a hash of the drawing's copies), so no study
+  is judged on images it trained on. Segmentation scores the object pixels among the 22 categories.
+  `shapes` (configs/demo.py's one large red shape per image) is the runner's own smoke data.
+  """
+  args_lib.check_choice("data", a.data, ("openclipart", "shapes"))
+  if a.data == "shapes":
+    c.data.build_options = dict(c.data.build_options, image_size=a.size,
+                                split_sizes={"train": a.train_images, "test": a.test_images})
+    eval_batch = min(50, a.test_images)
+  else:
+    c.data = defaults.data_config("openclipart", build_if_missing=True, label_key="label")
+    eval_batch = 64
   if a.data_dir:
     c.data.data_dir = a.data_dir
   types = tuple(t for t in a.evals.split("+") if t)
   for t in types:
     args_lib.check_choice("evals", t, EVAL_TYPES)
   suite = registry.builtin_evals(a.data, types=types, data_dir=a.data_dir or None, image_size=a.size,
-                                 batch_size=min(50, a.test_images), max_examples=a.eval_examples or None,
+                                 batch_size=eval_batch, max_examples=a.eval_examples or None,
                                  num_pictures=0)
   c.evals = mlc.ConfigDict({cfg["type"]: cfg for cfg in suite.values()})
   if "knn" in c.evals and not a.eval_examples:
     c.evals.knn.max_train_examples = 1000  # as configs/demo.py
   return defaults.typed_optionals(c)
+
+
+def _paper_views(c: mlc.ConfigDict) -> None:
+  """The papers' crop scales instead of configs/demo.py's (0.7, 1.0), which suits its one large shape:
+  TIPS-style recipes see the whole image as the global view (tipsito/config/paper.py,
+  TIPSV2_GLOBAL_CROP_SCALE; the ibot study runs DINOv2's (0.32, 1.0) as an arm), ITO's views and
+  tipsito's second view take ITO's (0.5, 1.0) with ITO's photometric augmentation on tipsito's view 2."""
+  if c.input.views in ("two_views",):
+    c.input.global_crop_scale = (0.5, 1.0)
+    c.input.view2_crop_scale = (0.5, 1.0)
+  elif c.input.views in ("multicrop", "multicrop_two_views"):
+    c.input.global_crop_scale = paper.TIPSV2_GLOBAL_CROP_SCALE
+    c.input.view2_crop_scale = (0.5, 1.0)
+    if c.input.views == "multicrop_two_views":
+      c.input.augment_view2 = "ito"
+  else:  # single view (clip, siglip): the crop scale of ITO's views, so CLIP and ITO differ in views only
+    c.input.global_crop_scale = (0.5, 1.0)
 
 
 def _base(a: mlc.ConfigDict, recipe: str, *, optim: str = "adamw", pixels: str = "clip") -> mlc.ConfigDict:
@@ -86,6 +114,8 @@ def _base(a: mlc.ConfigDict, recipe: str, *, optim: str = "adamw", pixels: str =
     c.model.image.use_mask_token = ref.model.image.use_mask_token
   else:
     c = _demo(recipe=recipe, steps=a.steps, batch=a.batch, size=a.size, optim=optim, pixels=pixels)
+  if a.data != "shapes":
+    _paper_views(c)
   c.input.num_workers = 0  # several runs may share the machine; grain worker processes only add contention
   c.log_every_steps = a.log_every
   c.ckpt.every_steps = a.ckpt_every
@@ -126,7 +156,12 @@ def _ibot(a):
       metrics=DENSE + GLOBAL,
       bases={"tipsv2": _base(a, "tipsv2")},
       arms=(_arm("ibot", "tipsv2", {"loss_opts.ibot_all_patches": False}, "masked patches only"),
-            _arm("ibot_pp", "tipsv2", {"loss_opts.ibot_all_patches": True}, "every patch (TIPSv2)")))
+            _arm("ibot_pp", "tipsv2", {"loss_opts.ibot_all_patches": True}, "every patch (TIPSv2)"),
+            # The two open choices of the fidelity review, each one override away from the iBOT++ arm.
+            _arm("ibot_pp_global_crop_032", "tipsv2", {"input.global_crop_scale": (0.32, 1.0)},
+                 "iBOT++ with DINOv2's global crop (0.32-1.0) instead of the whole image"),
+            _arm("ibot_pp_dino_sum", "tipsv2", {"loss_opts.dino_reduction": "sum"},
+                 "iBOT++ with DINO summed over the local crops (TIPSv2 Eq. 1 read literally)")))
 
 
 def _distill(a):
@@ -195,16 +230,24 @@ def _optimizer(a):
       metrics=GLOBAL + DENSE, bases=bases, arms=tuple(arms))
 
 
+# The per-run budget (steps at batch 32, 64 px, configs/demo.py's tiny/16 tower with patch 8; see
+# docs/results.md for how it was chosen): every study at 3 seeds in about 4 hours on 2 CPU cores.
+STUDY_STEPS = {"openclipart": 500, "shapes": 800}
+
 STUDIES = {"smoke": _smoke, "ito": _ito, "ibot": _ibot, "distill": _distill, "ema": _ema,
            "captions": _captions, "tipsito": _tipsito, "optimizer": _optimizer}
 
 
 def get_config(arg=None):
   """The study `study=NAME`; see the module docstring for the args."""
-  a = args_lib.parse_arg(arg, study="smoke", steps=800, batch=32, size=64, data="shapes", data_dir="",
+  a = args_lib.parse_arg(arg, study="smoke", steps=0, batch=32, size=64, data="", data_dir="",
                          train_images=10000, test_images=200, eval_examples=0,
                          evals="+".join(EVAL_TYPES), log_every=20, ckpt_every=100)
   args_lib.check_choice("study", a.study, STUDIES)
+  if not a.data:  # the runner's smoke study on procedural shapes; the paper studies on openclipart
+    a.data = "shapes" if a.study == "smoke" else "openclipart"
+  if not a.steps:
+    a.steps = STUDY_STEPS[a.data]
   if a.ckpt_every % a.log_every:
     raise ValueError(f"config arg ckpt_every={a.ckpt_every} must be a multiple of log_every={a.log_every} "
                      "(a run resumed from a checkpoint then logs the same per-step losses)")

@@ -170,6 +170,27 @@ def test_every_study_plans(tmp_path):
   assert ema == {"ema_head": "head", "ema_full": "full"}
 
 
+def test_paper_studies_train_on_openclipart_and_judge_on_its_test_split(tmp_path):
+  """The paper studies train on openclipart's train split, every eval reads its held-out test split, and
+  the views are the papers' (TIPS global view = the whole image, ITO's 0.5-1.0), not the demo's."""
+  from tipsito.studies import arms
+  mod = _ablations()
+  for name in set(mod.STUDIES) - {"smoke"}:
+    for job in arms.plan(mod.get_config(f"study={name}"), [0], str(tmp_path)):
+      c = job.config
+      assert (c.data.name, c.data.split) == ("openclipart", "train"), (name, job.arm.name)
+      assert {ev.dataset for ev in c.evals.values()} == {"openclipart"}
+      assert {ev.split for ev in c.evals.values()} == {"test"}, (name, job.arm.name)
+      if job.arm.name == "ibot_pp_global_crop_032":
+        assert tuple(c.input.global_crop_scale) == (0.32, 1.0)
+      elif "multicrop" in c.input.views:
+        assert tuple(c.input.global_crop_scale) == (1.0, 1.0), (name, job.arm.name)
+      else:
+        assert tuple(c.input.global_crop_scale) == (0.5, 1.0), (name, job.arm.name)
+      if "two_views" in c.input.views:
+        assert tuple(c.input.view2_crop_scale) == (0.5, 1.0)
+
+
 def test_wrong_override_fails_before_anything_runs(tmp_path):
   from tipsito.studies import arms, runner
   study = _study()
