@@ -358,3 +358,36 @@ def test_stage2_refuses_an_ema_mode_other_than_stage1s(stage1, data_dir):
   c.init_from = stage1["head"]
   with pytest.raises(ConfigError, match=r"config\.ema\.mode='full'.*trained with ema\.mode='head'"):
     config_validation.validate(c, check_tokenizer=False)
+
+
+# --- distillation ablation: the student image encoder initialised from the teacher -------------------
+
+def test_distill_init_image_starts_the_student_from_the_teacher():
+  """`distill.init_image` (TIPSv2 Table 2's pretrained-init ablation): the student's image params at step 0
+  are the frozen teacher's, leaf for leaf; off (the paper's default), they are a random init."""
+  probe, _, _, _ = distill_build()
+  t_cfg = probe.teacher.image_config
+  arch = {k: t_cfg[k] for k in ("width", "depth", "num_heads", "mlp_dim", "ffn", "patch_size", "num_cls_tokens",
+                                  "posemb_grid")}
+  teacher = jax.tree.map(np.asarray, dict(probe.teacher.params))
+
+  def student(init_image):
+    c = tiny("distill", image_size=28)
+    c.model.image.update(arch)
+    c.distill.teacher_image_npz = str(TIPS / "tiny_vit_mlp_vision.npz")
+    c.distill.init_image = init_image
+    config_validation.validate(c, check_tokenizer=False)
+    setup, state, _ = build(c)
+    return jax.tree.map(np.asarray, {k: v for k, v in state.params["image"].items() if k != "mask_token"})
+
+  assert_trees_equal(student(True), teacher)
+  random = student(False)
+  assert jax.tree.structure(random) == jax.tree.structure(teacher)
+  assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(random), jax.tree.leaves(teacher)))
+
+
+def test_distill_init_image_is_a_distillation_option():
+  c = tiny("tipsv2")
+  c.distill.init_image = True
+  with pytest.raises(ConfigError, match=r"distill\.init_image=True is for recipe 'distill'"):
+    config_validation.validate(c, check_tokenizer=False)

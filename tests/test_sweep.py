@@ -165,7 +165,8 @@ def test_every_study_plans(tmp_path):
   distill = arms.plan(mod.get_config("study=distill"), [1], str(tmp_path))
   assert {j.arm.name: j.config.distill.teacher for j in distill if j.arm.name != "teacher"} == {
       "student_mask0": str(tmp_path / "teacher" / "seed_1"),
-      "student_mask75": str(tmp_path / "teacher" / "seed_1")}
+      "student_mask75": str(tmp_path / "teacher" / "seed_1"),
+      "student_mask0_init_teacher": str(tmp_path / "teacher" / "seed_1")}
   ema = {j.arm.name: j.config.ema.mode for j in arms.plan(mod.get_config("study=ema"), [0], str(tmp_path))}
   assert ema == {"ema_head": "head", "ema_full": "full"}
 

@@ -239,9 +239,10 @@ def _add_run_keys(c: mlc.ConfigDict) -> None:
   # rebuilds it from the restored params (EMA = copy of the student, zero centres).
   c.init_teacher = "continue"
   # dino_global_crop: distillation also uses the student's global crop as a DINO student view (off:
-  # TIPSv2 §3.1 changes only the teacher and the mask for distillation).
+  # TIPSv2 §3.1 changes only the teacher and the mask for distillation); init_image: the student image
+  # encoder starts from the teacher's (the paper starts it at random: its ablation, Table 2).
   c.distill = mlc.ConfigDict(dict(teacher=None, teacher_image_npz=None, teacher_text_npz=None,
-                                  init_text=False, dino_global_crop=False))
+                                  init_text=False, init_image=False, dino_global_crop=False))
 
 
 def tiny_config(recipe_name: str, *, batch_size: int = 8, total_steps: int = 10,

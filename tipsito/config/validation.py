@@ -265,6 +265,10 @@ def _check_loss(config: mlc.ConfigDict, recipe) -> dict[str, float]:
   _choice("loss_opts.dino_reduction", lo.dino_reduction, DINO_REDUCTIONS)
   _choice("loss_opts.view_weighting", lo.view_weighting, VIEW_WEIGHTINGS)
   _choice("distill.dino_global_crop", config.distill.dino_global_crop, (False, True))
+  _choice("distill.init_image", config.distill.init_image, (False, True))
+  if config.distill.init_image and recipe.teacher != "frozen":
+    raise ConfigError(f"config.distill.init_image=True is for recipe 'distill' only (recipe "
+                      f"{config.recipe!r} has no frozen teacher); valid values: [False]")
   if config.distill.dino_global_crop and recipe.teacher != "frozen":
     raise ConfigError(f"config.distill.dino_global_crop=True is for recipe 'distill' only (recipe "
                       f"{recipe.name!r} has no frozen teacher); valid values: [False]")

@@ -149,6 +149,8 @@ def build(config, mesh: Optional[Mesh] = None, *, vocab_size: Optional[int] = No
         raise ValueError("config.distill.init_text=True but the teacher's text tower does not match "
                          "config.model.text (set the same width/depth/vocab_size, or init_text=False)")
       params = {**params, "text": jax.tree.map(jnp.asarray, teacher.text_params)}
+    if config.distill.get("init_image") and teacher is not None:
+      params = {**params, "image": _teacher_image_init(params["image"], teacher.params)}
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
                       ema=state_lib.init_ema(params, ema_keys), centers=init_centers(ctx),
                       rng=s_rng)
@@ -165,6 +167,22 @@ def build(config, mesh: Optional[Mesh] = None, *, vocab_size: Optional[int] = No
                state_shapes=state_shapes, state_shardings=state_shardings,
                batch_sharding=sharding_lib.batch_sharding(mesh), init_fn=init_fn, teacher=teacher,
                frozen_shardings=frozen_shardings)
+
+
+def _teacher_image_init(student: dict, teacher: dict) -> dict:
+  """The student image encoder started from the frozen teacher's (`config.distill.init_image`; TIPSv2 §3.1
+  reports that this pretrained init removes the gain of distillation, the ablation it enables). The
+  student keeps its own mask token (the teacher has none); every other leaf must match in shape."""
+  want = {k: jax.tree.map(lambda x: tuple(x.shape), v) for k, v in student.items() if k != "mask_token"}
+  got = jax.tree.map(lambda x: tuple(x.shape), dict(teacher))
+  if want != got:
+    raise ValueError("config.distill.init_image=True but the teacher's image tower does not match "
+                     "config.model.image (set the same variant, patch size and CLS count, or "
+                     "init_image=False)")
+  out = {k: jax.tree.map(jnp.asarray, v) for k, v in teacher.items()}
+  if "mask_token" in student:
+    out["mask_token"] = student["mask_token"]
+  return out
 
 
 def loss_and_grads(setup: Setup, state: TrainState, batch: dict, frozen: dict):
