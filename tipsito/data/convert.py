@@ -196,11 +196,12 @@ def _prepare(builder, name: str, data_dir: str, *, num_shards, overwrite: bool, 
     report = getattr(builder, "report", None)
     if report is None or report.written or not report.skipped:
       raise
-    os.makedirs(data_dir, exist_ok=True)
-    report_path = os.path.join(data_dir, f"{name}_{_common.REPORT_FILENAME}")
-    with open(report_path, "w", encoding="utf-8") as f:
-      import json  # pylint: disable=g-import-not-at-top
-      json.dump(report.to_dict(), f, indent=2, ensure_ascii=False)
+    import json  # pylint: disable=g-import-not-at-top
+    from tipsito import paths  # pylint: disable=g-import-not-at-top
+    paths.as_path(data_dir).mkdir(parents=True, exist_ok=True)
+    report_path = paths.join(data_dir, f"{name}_{_common.REPORT_FILENAME}")
+    paths.as_path(report_path).write_text(json.dumps(report.to_dict(), indent=2, ensure_ascii=False),
+                                          encoding="utf-8")
     raise ConversionError(_all_skipped_message(name, report, builder, report_path)) from e
   report = getattr(builder, "report", None)
   report_path = report.write(builder.data_dir) if report is not None else None

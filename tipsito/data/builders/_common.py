@@ -196,9 +196,10 @@ class SkipReport:
 
   def write(self, directory: str | os.PathLike) -> str:
     """Writes `conversion_report.json` in `directory`; returns its path."""
-    path = os.path.join(os.fspath(directory), REPORT_FILENAME)
-    with open(path, "w", encoding="utf-8") as f:
-      json.dump(self.to_dict(), f, indent=2, ensure_ascii=False)
+    from tipsito import paths  # pylint: disable=g-import-not-at-top
+    path = paths.join(directory, REPORT_FILENAME) if paths.is_url(directory) else os.path.join(
+        os.fspath(directory), REPORT_FILENAME)
+    paths.as_path(path).write_text(json.dumps(self.to_dict(), indent=2, ensure_ascii=False), encoding="utf-8")
     return path
 
   def summary(self) -> str:
@@ -333,3 +334,8 @@ class SingleInputSplit:
       raise ValueError(f"{self.name}: input_path is required to build the dataset")
     beam_transform = getattr(self, "beam_transform", None)
     return {self._split: beam_transform if beam_transform is not None else self._generate_examples()}
+
+  def _example_writer(self):
+    """TFDS's record writer, also for a gs:// data_dir (tipsito/data/builders/_storage.py)."""
+    from tipsito.data.builders import _storage  # pylint: disable=g-import-not-at-top
+    return _storage.ExampleWriter(file_format=self.info.file_format)
