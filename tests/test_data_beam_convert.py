@@ -177,6 +177,7 @@ def test_killed_beam_conversion_resumes_without_redoing_finished_units(tmp_path)
     os.remove(job / f"shard-{i:06d}.tar")
   rerun = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
   assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+  assert f"{len(done)} of 4 units already converted" in rerun.stdout
   on_beam = convert.convert("webdataset", str(out), input_path=str(job / "shard-{000000..000003}.tar"),
                             caption_columns=["gemini"], num_shards=2, verbose=False)  # already prepared
   assert on_beam.report is None

@@ -37,7 +37,7 @@ CONVERT = textwrap.dedent("""\
     import tensorflow as tf
     from array_record.python import array_record_data_source as ards
     from tipsito.data import convert
-    wds, table, local, G = sys.argv[1], sys.argv[2], sys.argv[3], "gs://" + sys.argv[4]
+    wds, table, local, G = sys.argv[1], sys.argv[2], sys.argv[3], f"gs://{sys.argv[4]}/{sys.argv[5]}"
     beam = sys.argv[5] == "beam"
     for src, dst in ((wds, f"{G}/in/wds"), (table, f"{G}/in/table")):
       for root, _, files in os.walk(src):
@@ -90,7 +90,7 @@ def test_conversion_from_and_to_gs(gcs_env, wds_dir, table_dir, tmp_path, mode):
     pytest.importorskip("apache_beam")
   out = _run(CONVERT, gcs_env, wds_dir, table_dir, tmp_path / "local", BUCKET, mode)
   for key, res in out.items():
-    assert res["dataset_dir"].startswith(f"gs://{BUCKET}/tfds_{key}/"), res
+    assert res["dataset_dir"].startswith(f"gs://{BUCKET}/{mode}/tfds_{key}/"), res
     assert res["sizes"][0] == res["sizes"][1] and res["same_records"] and res["num_shards"] == 2, (key, res)
     assert res["same_report"] and not res["units_left"], (key, res)
   assert out["wds"]["report"]["by_reason"] == {"zero-byte": 1, "corrupt image": 1, "non-UTF-8 caption": 1,

@@ -40,6 +40,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import hashlib
+import inspect
 import json
 import os
 import pickle
@@ -69,6 +70,8 @@ def runner_and_options(runner: str, options: str | Sequence[str] | None, num_wor
   given = {a.split("=", 1)[0].lstrip("-") for a in args}
   if runner in ("DirectRunner", "FnApiRunner"):
     from apache_beam.runners.portability.fn_api_runner import fn_runner  # pylint: disable=g-import-not-at-top
+    if "default_sdk_harness_log_level" not in given:  # the workers' INFO lines would drown the report
+      args.append("--default_sdk_harness_log_level=WARNING")
     if num_workers and num_workers > 1 and "direct_num_workers" not in given:
       args.append(f"--direct_num_workers={num_workers}")
       if "direct_running_mode" not in given:
@@ -321,11 +324,14 @@ def download_and_prepare(builder, download_config, *, runner: str, options=None,
   """
   if not hasattr(builder, "unit_reader"):
     raise ValueError(f"{builder.name}: --beam_runner is supported for the table and webdataset builders")
-  units = builder.units(rows_per_unit) if "rows_per_unit" in builder.units.__code__.co_varnames else builder.units()
+  takes_rows = "rows_per_unit" in inspect.signature(builder.units).parameters
+  units = builder.units(rows_per_unit=rows_per_unit) if takes_rows else builder.units()
   reader = builder.unit_reader()
   cache_dir = unit_cache_dir(builder, reader, units)
   reused = sum(paths.isfile(_unit_path(cache_dir, i, "json")) for i in range(len(units))) \
       if paths.isdir(cache_dir) else 0
+  if reused:
+    print(f"[{builder.name}] {reused} of {len(units)} units already converted in {cache_dir}: read back")
   elements = unit_elements(units, cache_dir)
   beam_runner, beam_options = runner_and_options(runner, options, num_workers)
   config = dataclasses.replace(download_config, beam_runner=beam_runner, beam_options=beam_options)

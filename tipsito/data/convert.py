@@ -13,6 +13,8 @@ Examples:
   python -m tipsito.data.convert fashion_mnist --data_dir ~/tfds [--image_size 56] [--limit 1000]
   python -m tipsito.data.convert table --data_dir ~/tfds --input caps.tsv --config_name mycaps
   python -m tipsito.data.convert webdataset --data_dir ~/tfds --input 'shards/*.tar' --num_shards 8
+  python -m tipsito.data.convert webdataset --data_dir gs://b/tfds --input 'gs://b/shards/{00000..09999}.tar' \
+      --beam_runner DirectRunner|DataflowRunner|... [--beam_options '...']   # tipsito/data/beam_convert.py
 Read back: tfds.data_source('shapes', data_dir=...) / 'tuxpaint' / 'fashion_mnist/default' /
 'table/mycaps', or tipsito.data.sources.open_source(config).
 """
@@ -103,7 +105,8 @@ def convert(name: str, data_dir: str, *, input_path: str | None = None, split_si
             object_sizes: Sequence[str] | None = None, colours: Sequence[str] | None = None,
             beam_runner: str | None = None, beam_options: str | None = None,
             rows_per_unit: int | None = None, **builder_kwargs) -> ConvertResult:
-  """Builds dataset `name` into `data_dir`; returns a ConvertResult. See module docstring."""
+  """Builds dataset `name` into `data_dir`; returns a ConvertResult. See module docstring. `beam_runner`
+  (table / webdataset): build on Apache Beam, the same dataset and report (tipsito/data/beam_convert.py)."""
   start = time.time()
   cls = builders.builder_class(name)
   kwargs = dict(builder_kwargs)
