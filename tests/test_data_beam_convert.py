@@ -242,3 +242,19 @@ def test_brace_ranges_and_unsupported_builder(tmp_path):
   with pytest.raises(ValueError, match="table and webdataset"):
     convert.convert("shapes", str(tmp_path), split_sizes={"train": 4, "test": 2}, image_size=16,
                     num_workers=1, verbose=False, beam_runner="DirectRunner")
+
+
+def test_all_skipped_on_beam_reports_like_single_machine(tmp_path):
+  """Every image missing: on Beam too the conversion stops with the merged report and the flag that
+  fixes it, and leaves no unit cache behind (nothing to resume)."""
+  (tmp_path / "t.tsv").write_text("image\tcaption\n" + "".join(f"img/{i}.png\tc {i}\n" for i in range(5)))
+  with pytest.raises(convert.ConversionError) as e:
+    convert.convert("table", str(tmp_path / "out"), input_path=str(tmp_path / "t.tsv"), num_workers=1,
+                    verbose=False, beam_runner="DirectRunner", rows_per_unit=2)
+  msg = str(e.value)
+  assert "every input was skipped" in msg and "missing image: 5" in msg and "--image_root" in msg
+  with open(tmp_path / "out" / f"table_{_common.REPORT_FILENAME}", encoding="utf-8") as f:
+    rep = json.load(f)
+  assert (rep["total"], rep["written"], rep["num_skipped"]) == (5, 0, 5)
+  assert [os.path.basename(s["item"]) for s in rep["skipped"]] == [f"{i}.png" for i in range(5)]
+  assert not os.path.exists(tmp_path / "out" / "_units")
