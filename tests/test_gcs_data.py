@@ -39,7 +39,17 @@ CONVERT = textwrap.dedent("""\
     from tipsito.data import convert
     wds, table, local, G = sys.argv[1], sys.argv[2], sys.argv[3], f"gs://{sys.argv[4]}/{sys.argv[5]}"
     beam = sys.argv[5] == "beam"
-    for src, dst in ((wds, f"{G}/in/wds"), (table, f"{G}/in/table")):
+    folder = os.path.join(local, "folder")  # image-folder mode: sidecar captions, one missing, one zero-byte
+    os.makedirs(os.path.join(folder, "sub"))
+    from PIL import Image
+    Image.new("RGB", (12, 9), (200, 10, 10)).save(os.path.join(folder, "a.png"))
+    open(os.path.join(folder, "a.txt"), "w").write("a red thing")
+    Image.new("RGB", (8, 8), (10, 200, 10)).save(os.path.join(folder, "sub", "b.jpg"))
+    open(os.path.join(folder, "sub", "b.txt"), "w").write("b caption")
+    Image.new("RGB", (8, 8)).save(os.path.join(folder, "c.png"))
+    open(os.path.join(folder, "z.png"), "wb").close()
+    open(os.path.join(folder, "z.txt"), "w").write("zero")
+    for src, dst in ((wds, f"{G}/in/wds"), (table, f"{G}/in/table"), (folder, f"{G}/in/folder")):
       for root, _, files in os.walk(src):
         for f in files:
           p = os.path.join(root, f)
@@ -68,6 +78,8 @@ CONVERT = textwrap.dedent("""\
         "wds_dir": (["webdataset", "--input", wds], ["webdataset", "--input", f"{G}/in/wds"]),
         "table": (["table", "--input", os.path.join(table, "caps.tsv"), "--label_column", "label"],
                   ["table", "--input", f"{G}/in/table/caps.tsv", "--label_column", "label"]),
+        "folder": (["table", "--input", folder, "--config_name", "folder"],
+                   ["table", "--input", f"{G}/in/folder", "--config_name", "folder"]),
     }
     extra = ["--beam_runner", "DirectRunner", "--num_workers", "2", "--rows_per_unit", "4"] if beam else []
     out = {}
@@ -84,17 +96,20 @@ CONVERT = textwrap.dedent("""\
 
 @pytest.mark.parametrize("mode", ["single", "beam"])
 def test_conversion_from_and_to_gs(gcs_env, wds_dir, table_dir, tmp_path, mode):  # noqa: F811
-  """Tars (brace range and folder) and a caption table whose images are relative to a gs:// table,
-  converted into gs:// data dirs: the records, shards and report of the same local conversion."""
+  """Tars (brace range and folder), a caption table whose images are relative to a gs:// table, and an
+  image folder with sidecar captions, converted into gs:// data dirs: the records, shards and report
+  of the same local conversion."""
   if mode == "beam":
     pytest.importorskip("apache_beam")
   out = _run(CONVERT, gcs_env, wds_dir, table_dir, tmp_path / "local", BUCKET, mode)
   for key, res in out.items():
     assert res["dataset_dir"].startswith(f"gs://{BUCKET}/{mode}/tfds_{key}/"), res
     assert res["sizes"][0] == res["sizes"][1] and res["same_records"] and res["num_shards"] == 2, (key, res)
+    assert res["report"]["written"] >= 2, (key, res)
     assert res["same_report"] and not res["units_left"], (key, res)
   assert out["wds"]["report"]["by_reason"] == {"zero-byte": 1, "corrupt image": 1, "non-UTF-8 caption": 1,
                                                "missing image": 1, "bad json": 1, "missing caption": 1}
+  assert out["folder"]["report"]["skipped"] == [["c.png", "missing caption"], ["z.png", "zero-byte"]]
   assert out["table"]["report"]["skipped"] == [
       ["corrupt.png", "corrupt image"], ["gray.gif", "missing caption"], ["missing.png", "missing image"],
       ["ok1.png", "non-UTF-8 caption"], ["zero.png", "zero-byte"]]

@@ -143,9 +143,13 @@ class Table(_common.SingleInputSplit, tfds.core.GeneratorBasedBuilder):
 
   def _folder_files(self) -> list[str]:
     """Image-folder mode: every image under the folder (local or gs://), sorted."""
-    if paths.is_url(self._input_path):
-      files = [os.fspath(p) for p in paths.as_path(self._input_path).rglob("*")
-               if p.name.lower().endswith(IMAGE_EXTENSIONS)]
+    if paths.is_url(self._input_path):  # epath refuses recursive globs on GCS; walk lists each folder once
+      base = paths.resolve(self._input_path)
+      bare = base.split("://", 1)[1]  # walk's folders come back without the scheme
+      files = []
+      for root, _, names in paths.as_path(base).walk():
+        sub = os.fspath(root).split("://", 1)[-1][len(bare):].strip("/")
+        files += ["/".join(x for x in (base, sub, n) if x) for n in names if n.lower().endswith(IMAGE_EXTENSIONS)]
     else:
       files = [os.path.join(root, n) for root, _, names in os.walk(self._input_path) for n in names
                if n.lower().endswith(IMAGE_EXTENSIONS)]
