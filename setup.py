@@ -49,6 +49,13 @@ setuptools.setup(
         "tpu-plan": ["libtpu==0.0.42.*"],
         # `python -m tipsito.sweep`: the PNG plots of a study (tipsito/studies/plots.py).
         "studies": ["matplotlib==3.11.2"],
+        # `convert --beam_runner` (tipsito/data/beam_convert.py). Beam itself: TFDS 4.9.10 has no `beam`
+        # extra, and its Beam-using ones (dev, c4, wikipedia, ...) pin apache-beam < 2.65, whose 2.64 wants
+        # numpy 2.2 and protobuf 5.29 (the pins are 2.4.6 and tensorflow's >= 6.31). Beam 2.77 caps protobuf < 7,
+        # pyarrow < 26 and pillow < 13, so beside the pinned stack this resolves to protobuf 6.33.x (every
+        # other pin allows >= 6.31 / 6.33.5), pyarrow 25 and pillow 12 (README, Data: Beam). DataflowRunner
+        # also needs apache-beam[gcp]==2.77.0, not installed or tested here.
+        "beam": ["apache-beam==2.77.0"],
     },
     entry_points={"console_scripts": ENTRY_POINTS},
 )

@@ -17,7 +17,8 @@ TensorFlow's own GCS filesystem (used by the TensorBoard event writer; its endpo
 `https://www.googleapis.com/storage/v1/` is compiled in), so the events of this run go to a local folder;
 and array_record's C++ reader (record reads of the training data), which opens files itself, so the
 dataset directory on gs:// is resolved and its metadata read through the emulator, but the training
-batches come from a local copy.
+batches come from a local copy. (That reader has its own GCS client, which reaches the emulator when
+CLOUD_STORAGE_EMULATOR_ENDPOINT is set: tests/test_gcs_data.py trains from the bucket that way.)
 """
 import json
 import os

@@ -26,7 +26,7 @@ README = ROOT / "README.md"
 ABSL_TOOLS = {"train": "tipsito.train.cli", "evaluate": "tipsito.evaluate", "export": "tipsito.export",
               "info": "tipsito.info", "step_bench": "tipsito.step_bench", "plan": "tipsito.plan",
               "sweep": "tipsito.sweep"}
-ARGPARSE_TOOLS = ("data.convert", "data.pipeline_bench", "data.train_tokenizer")
+ARGPARSE_TOOLS = ("data.convert", "data.pipeline_bench", "data.convert_bench", "data.train_tokenizer")
 
 
 def _normalise(cmd: str) -> str:
@@ -172,10 +172,11 @@ def _parse_argparse(tool: str, argv: list[str], monkeypatch) -> None:
   if tool == "data.convert":
     from tipsito.data import convert
     convert._parser().parse_args(argv)
-  elif tool == "data.pipeline_bench":
-    from tipsito.data import pipeline_bench
+  elif tool in ("data.pipeline_bench", "data.convert_bench"):  # `pipeline_bench --convert` = convert_bench
+    from tipsito.data import convert_bench, pipeline_bench
     monkeypatch.setattr(pipeline_bench, "run_data_bench", lambda *a, **k: {"parsed": 1.0})
-    pipeline_bench.main(argv)
+    monkeypatch.setattr(convert_bench, "run_convert_bench", lambda *a, **k: {"parsed": 1.0})
+    (pipeline_bench if tool == "data.pipeline_bench" else convert_bench).main(argv)
   elif tool == "data.train_tokenizer":
     from tipsito.data import train_tokenizer
     monkeypatch.setattr(train_tokenizer, "train", lambda *a, **k: __file__)

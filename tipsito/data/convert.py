@@ -14,6 +14,8 @@ Examples:
   python -m tipsito.data.convert openclipart --data_dir ~/tfds [--image_size 256] [--limit 500]  # 8,121
   python -m tipsito.data.convert table --data_dir ~/tfds --input caps.tsv --config_name mycaps
   python -m tipsito.data.convert webdataset --data_dir ~/tfds --input 'shards/*.tar' --num_shards 8
+  python -m tipsito.data.convert webdataset --data_dir gs://b/tfds --input 'gs://b/shards/{00000..09999}.tar' \
+      --beam_runner DirectRunner|DataflowRunner|... [--beam_options '...']   # tipsito/data/beam_convert.py
 Read back: tfds.data_source('shapes', data_dir=...) / 'tuxpaint' / 'openclipart' / 'fashion_mnist/default' /
 'table/mycaps', or tipsito.data.sources.open_source(config).
 """
@@ -102,8 +104,10 @@ def convert(name: str, data_dir: str, *, input_path: str | None = None, split_si
             limit: int | None = None, config_name: str | None = None, overwrite: bool = False,
             verbose: bool = True, max_objects: int | None = None,
             object_sizes: Sequence[str] | None = None, colours: Sequence[str] | None = None,
-            **builder_kwargs) -> ConvertResult:
-  """Builds dataset `name` into `data_dir`; returns a ConvertResult. See module docstring."""
+            beam_runner: str | None = None, beam_options: str | None = None,
+            rows_per_unit: int | None = None, **builder_kwargs) -> ConvertResult:
+  """Builds dataset `name` into `data_dir`; returns a ConvertResult. See module docstring. `beam_runner`
+  (table / webdataset): build on Apache Beam, the same dataset and report (tipsito/data/beam_convert.py)."""
   start = time.time()
   cls = builders.builder_class(name)
   kwargs = dict(builder_kwargs)
@@ -112,8 +116,12 @@ def convert(name: str, data_dir: str, *, input_path: str | None = None, split_si
                             image_size=image_size, limit=limit, config_name=config_name,
                             max_objects=max_objects, object_sizes=object_sizes, colours=colours)
   builder = cls(data_dir=data_dir, config=config, file_format="array_record", **kwargs)
+  beam = None
+  if beam_runner:  # tipsito/data/beam_convert.py: the same dataset and report, built on Beam
+    beam = dict(runner=beam_runner, options=beam_options, num_workers=num_workers,
+                rows_per_unit=rows_per_unit or 10000)
   report, report_path = _prepare(builder, name, data_dir, num_shards=num_shards, overwrite=overwrite,
-                                 verbose=verbose)
+                                 verbose=verbose, beam=beam)
   sizes = {k: v.num_examples for k, v in builder.info.splits.items()}
   result = ConvertResult(name=name, dataset_dir=os.fspath(builder.data_dir), split_sizes=sizes, report=report,
                          report_path=report_path, seconds=time.time() - start)
@@ -175,7 +183,7 @@ def _builder_options(name: str, cls, kwargs: dict, *, input_path, split_sizes, i
   return config
 
 
-def _prepare(builder, name: str, data_dir: str, *, num_shards, overwrite: bool, verbose: bool):
+def _prepare(builder, name: str, data_dir: str, *, num_shards, overwrite: bool, verbose: bool, beam=None):
   """Runs TFDS' download_and_prepare unless already built; returns (ConversionReport, its path) or Nones."""
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   dl_config = tfds.download.DownloadConfig(
@@ -188,16 +196,21 @@ def _prepare(builder, name: str, data_dir: str, *, num_shards, overwrite: bool, 
       print(f"[{name}] already prepared at {builder.data_dir} (use --overwrite to rebuild)")
     return None, None
   try:
-    builder.download_and_prepare(download_config=dl_config)
+    if beam:
+      from tipsito.data import beam_convert  # pylint: disable=g-import-not-at-top
+      beam_convert.download_and_prepare(builder, dl_config, **beam)
+    else:
+      builder.download_and_prepare(download_config=dl_config)
   except Exception as e:  # TFDS ends an all-skipped split with "No examples were yielded"
     report = getattr(builder, "report", None)
     if report is None or report.written or not report.skipped:
       raise
-    os.makedirs(data_dir, exist_ok=True)
-    report_path = os.path.join(data_dir, f"{name}_{_common.REPORT_FILENAME}")
-    with open(report_path, "w", encoding="utf-8") as f:
-      import json  # pylint: disable=g-import-not-at-top
-      json.dump(report.to_dict(), f, indent=2, ensure_ascii=False)
+    import json  # pylint: disable=g-import-not-at-top
+    from tipsito import paths  # pylint: disable=g-import-not-at-top
+    paths.as_path(data_dir).mkdir(parents=True, exist_ok=True)
+    report_path = paths.join(data_dir, f"{name}_{_common.REPORT_FILENAME}")
+    paths.as_path(report_path).write_text(json.dumps(report.to_dict(), indent=2, ensure_ascii=False),
+                                          encoding="utf-8")
     raise ConversionError(_all_skipped_message(name, report, builder, report_path)) from e
   report = getattr(builder, "report", None)
   report_path = report.write(builder.data_dir) if report is not None else None
@@ -234,6 +247,12 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--caption_columns", help="table/webdataset: comma list; the first is the alt-text")
   p.add_argument("--label_column", help="table: column to use as a ClassLabel")
   p.add_argument("--overwrite", action="store_true", help="rebuild even if already prepared")
+  p.add_argument("--beam_runner", help="table/webdataset: convert on Apache Beam (DirectRunner, "
+                 "DataflowRunner, FlinkRunner, ...; needs the [beam] extra), see tipsito/data/beam_convert.py")
+  p.add_argument("--beam_options", help="Beam pipeline options, one shell-quoted string "
+                 "('--project=P --region=R --temp_location=gs://b/tmp')")
+  p.add_argument("--rows_per_unit", type=int, help="Beam: table rows (or folder files) per unit of work "
+                 "(default 10000; a tar shard is one unit)")
   return p
 
 
@@ -258,7 +277,9 @@ def main(argv: Sequence[str] | None = None) -> ConvertResult:
                  split_sizes=parse_split_sizes(args.split_sizes), image_size=args.image_size,
                  num_workers=args.num_workers, num_shards=args.num_shards, limit=args.limit,
                  config_name=args.config_name, overwrite=args.overwrite, max_objects=args.max_objects,
-                 object_sizes=_comma_list(args.object_sizes), colours=_comma_list(args.colours), **extra)
+                 object_sizes=_comma_list(args.object_sizes), colours=_comma_list(args.colours),
+                 beam_runner=args.beam_runner, beam_options=args.beam_options,
+                 rows_per_unit=args.rows_per_unit, **extra)
 
 
 if __name__ == "__main__":

@@ -225,7 +225,11 @@ def _table(res: dict) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
-  """CLI entry point; also callable as `main([...])`."""
+  """CLI entry point; also callable as `main([...])`. `--convert [...]`: tipsito/data/convert_bench.py."""
+  argv = list(sys.argv[1:] if argv is None else argv)
+  if '--convert' in argv:
+    from tipsito.data import convert_bench  # pylint: disable=g-import-not-at-top
+    return convert_bench.main([a for a in argv if a != '--convert'])
   ap = argparse.ArgumentParser(prog='python -m tipsito.data.pipeline_bench',
                                description=__doc__.split('\n')[0])
   ap.add_argument('--num_images', type=int, default=48, help='distinct synthetic source images')

@@ -196,9 +196,10 @@ class SkipReport:
 
   def write(self, directory: str | os.PathLike) -> str:
     """Writes `conversion_report.json` in `directory`; returns its path."""
-    path = os.path.join(os.fspath(directory), REPORT_FILENAME)
-    with open(path, "w", encoding="utf-8") as f:
-      json.dump(self.to_dict(), f, indent=2, ensure_ascii=False)
+    from tipsito import paths  # pylint: disable=g-import-not-at-top
+    path = paths.join(directory, REPORT_FILENAME) if paths.is_url(directory) else os.path.join(
+        os.fspath(directory), REPORT_FILENAME)
+    paths.as_path(path).write_text(json.dumps(self.to_dict(), indent=2, ensure_ascii=False), encoding="utf-8")
     return path
 
   def summary(self) -> str:
@@ -247,13 +248,25 @@ def image_record_worker(item):
   """
   key, image, fields = item
   if isinstance(image, str):
-    if not os.path.isfile(image):
-      raise SkipInput(SKIP_MISSING_IMAGE, image)
-    with open(image, "rb") as f:
-      image = f.read()
+    image = _read_image_file(image)
   record = dict(fields)
   record["image"] = check_image_bytes(image)
   return key, record
+
+
+def _read_image_file(path: str) -> bytes:
+  """The bytes of a local or remote (gs://, through tipsito/paths.py) image; missing -> SkipInput."""
+  if "://" not in path:
+    if not os.path.isfile(path):
+      raise SkipInput(SKIP_MISSING_IMAGE, path)
+    with open(path, "rb") as f:
+      return f.read()
+  from tipsito import paths  # pylint: disable=g-import-not-at-top
+  try:
+    with paths.open_binary(path) as f:
+      return f.read()
+  except FileNotFoundError:
+    raise SkipInput(SKIP_MISSING_IMAGE, path) from None
 
 
 def text_field(value: Any, what: str) -> str:
@@ -280,36 +293,32 @@ def run_conversion(builder, items: Iterable[Any], report: "SkipReport", num_work
   tuples so the report keeps input order. Yields (key, record) for the TFDS writer.
   """
   del builder
-  pending_skips: list = []
+  # Input order of the report: each item is queued as it is read (the pool's feeder thread reads
+  # ahead of the results), and a result (returned in input order) first flushes the known-bad
+  # items queued before its own entry.
+  order: collections.deque = collections.deque()
 
   def _good_items():
-    """Counts every input and diverts the already-known bad ones to the report."""
+    """Counts every input, queues each one, diverts the already-known bad ones to the queue only."""
     for it in items:
       report.total += 1
       if it[0] == "__skip__":
-        pending_skips.append(it[1:])
+        order.append(("skip", it[1:]))
         continue
+      order.append(("pool", it[1] if isinstance(it[1], str) else it[0]))  # the file path when there is one
       yield it
 
-  names = []
-
-  def _track(gen):
-    """Remembers the name of each item sent to the pool, to label its skip in the report."""
-    for it in gen:
-      names.append(it[1] if isinstance(it[1], str) else it[0])  # report the file path when there is one
-      yield it
-
-  for status, value in parallel_map(image_record_worker, _track(_good_items()), num_workers, chunksize):
-    name = names.pop(0) if names else "?"
-    while pending_skips:
-      report.skip(*pending_skips.pop(0))
+  for status, value in parallel_map(image_record_worker, _good_items(), num_workers, chunksize):
+    while order[0][0] == "skip":
+      report.skip(*order.popleft()[1])
+    name = order.popleft()[1]
     if status == "ok":
       report.written += 1
       yield value
     else:
       report.skip(name, *value)
-  while pending_skips:
-    report.skip(*pending_skips.pop(0))
+  while order:
+    report.skip(*order.popleft()[1])
 
 
 class SingleInputSplit:
@@ -318,8 +327,15 @@ class SingleInputSplit:
   input is given."""
 
   def _split_generators(self, dl_manager):
-    """A single split named `split`; building needs input_path."""
+    """A single split named `split`; building needs input_path. With a Beam transform set by
+    tipsito/data/beam_convert.py, the split is that transform (TFDS then builds it on Beam)."""
     del dl_manager
     if self._input_path is None:
       raise ValueError(f"{self.name}: input_path is required to build the dataset")
-    return {self._split: self._generate_examples()}
+    beam_transform = getattr(self, "beam_transform", None)
+    return {self._split: beam_transform if beam_transform is not None else self._generate_examples()}
+
+  def _example_writer(self):
+    """TFDS's record writer, also for a gs:// data_dir (tipsito/data/builders/_storage.py)."""
+    from tipsito.data.builders import _storage  # pylint: disable=g-import-not-at-top
+    return _storage.ExampleWriter(file_format=self.info.file_format)

@@ -27,6 +27,7 @@ import os
 
 import tensorflow_datasets as tfds
 
+from tipsito import paths
 from tipsito.data.builders import _common
 
 IMAGE_COLUMNS = ("image", "image_path", "path", "file", "filename", "img")
@@ -40,7 +41,7 @@ def read_table(path: str) -> tuple[list[str], list[dict]]:
   Non-UTF-8 bytes are kept as surrogate escapes, so only the affected row is skipped later
   (`_common.text_field` detects them), not the whole table.
   """
-  with open(path, "rb") as f:
+  with paths.open_binary(path) as f:
     raw = f.read()
   text = raw.decode("utf-8", errors="surrogateescape").lstrip("\ufeff")
   ext = os.path.splitext(path)[1].lower()
@@ -95,14 +96,14 @@ class Table(_common.SingleInputSplit, tfds.core.GeneratorBasedBuilder):
 
   def _scan(self, input_path: str, caption_columns):
     """Reads the table (or lists the folder) up front: the feature set depends on its columns."""
-    if os.path.isdir(input_path):
+    if paths.isdir(input_path):
       self._caption_columns = ["alt_text"]
       self._image_root = self._image_root or input_path
       return
-    if not os.path.isfile(input_path):
+    if not paths.isfile(input_path):
       raise FileNotFoundError(f"{self.name}: input {input_path!r} not found")
     columns, self._rows = read_table(input_path)
-    self._image_root = self._image_root or os.path.dirname(os.path.abspath(input_path))
+    self._image_root = self._image_root or os.path.dirname(paths.resolve(input_path))
     if self._image_column is None:
       found = [c for c in IMAGE_COLUMNS if c in columns]
       if not found:
@@ -137,74 +138,113 @@ class Table(_common.SingleInputSplit, tfds.core.GeneratorBasedBuilder):
     """Upper bound of examples per split (inputs before skipping), to choose the number of shards."""
     if self._input_path is None:
       return {}
-    if os.path.isdir(self._input_path):
-      n = sum(1 for _, _, names in os.walk(self._input_path) for f in names
-              if f.lower().endswith(IMAGE_EXTENSIONS))
-    else:
-      n = len(self._rows)
+    n = len(self._folder_files()) if paths.isdir(self._input_path) else len(self._rows)
     return {self._split: min(n, self._limit) if self._limit else n}
+
+  def _folder_files(self) -> list[str]:
+    """Image-folder mode: every image under the folder (local or gs://), sorted."""
+    if paths.is_url(self._input_path):  # epath refuses recursive globs on GCS; walk lists each folder once
+      base = paths.resolve(self._input_path)
+      bare = base.split("://", 1)[1]  # walk's folders come back without the scheme
+      files = []
+      for root, _, names in paths.as_path(base).walk():
+        sub = os.fspath(root).split("://", 1)[-1][len(bare):].strip("/")
+        files += ["/".join(x for x in (base, sub, n) if x) for n in names if n.lower().endswith(IMAGE_EXTENSIONS)]
+    else:
+      files = [os.path.join(root, n) for root, _, names in os.walk(self._input_path) for n in names
+               if n.lower().endswith(IMAGE_EXTENSIONS)]
+    files.sort()
+    return files[: self._limit] if self._limit else files
+
+  def unit_reader(self) -> "RowReader":
+    """The picklable reader of a unit of work (tipsito/data/beam_convert.py)."""
+    return RowReader(input_dir=self._input_path if paths.isdir(self._input_path) else None,
+                     image_column=self._image_column, image_root=self._image_root,
+                     caption_columns=self._caption_columns, label_column=self._label_column,
+                     label_names=self._label_names)
+
+  def units(self, rows_per_unit: int = 10000) -> list[tuple[int, list]]:
+    """The units of work in input order: (index of the first row / file, its rows / file paths)."""
+    inputs = self._folder_files() if paths.isdir(self._input_path) else (
+        self._rows[: self._limit] if self._limit else self._rows)
+    return [(i, inputs[i: i + rows_per_unit]) for i in range(0, len(inputs), rows_per_unit)]
 
   def _items(self):
     """(key, image path, fields) per input, or ('__skip__', name, reason, detail)."""
-    if os.path.isdir(self._input_path):
-      yield from self._folder_items()
-      return
-    alt_col, extra = self._caption_columns[0], self._caption_columns[1:]
-    rows = self._rows[: self._limit] if self._limit else self._rows
-    for i, row in enumerate(rows):
-      if "__error__" in row:
-        yield ("__skip__", f"row {i}", *row["__error__"])
-        continue
-      image = str(row.get(self._image_column) or "").strip()
-      name = image or f"row {i}"
-      rid = str(next((row[c] for c in ID_COLUMNS if row.get(c) not in (None, "")), "") or "")
-      if not image:
-        yield ("__skip__", name, _common.SKIP_MISSING_IMAGE, f"row {i}: empty {self._image_column!r}")
-        continue
-      try:
-        fields = {"alt_text": _common.text_field(row.get(alt_col), f"row {i} column {alt_col!r}")}
-        for c in extra:
-          fields[_common.caption_field(c)] = _common.text_field(row.get(c), f"row {i} column {c!r}")
-        if not fields["alt_text"]:
-          raise _common.SkipInput(_common.SKIP_MISSING_CAPTION, f"row {i}: empty {alt_col!r}")
-        rid = _common.text_field(rid, f"row {i} id") or f"{i:08d}-{os.path.basename(image)}"
-        fields["id"] = rid
-        if self._label_names is not None:
-          value = str(row.get(self._label_column) or "").strip()
-          if not value:
-            raise _common.SkipInput("missing label", f"row {i}")
-          fields["label"] = self._label_names.index(value)
-      except _common.SkipInput as e:
-        yield ("__skip__", name, e.reason, e.detail)
-        continue
-      path = image if os.path.isabs(image) else os.path.join(self._image_root, image)
-      yield (f"{i:08d}", path, fields)
-
-  def _folder_items(self):
-    """Image-folder mode: (relative path, path, fields) for images with a non-empty sidecar .txt."""
-    files = []
-    for root, _, names in os.walk(self._input_path):
-      files += [os.path.join(root, n) for n in names if n.lower().endswith(IMAGE_EXTENSIONS)]
-    files.sort()
-    if self._limit:
-      files = files[: self._limit]
-    for path in files:
-      rel = os.path.relpath(path, self._input_path)
-      txt = os.path.splitext(path)[0] + ".txt"
-      try:
-        if not os.path.isfile(txt):
-          raise _common.SkipInput(_common.SKIP_MISSING_CAPTION, f"no {os.path.basename(txt)}")
-        with open(txt, "rb") as f:
-          raw = f.read()
-        lines = _common.decode_utf8(raw, txt).strip().splitlines()
-        caption = _common.clean_caption(lines[0]) if lines else ""
-        if not caption:
-          raise _common.SkipInput(_common.SKIP_MISSING_CAPTION, f"empty {os.path.basename(txt)}")
-      except _common.SkipInput as e:
-        yield ("__skip__", rel, e.reason, e.detail)
-        continue
-      yield (rel, path, {"alt_text": caption, "id": os.path.splitext(rel)[0]})
+    reader = self.unit_reader()
+    for unit in self.units():
+      yield from reader.unit_items(unit)
 
   def _generate_examples(self):
     """Rows through the validating worker pool; skips go to the report."""
     yield from _common.run_conversion(self, self._items(), self.report, self._num_workers)
+
+
+class RowReader:
+  """Turns table rows (or folder images) into converter items; picklable, so that a Beam worker
+  converts one unit (a range of rows) on its own (tipsito/data/beam_convert.py)."""
+
+  def __init__(self, *, input_dir, image_column, image_root, caption_columns, label_column, label_names):
+    """input_dir: the image folder (folder mode) or None (table mode); the rest as `Table` found them."""
+    self.input_dir = input_dir
+    self.image_column = image_column
+    self.image_root = image_root
+    self.caption_columns = list(caption_columns)
+    self.label_column = label_column
+    self.label_names = label_names
+
+  def unit_items(self, unit: tuple[int, list]):
+    """Items of one unit (first index, rows or files), in order."""
+    start, inputs = unit
+    if self.input_dir is not None:
+      for path in inputs:
+        yield self.file_item(path)
+    else:
+      for i, row in enumerate(inputs, start):
+        yield self.row_item(i, row)
+
+  def row_item(self, i: int, row: dict):
+    """(key, image path, fields) of table row `i`, or ('__skip__', name, reason, detail)."""
+    alt_col, extra = self.caption_columns[0], self.caption_columns[1:]
+    if "__error__" in row:
+      return ("__skip__", f"row {i}", *row["__error__"])
+    image = str(row.get(self.image_column) or "").strip()
+    name = image or f"row {i}"
+    rid = str(next((row[c] for c in ID_COLUMNS if row.get(c) not in (None, "")), "") or "")
+    if not image:
+      return ("__skip__", name, _common.SKIP_MISSING_IMAGE, f"row {i}: empty {self.image_column!r}")
+    try:
+      fields = {"alt_text": _common.text_field(row.get(alt_col), f"row {i} column {alt_col!r}")}
+      for c in extra:
+        fields[_common.caption_field(c)] = _common.text_field(row.get(c), f"row {i} column {c!r}")
+      if not fields["alt_text"]:
+        raise _common.SkipInput(_common.SKIP_MISSING_CAPTION, f"row {i}: empty {alt_col!r}")
+      rid = _common.text_field(rid, f"row {i} id") or f"{i:08d}-{os.path.basename(image)}"
+      fields["id"] = rid
+      if self.label_names is not None:
+        value = str(row.get(self.label_column) or "").strip()
+        if not value:
+          raise _common.SkipInput("missing label", f"row {i}")
+        fields["label"] = self.label_names.index(value)
+    except _common.SkipInput as e:
+      return ("__skip__", name, e.reason, e.detail)
+    absolute = os.path.isabs(image) or paths.is_url(image)
+    path = image if absolute else os.path.join(self.image_root, image)
+    return (f"{i:08d}", path, fields)
+
+  def file_item(self, path: str):
+    """Image-folder mode: (relative path, path, fields) for an image with a non-empty sidecar .txt."""
+    rel = os.path.relpath(path, self.input_dir) if not paths.is_url(path) else path[len(self.input_dir):].lstrip("/")
+    txt = os.path.splitext(path)[0] + ".txt"
+    try:
+      if not paths.isfile(txt):
+        raise _common.SkipInput(_common.SKIP_MISSING_CAPTION, f"no {os.path.basename(txt)}")
+      with paths.open_binary(txt) as f:
+        raw = f.read()
+      lines = _common.decode_utf8(raw, txt).strip().splitlines()
+      caption = _common.clean_caption(lines[0]) if lines else ""
+      if not caption:
+        raise _common.SkipInput(_common.SKIP_MISSING_CAPTION, f"empty {os.path.basename(txt)}")
+    except _common.SkipInput as e:
+      return ("__skip__", rel, e.reason, e.detail)
+    return (rel, path, {"alt_text": caption, "id": os.path.splitext(rel)[0]})
