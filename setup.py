@@ -47,6 +47,9 @@ setuptools.setup(
         # `python -m tipsito.plan`: ahead-of-time compiles for TPU topologies from any machine. The libtpu
         # that jax[tpu]==0.10.2 pins; CPU-only users do not need it.
         "tpu-plan": ["libtpu==0.0.42.*"],
+        # `export --format hf_tipsv2` and reading Hugging Face Tipsv2 folders (safetensors), and the tests that
+        # run transformers' Tipsv2Model on the exports. torch 2.13.0 is the CPU build on the CI machines.
+        "interop": ["transformers>=5.14", "safetensors", "torch==2.13.0"],
     },
     entry_points={"console_scripts": ENTRY_POINTS},
 )
