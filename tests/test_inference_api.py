@@ -97,7 +97,8 @@ def test_project_defaults_to_what_the_model_was_trained_with(tips):
   tips_like = inference.Encoder.from_params(icfg, tcfg, params, temp)
   assert clip_like.default_project and not tips_like.default_project
   x = np.random.default_rng(1).uniform(size=(2, 28, 28, 3)).astype(np.float32)
-  np.testing.assert_array_equal(clip_like.embed_images(x)["cls"], clip_like.embed_images(x, project=True)["cls"])
+  np.testing.assert_array_equal(clip_like.embed_images(x)["cls"],
+                                clip_like.embed_images(x, project=True)["cls"])
   assert clip_like.embed_images(x)["cls"].shape[-1] == 8
   assert clip_like.embed_images(x, project=False)["cls"].shape[-1] == 64
 

@@ -166,6 +166,7 @@ def test_trained_model_through_hf_gives_tipsitos_embeddings_and_probabilities(tr
   assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
   pre = json.loads((folder / "preprocessor_config.json").read_text())
   assert pre["do_normalize"] and pre["size"] == {"height": 32, "width": 32}  # trained at 32 px
+  assert pre["resample"] == 3  # PIL bicubic, tipsito's eval resize
   mean, std = np.asarray(pre["image_mean"]), np.asarray(pre["image_std"])
   rng = np.random.default_rng(0)
   diffs = {}
@@ -289,7 +290,8 @@ def test_reader_is_strict_and_never_unpickles(official_hf, tmp_path):
     return d
 
   with pytest.raises(hf_tipsv2.CheckpointFormatError, match="vision_encoder.extra"):
-    hf_tipsv2.read_hf_tipsv2(folder("extra", dict(state, **{"vision_encoder.extra": np.zeros(3, np.float32)})))
+    hf_tipsv2.read_hf_tipsv2(folder("extra", dict(state, **{"vision_encoder.extra": np.zeros(3, np.float32)
+                                                             })))
   missing = dict(state)
   del missing["vision_encoder.blocks.1.attn.proj.bias"]
   with pytest.raises(hf_tipsv2.CheckpointFormatError, match=r"blocks\.1\.attn\.proj\.bias.*\(64,\)"):

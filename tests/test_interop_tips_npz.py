@@ -35,7 +35,8 @@ def _assert_same_npz(got_path, want_path):
 
 
 def test_round_trip_is_bitwise_through_an_export(tips_dir, tmp_path):
-  """official .npz -> tipsito export on disk -> `export --from E --format tips_npz` (the CLI) -> same files."""
+  """official .npz -> tipsito export on disk -> `export --from E --format tips_npz` (the CLI) -> the same
+  files."""
   for m in ("vit_mlp", "vit_swiglu"):
     vision, text = tips_dir / f"tiny_{m}_vision.npz", tips_dir / "tiny_text.npz"
     exp = tmp_path / f"export_{m}"

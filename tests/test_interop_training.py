@@ -33,7 +33,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def _flat(tree):
   from flax import traverse_util
-  return {k: np.asarray(v) for k, v in traverse_util.flatten_dict(dict(jax.device_get(tree)), sep="/").items()}
+  flat = traverse_util.flatten_dict(dict(jax.device_get(tree)), sep="/")
+  return {k: np.asarray(v) for k, v in flat.items()}
 
 
 def _same(a, b, drop=("mask_token",)):
@@ -53,7 +54,8 @@ def test_export_step_n_holds_that_step(trained_workdir, tmp_path):
                   f"--output={hf}"], check=True, cwd=ROOT, capture_output=True,
                  env=dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT))
   back = hf_tipsv2.read_hf_tipsv2(hf)
-  assert _same(back["params"]["image"], params[1]["image"]) and _same(back["params"]["text"], params[1]["text"])
+  assert _same(back["params"]["image"], params[1]["image"])
+  assert _same(back["params"]["text"], params[1]["text"])
   with pytest.raises(FileNotFoundError, match=r"step 7.*\[1, 2\]"):
     export.export_from_workdir(str(wd), str(tmp_path / "e7"), step=7)
 
@@ -96,7 +98,8 @@ def test_init_from_a_tipsv2_folder(trained_workdir, trained_hf, tmp_path, scan):
   c.model.image.scan = scan
   setup = step_lib.build(c, sharding.make_mesh(c.mesh, jax.devices()[:1]))
   fresh = setup.init_state().params
-  ckpt = checkpointing.Checkpointer(str(tmp_path / "w" / "checkpoints"), every_steps=1, keep=1, async_save=False)
+  ckpt = checkpointing.Checkpointer(str(tmp_path / "w" / "checkpoints"), every_steps=1, keep=1,
+                                    async_save=False)
   state = loop.restore_or_init(setup, ckpt, None)
   ckpt.close()
   got = jax.device_get(state.params)
@@ -135,4 +138,5 @@ def test_distillation_teacher_from_a_tipsv2_folder(trained_workdir, trained_hf):
   # The teacher normalises pixels as the model was trained (the statistics of preprocessor_config.json).
   np.testing.assert_allclose(t.image_config["pixel_mean"], presets.CLIP_PIXEL_MEAN, rtol=1e-7)
   np.testing.assert_allclose(t.image_config["pixel_std"], presets.CLIP_PIXEL_STD, rtol=1e-7)
-  assert (t.image_config["patch_size"], t.image_config["posemb_grid"], t.image_config["num_cls_tokens"]) == (8, 4, 2)
+  geometry = tuple(t.image_config[k] for k in ("patch_size", "posemb_grid", "num_cls_tokens"))
+  assert geometry == (8, 4, 2)

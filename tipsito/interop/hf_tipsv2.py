@@ -167,10 +167,12 @@ def to_hub_state(image_config: Mapping[str, Any], text_config: Mapping[str, Any]
       sd[o + 'mlp.w12.weight'] = np.concatenate([gi(f'{b}mlp/Dense_0/kernel').T,
                                                  gi(f'{b}mlp/Dense_1/kernel').T], 0)
       sd[o + 'mlp.w12.bias'] = np.concatenate([gi(f'{b}mlp/Dense_0/bias'), gi(f'{b}mlp/Dense_1/bias')])
-      sd[o + 'mlp.w3.weight'], sd[o + 'mlp.w3.bias'] = gi(f'{b}mlp/Dense_2/kernel').T, gi(f'{b}mlp/Dense_2/bias')
+      sd[o + 'mlp.w3.weight'] = gi(f'{b}mlp/Dense_2/kernel').T
+      sd[o + 'mlp.w3.bias'] = gi(f'{b}mlp/Dense_2/bias')
     else:
-      sd[o + 'mlp.fc1.weight'], sd[o + 'mlp.fc1.bias'] = gi(f'{b}mlp/Dense_0/kernel').T, gi(f'{b}mlp/Dense_0/bias')
-      sd[o + 'mlp.fc2.weight'], sd[o + 'mlp.fc2.bias'] = gi(f'{b}mlp/Dense_1/kernel').T, gi(f'{b}mlp/Dense_1/bias')
+      for j, hub in ((0, 'fc1'), (1, 'fc2')):
+        sd[f'{o}mlp.{hub}.weight'] = gi(f'{b}mlp/Dense_{j}/kernel').T
+        sd[f'{o}mlp.{hub}.bias'] = gi(f'{b}mlp/Dense_{j}/bias')
 
   dt = int(text_config['width'])
   sd[_T + 'token_embedding.weight'] = gt('token_emb/embedding')
@@ -181,8 +183,9 @@ def to_hub_state(image_config: Mapping[str, Any], text_config: Mapping[str, Any]
       sd[f'{o}{hub}.weight'], sd[f'{o}{hub}.bias'] = gt(f'{b}{n}/scale'), gt(f'{b}{n}/bias')
     (sd[o + 'attn.in_proj_weight'], sd[o + 'attn.in_proj_bias'], sd[o + 'attn.out_proj.weight'],
      sd[o + 'attn.out_proj.bias']) = attn(gt, b, dt)
-    sd[o + 'mlp.c_fc.weight'], sd[o + 'mlp.c_fc.bias'] = gt(f'{b}mlp/Dense_0/kernel').T, gt(f'{b}mlp/Dense_0/bias')
-    sd[o + 'mlp.c_proj.weight'], sd[o + 'mlp.c_proj.bias'] = gt(f'{b}mlp/Dense_1/kernel').T, gt(f'{b}mlp/Dense_1/bias')
+    for j, hub in ((0, 'c_fc'), (1, 'c_proj')):
+      sd[f'{o}mlp.{hub}.weight'] = gt(f'{b}mlp/Dense_{j}/kernel').T
+      sd[f'{o}mlp.{hub}.bias'] = gt(f'{b}mlp/Dense_{j}/bias')
 
   for what, flat, used in (('image', img, used_img), ('text', txt, used_txt)):
     left = sorted(set(flat) - used)
@@ -192,17 +195,19 @@ def to_hub_state(image_config: Mapping[str, Any], text_config: Mapping[str, Any]
 
 
 def preprocessor_config(image_config: Mapping[str, Any], size: int) -> dict:
-  """`Tipsv2ImageProcessor` settings: resize to `size`, /255, the model's mean/std (none for TIPS)."""
+  """`Tipsv2ImageProcessor` settings: bicubic resize to `size` (tipsito's eval resize is PIL bicubic,
+  tipsito/data/transforms.py: fixed_resize), /255, the model's mean/std (none for TIPS)."""
   mean = [float(x) for x in image_config.get('pixel_mean', (0.0, 0.0, 0.0))]
   std = [float(x) for x in image_config.get('pixel_std', (1.0, 1.0, 1.0))]
   return dict(image_processor_type='Tipsv2ImageProcessor', do_resize=True,
-              size={'height': int(size), 'width': int(size)}, resample=2, do_rescale=True,
+              size={'height': int(size), 'width': int(size)}, resample=3, do_rescale=True,
               rescale_factor=1 / 255, do_normalize=(mean != [0.0] * 3 or std != [1.0] * 3),
               image_mean=mean, image_std=std, do_convert_rgb=True)
 
 
 def tokenizer_config(max_len: int) -> dict:
-  """`Tipsv2Tokenizer` settings matching tipsito's tokenizer: lower-cased, pad 0, no BOS/EOS, right padding."""
+  """`Tipsv2Tokenizer` settings matching tipsito's tokenizer: lower-cased, pad 0, no BOS/EOS, right
+  padding."""
   return dict(tokenizer_class='Tipsv2Tokenizer', model_max_length=int(max_len), do_lower_case=True,
               pad_token='<pad>', unk_token='<unk>', bos_token=None, eos_token=None, padding_side='right')
 
@@ -274,7 +279,8 @@ def read_state(folder) -> dict[str, np.ndarray]:
       raise CheckpointFormatError(f'{os.fspath(folder / INDEX_FILE)}: no weight_map')
     files = sorted(set(weight_map.values()))
     for f in files:  # shard names are file names inside the folder, nothing else
-      if not isinstance(f, str) or os.path.basename(f) != f or f in ('.', '..') or not f.endswith('.safetensors'):
+      if (not isinstance(f, str) or os.path.basename(f) != f or f in ('.', '..')
+          or not f.endswith('.safetensors')):
         raise CheckpointFormatError(f'{os.fspath(folder / INDEX_FILE)}: refusing shard name {f!r}')
   else:
     pickled = [p for p in _PICKLED if (folder / p).exists()]
@@ -386,7 +392,8 @@ def _tipsito_configs(cfg: Mapping[str, Any], state: Mapping[str, np.ndarray],
   elif act not in ('gelu_pytorch_tanh', 'gelu_new', 'gelu_fast'):
     raise CheckpointFormatError(f'vision_config.hidden_act {act!r}: tipsito computes GELU only')
   if tc.get('hidden_act', 'relu') != 'relu':
-    raise CheckpointFormatError(f"text_config.hidden_act {tc.get('hidden_act')!r}: the TIPS text tower is ReLU")
+    raise CheckpointFormatError(f"text_config.hidden_act {tc.get('hidden_act')!r}: the TIPS text tower is "
+                                'ReLU')
   for what, c, default in (('vision', vc, 1e-6), ('text', tc, 1e-5)):
     eps = float(c.get('layer_norm_eps', default))
     if eps != LN_EPS:
@@ -394,7 +401,8 @@ def _tipsito_configs(cfg: Mapping[str, Any], state: Mapping[str, np.ndarray],
   if not vc.get('qkv_bias', True):
     raise CheckpointFormatError('vision_config.qkv_bias is False; tipsito attention has q/k/v biases')
   if not tc.get('scale_sqrt_depth', True):
-    raise CheckpointFormatError('text_config.scale_sqrt_depth is False; the TIPS text tower scales by sqrt(D)')
+    raise CheckpointFormatError('text_config.scale_sqrt_depth is False; the TIPS text tower scales by '
+                                'sqrt(D)')
   if int(vc.get('num_channels', 3)) != 3:
     raise CheckpointFormatError(f"vision_config.num_channels {vc.get('num_channels')}: RGB only")
   pos = state.get(_V + 'pos_embed')
@@ -458,8 +466,9 @@ def _from_hub(take: _Taker, icfg: Mapping[str, Any], tcfg: Mapping[str, Any]) ->
   def attn(out, b, o, qkv, proj, dim, nh, gamma):
     w, bias = take(f'{o}{qkv}weight', (3 * dim, dim)), take(f'{o}{qkv}bias', (3 * dim,))
     for j, n in enumerate(('query', 'key', 'value')):
-      out[f'{b}attn/{n}/kernel'] = np.ascontiguousarray(w[j * dim:(j + 1) * dim].T.reshape(dim, nh, dim // nh))
-      out[f'{b}attn/{n}/bias'] = bias[j * dim:(j + 1) * dim].reshape(nh, dim // nh)
+      rows = slice(j * dim, (j + 1) * dim)
+      out[f'{b}attn/{n}/kernel'] = np.ascontiguousarray(w[rows].T.reshape(dim, nh, dim // nh))
+      out[f'{b}attn/{n}/bias'] = bias[rows].reshape(nh, dim // nh)
     pw, pb = take(f'{o}{proj}weight', (dim, dim)), take(f'{o}{proj}bias', (dim,))
     out[f'{b}attn/out/kernel'] = np.ascontiguousarray((pw * gamma[:, None]).T.reshape(nh, dim // nh, dim))
     out[f'{b}attn/out/bias'] = pb * gamma
@@ -475,8 +484,9 @@ def _from_hub(take: _Taker, icfg: Mapping[str, Any], tcfg: Mapping[str, Any]) ->
     attn(img, b, o, 'attn.qkv.', 'attn.proj.', d, heads, ls1)
     if icfg['ffn'] == 'swiglu':
       w12, b12 = take(f'{o}mlp.w12.weight', (2 * hidden, d)), take(f'{o}mlp.w12.bias', (2 * hidden,))
-      img[f'{b}mlp/Dense_0/kernel'], img[f'{b}mlp/Dense_0/bias'] = np.ascontiguousarray(w12[:hidden].T), b12[:hidden]
-      img[f'{b}mlp/Dense_1/kernel'], img[f'{b}mlp/Dense_1/bias'] = np.ascontiguousarray(w12[hidden:].T), b12[hidden:]
+      for j, half in ((0, slice(None, hidden)), (1, slice(hidden, None))):  # gate, then up
+        img[f'{b}mlp/Dense_{j}/kernel'] = np.ascontiguousarray(w12[half].T)
+        img[f'{b}mlp/Dense_{j}/bias'] = b12[half]
       w3, b3 = take(f'{o}mlp.w3.weight', (d, hidden)), take(f'{o}mlp.w3.bias', (d,))
       img[f'{b}mlp/Dense_2/kernel'] = np.ascontiguousarray((w3 * ls2[:, None]).T)
       img[f'{b}mlp/Dense_2/bias'] = b3 * ls2
@@ -495,7 +505,8 @@ def _from_hub(take: _Taker, icfg: Mapping[str, Any], tcfg: Mapping[str, Any]) ->
   for i in range(tcfg['depth']):
     b, o = f'block_{i}/', f'{_T}transformer.resblocks.{i}.'
     for n, hub in (('norm1', 'ln_1'), ('norm2', 'ln_2')):
-      txt[f'{b}{n}/scale'], txt[f'{b}{n}/bias'] = take(f'{o}{hub}.weight', (dt,)), take(f'{o}{hub}.bias', (dt,))
+      txt[f'{b}{n}/scale'] = take(f'{o}{hub}.weight', (dt,))
+      txt[f'{b}{n}/bias'] = take(f'{o}{hub}.bias', (dt,))
     attn(txt, b, o, 'attn.in_proj_', 'attn.out_proj.', dt, th, one)
     txt[f'{b}mlp/Dense_0/kernel'] = np.ascontiguousarray(take(f'{o}mlp.c_fc.weight', (tm, dt)).T)
     txt[f'{b}mlp/Dense_0/bias'] = take(f'{o}mlp.c_fc.bias', (tm,))
@@ -505,7 +516,8 @@ def _from_hub(take: _Taker, icfg: Mapping[str, Any], tcfg: Mapping[str, Any]) ->
           'text': traverse_util.unflatten_dict(txt, sep='/')}
 
 
-def _check_against_modules(icfg: Mapping[str, Any], tcfg: Mapping[str, Any], params: Mapping[str, Any]) -> None:
+def _check_against_modules(icfg: Mapping[str, Any], tcfg: Mapping[str, Any],
+                           params: Mapping[str, Any]) -> None:
   """Every param of the tipsito towers is filled, with its shape (the importer's strictness)."""
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from flax import traverse_util  # pylint: disable=g-import-not-at-top
@@ -604,7 +616,8 @@ def init_train_params(path, init_params: Mapping[str, Any], abstract_params: Map
     out[tower] = traverse_util.unflatten_dict(new, sep='/')
   if 'logit_scale' in abstract_params:
     aval = abstract_params['logit_scale']
-    out['logit_scale'] = _place(np.full(aval.shape, np.log(1.0 / r['temperature']), aval.dtype), aval.sharding)
+    scale = np.full(aval.shape, np.log(1.0 / r['temperature']), aval.dtype)
+    out['logit_scale'] = _place(scale, aval.sharding)
   return out
 
 

@@ -1,9 +1,9 @@
 """The frozen distillation teacher (recipe `distill`): where it comes from and what the step gets of it.
 
 Why its own module: a teacher is loaded from one of four sources (a tipsito training workdir, an export,
-a Hugging Face Tipsv2Model folder, official TIPS weights), each with its own reader, before the student is built; the train step only sees
-the frozen tree `frozen_tree(teacher)`. Keeping the loading here leaves tipsito/train/step.py about the
-student and its step.
+a Hugging Face Tipsv2Model folder, official TIPS weights), each with its own reader, before the student is
+built; the train step only sees the frozen tree `frozen_tree(teacher)`. Keeping the loading here leaves
+tipsito/train/step.py about the student and its step.
 """
 from __future__ import annotations
 
@@ -39,8 +39,8 @@ def load_teacher(config, mesh: Optional[Mesh] = None) -> Teacher:
   as it was trained, i.e. the image encoder the teacher features came from (the EMA encoder with full EMA,
   the student encoder with head-only EMA) and its EMA DINO/iBOT heads (the frozen teacher replaces the
   self-distillation teacher, heads included). An export directory, a local Hugging Face Tipsv2Model
-  folder or official TIPS .npz weights (`distill.teacher_image_npz`) hold encoders only: the teacher heads are then the EMA of the student heads
-  (our inference; logged), as in head-only EMA pretraining.
+  folder or official TIPS .npz weights (`distill.teacher_image_npz`) hold encoders only: the teacher heads
+  are then the EMA of the student heads (our inference; logged), as in head-only EMA pretraining.
   """
   d = config.distill
   from tipsito import models  # pylint: disable=import-outside-toplevel
