@@ -1,12 +1,12 @@
 """`--format hf_tipsv2`: a Hugging Face `Tipsv2Model` folder, and the strict reader of such folders.
 
 Why: `transformers.Tipsv2Model.from_pretrained(DIR)` is how most people will run a TIPS-style model
-(recipes tips, tipsv2, tipsito, distill). What is written, and why each choice (checked against the
-transformers source, models/tipsv2/ and conversion_mapping.py, versions 5.14 and 5.24):
+(recipes tips, tipsv2, tipsito, distill). What is written, and why each choice (checked by loading the
+folders with transformers 5.14 and 5.24; tests/test_interop_hf_tipsv2.py runs the installed one):
 
   * `model.safetensors` in the hub's key layout: the official TIPS PyTorch names (`vision_encoder.blocks.
     {i}.attn.qkv`, `text_encoder.transformer.resblocks.{i}.attn.in_proj_weight`, ...). transformers renames
-    them at load time (conversion_mapping.py) into its own parameter names, which changed inside 5.x
+    them at load time into its own parameter names, which changed inside 5.x
     (5.14-5.17: `attention.attention.query`, `mlp.weights_in`; 5.18+: `attention.q_proj`, `mlp.gate_proj`),
     so this is the one layout every 5.x release loads.
   * the second CLS token is HF's register token (`register_tokens`, inserted after CLS *without* a
@@ -14,11 +14,13 @@ transformers source, models/tipsv2/ and conversion_mapping.py, versions 5.14 and
     as zeros; layer scale exists there and is written as ones; SwiGLU's hidden size comes from
     `mlp_ratio` with the same rounding as tipsito (tipsito/models/presets.py: swiglu_hidden_dim).
   * `config.json` makes HF compute what tipsito computes: tanh GELU (`gelu_pytorch_tanh`; HF's default is
-    exact GELU) and LayerNorm eps 1e-6 in both towers (HF's text default is 1e-5); those two defaults
-    alone move the official outputs by about 5e-4. The temperature (T of logits = cos / T) is the config
+    exact GELU) and LayerNorm eps 1e-6 in both towers (HF's text default is 1e-5). On the tiny conformance
+    model exact GELU moves the official patch outputs by 4.8e-4 and eps 1e-5 the text embeddings by 4e-6.
+    The temperature (T of logits = cos / T) is the config
     value `temperature_init_value`: HF initialises its `temperature` parameter from it when the weights
     have none.
-  * `preprocessor_config.json` with the model's pixel statistics and size; `tokenizer.model` +
+  * `preprocessor_config.json` with the model's pixel statistics, training size and tipsito's bicubic
+    resize; `tokenizer.model` +
     `tokenizer_config.json` for `Tipsv2Tokenizer` when the model has a SentencePiece tokenizer.
 
 The reader (`read_hf_tipsv2`) is what `config.init_from`, `distill.teacher` and `export --from` use on
@@ -378,7 +380,7 @@ def _tipsito_configs(cfg: Mapping[str, Any], state: Mapping[str, np.ndarray],
   """(image kwargs, text kwargs, notes) from a Tipsv2Config; refuses what tipsito cannot compute."""
   vc, tc = dict(cfg.get('vision_config') or {}), dict(cfg.get('text_config') or {})
   notes = []
-  # HF's own defaults (configuration_tipsv2.py) for keys a config.json leaves out.
+  # Tipsv2Config's own defaults for keys a config.json leaves out.
   width = int(vc.get('hidden_size', 768))
   patch = vc.get('patch_size', 14)
   if isinstance(patch, (list, tuple)):
