@@ -5,7 +5,11 @@ HF export of "a model tipsito trained" all start from one; the towers are tiny (
 patches on a 4x4 position grid, so 32 px is the native size), the pixels use the CLIP statistics (so the
 exported image-processor statistics matter), and the text tower uses the shipped demo tokenizer.
 """
+import fcntl
+import os
+
 import jax
+import numpy as np
 import pytest
 
 from tipsito.config import defaults
@@ -46,9 +50,37 @@ def make_trained_workdir(wd, recipe="tipsv2"):
   return c, params
 
 
+def _save_params(path, params):
+  from flax import traverse_util
+  np.savez(path, **{k: np.asarray(v) for k, v in traverse_util.flatten_dict(params, sep="/").items()})
+
+
+def _load_params(path):
+  from flax import traverse_util
+  with np.load(path, allow_pickle=False) as f:
+    return traverse_util.unflatten_dict({k: f[k] for k in f.files}, sep="/")
+
+
 @pytest.fixture(scope="session")
 def trained_workdir(tmp_path_factory):
-  """(workdir path, config, {step: params}) of the tiny tipsv2 run."""
-  wd = tmp_path_factory.mktemp("trained")
-  c, params = make_trained_workdir(wd)
-  return wd, c, params
+  """(workdir path, config, {step: params}) of the tiny tipsv2 run, trained once per test session: the
+  pytest-xdist workers of a session share one workdir (the first trains it under a file lock, the others
+  read it)."""
+  if os.environ.get("PYTEST_XDIST_WORKER"):  # workers' temp dirs sit side by side in the session's dir
+    root = tmp_path_factory.getbasetemp().parent / "interop_trained"
+    root.mkdir(parents=True, exist_ok=True)
+  else:
+    root = tmp_path_factory.mktemp("interop_trained")
+  wd = root / "workdir"
+  with open(root / "lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
+      if not (root / "done").exists():
+        wd.mkdir(exist_ok=True)
+        _, params = make_trained_workdir(wd)
+        for s in STEPS:
+          _save_params(root / f"params_{s}.npz", params[s])
+        (root / "done").write_text("ok")
+    finally:
+      fcntl.flock(lock, fcntl.LOCK_UN)
+  return wd, tiny_config(), {s: _load_params(root / f"params_{s}.npz") for s in STEPS}
