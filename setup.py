@@ -56,6 +56,9 @@ setuptools.setup(
         # other pin allows >= 6.31 / 6.33.5), pyarrow 25 and pillow 12 (README, Data: Beam). DataflowRunner
         # also needs apache-beam[gcp]==2.77.0, not installed or tested here.
         "beam": ["apache-beam==2.77.0"],
+        # `export --format hf_tipsv2` and reading Hugging Face Tipsv2 folders (safetensors), and the tests that
+        # run transformers' Tipsv2Model on the exports. torch 2.13.0 is the CPU build on the CI machines.
+        "interop": ["transformers>=5.14", "safetensors", "torch==2.13.0"],
     },
     entry_points={"console_scripts": ENTRY_POINTS},
 )

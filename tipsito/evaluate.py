@@ -39,7 +39,8 @@ def _define_flags() -> None:
   from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
   config_flags.DEFINE_config_file("config", None, "Config file with `evals` (and `tokenizer`).",
                                   lock_config=False)
-  flags.DEFINE_string("checkpoint", None, "Export directory, training workdir or checkpoint directory.")
+  flags.DEFINE_string("checkpoint", None, "Export directory, training workdir, its checkpoints/ folder or a "
+                      "step folder checkpoints/N.")
   flags.DEFINE_string("output", None, "JSON file for the results (optional).")
   flags.DEFINE_string("pictures_dir", None, "Folder for PNG pictures (default: <output dir>/pictures).")
   flags.DEFINE_list("only", None, "Run only these evals (names in config.evals).")
@@ -79,16 +80,23 @@ def _encoder_from_workdir(config, checkpoint: str):
   """
   del config  # the workdir's own training config defines the model
   from tipsito import export  # pylint: disable=g-import-not-at-top
-  from tipsito import paths  # pylint: disable=g-import-not-at-top
   from tipsito.train import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
-  workdir = paths.as_path(checkpoint)  # local or gs://
-  if workdir.name == "checkpoints":
-    workdir = workdir.parent
+  workdir, step = workdir_and_step(checkpoint)
   if not ((workdir / "config.json").is_file() and (workdir / "checkpoints").is_dir()):
     raise ValueError(f"{checkpoint!r} is neither an export (config.json + params/) nor a training "
-                     "workdir (config.json + checkpoints/)")
-  setup, state = workdir_lib.restore_latest(workdir, what=f"--checkpoint {checkpoint}")
+                     "workdir (config.json + checkpoints/) or one of its step folders (checkpoints/N)")
+  setup, state = workdir_lib.restore_latest(workdir, what=f"--checkpoint {checkpoint}", step=step)
   return export.training_encoder(setup, state.params)
+
+
+def workdir_and_step(checkpoint: str):
+  """(workdir path, step or None) of `--checkpoint`: a workdir, its `checkpoints/` folder (latest step)
+  or a step folder `checkpoints/N` (that step)."""
+  from tipsito import paths  # pylint: disable=g-import-not-at-top
+  path = paths.as_path(checkpoint)  # local or gs://
+  if path.name.isdigit() and path.parent.name == "checkpoints":
+    return path.parent.parent, int(path.name)
+  return (path.parent if path.name == "checkpoints" else path), None
 
 
 def _evals_config(config, only: Sequence[str] | None, max_examples: int | None,
@@ -152,9 +160,7 @@ def evaluate(config, checkpoint: str, *, output: str | None = None, pictures_dir
   encoder, kind = load_encoder(config, checkpoint)
   data_dir = None
   if kind == "train":
-    from tipsito import paths  # pylint: disable=g-import-not-at-top
-    wd = paths.as_path(checkpoint)
-    wd = wd.parent if wd.name == "checkpoints" else wd
+    wd, _ = workdir_and_step(checkpoint)
     data_dir = os.fspath(wd / "data") if (wd / "data").is_dir() else None
   evaluators = evals_lib.make_evaluators(_evals_config(config, only, max_examples, data_dir))
   if not evaluators:

@@ -1,13 +1,18 @@
 """Writing exports (tipsito/export_format.py) from training params, and `python -m tipsito.export`.
 
-Three sources, one format:
+Sources:
   * the end of a training run: `write_training_export(setup, params, output, step=...)`;
-  * a training workdir's latest checkpoint: `--workdir DIR --output DIR` (`export_from_workdir`);
+  * a training workdir's latest checkpoint, or checkpoint N: `--workdir DIR [--step N] --output DIR`
+    (`export_from_workdir`);
+  * an existing export or a Hugging Face Tipsv2Model folder: `--from DIR --output DIR`;
   * released TIPS weights: `--tips_image_npz V.npz --tips_text_npz T.npz [--tokenizer F.model]
     --output DIR` (architecture inferred from shapes, tipsito/tips_import.py).
-All end in `tipsito.export_format.write_export`, which refuses training-only parts (fusion module,
-DINO/iBOT heads, mask token). Training-time evals use the same subset in memory (`training_encoder`), so
-what they measure is what the export holds.
+`--format` picks what is written (tipsito/interop/sources.py: FORMATS): `tipsito` (default, read by
+`tipsito.load`; ends in `tipsito.export_format.write_export`, which refuses training-only parts: fusion
+module, DINO/iBOT heads, mask token), `hf_tipsv2` (a folder `transformers.Tipsv2Model` opens,
+tipsito/interop/hf_tipsv2.py) or `tips_npz` (the official TIPS `.npz` pair, tipsito/interop/tips_npz.py).
+Training-time evals use the export's subset in memory (`training_encoder`), so what they measure is what
+the export holds.
 
 Flags are defined only when run as a program (`run()`), so importing this module (the training loop,
 tests, other entry points) never collides with other absl flags.
@@ -40,6 +45,12 @@ def _define_flags() -> None:
                       'SentencePiece model to ship with the export (optional; '
                       'without it the export embeds token ids only).')
   flags.DEFINE_string('workdir', None, 'tipsito training workdir to export.')
+  flags.DEFINE_integer('step', None, 'With --workdir: the checkpoint step to export (default: the latest).')
+  flags.DEFINE_string('from', None, 'An existing tipsito export or Hugging Face Tipsv2Model folder to '
+                      'convert (see --format).')
+  flags.DEFINE_enum('format', 'tipsito', ['tipsito', 'hf_tipsv2', 'tips_npz'],
+                    'What to write: a tipsito export, a Hugging Face Tipsv2Model folder, or the official '
+                    'TIPS .npz pair.')
   flags.DEFINE_string('output', None, 'Output directory.')
 
 
@@ -108,7 +119,8 @@ def write_training_export(setup, params: dict, output: str, *, step: int) -> str
     output = export_format.write_export(
         output, image_config=img, text_config=txt, params=p, temperature=temperature,
         tokenizer_path=tokenizer_path(setup.config), image_proj='image_proj' in p,
-        extra={'source': 'tipsito-train', 'recipe': setup.config.recipe, 'step': int(step)})
+        extra={'source': 'tipsito-train', 'recipe': setup.config.recipe, 'step': int(step),
+               'image_size': int(setup.config.input.global_size)})
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
     multihost_utils.sync_global_devices('export_written')
@@ -124,14 +136,15 @@ def training_encoder(setup, params: dict):
   return inference.Encoder.from_params(img, txt, export_params(params), temperature_of(params), tok)
 
 
-def export_from_workdir(workdir: str, output: str) -> str:
-  """Exports the encoders of a training workdir's latest checkpoint.
+def export_from_workdir(workdir: str, output: str, step: Optional[int] = None) -> str:
+  """Exports the encoders of a training workdir's latest checkpoint (or of checkpoint `step`).
 
   Why: any checkpoint of a run (not only the final one) can become an inference model; the workdir's
   config.json rebuilds the state layout, and only image/text (+ image_proj) are kept.
   """
   from tipsito.train import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
-  setup, state = workdir_lib.restore_latest(workdir, what=f'--workdir {workdir}')
+  what = f'--workdir {workdir}' + (f' --step {step}' if step is not None else '')
+  setup, state = workdir_lib.restore_latest(workdir, what=what, step=step)
   return write_training_export(setup, state.params, output, step=int(state.step))
 
 
@@ -152,21 +165,38 @@ def export_tips_npz(image_npz: str, text_npz: str, output: str,
 
 
 def main(argv: Sequence[str]) -> None:
-  """CLI body: dispatch to the TIPS-npz or the workdir export."""
+  """CLI body: read the source (official .npz, workdir [step], export or Tipsv2 folder), write --format."""
+  from tipsito.interop import sources  # pylint: disable=g-import-not-at-top
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   if not FLAGS.output:
     raise app.UsageError('--output is required')
+  src = FLAGS['from'].value
+  given = [n for n, v in (('--tips_image_npz/--tips_text_npz', FLAGS.tips_image_npz or FLAGS.tips_text_npz),
+                          ('--workdir', FLAGS.workdir), ('--from', src)) if v]
+  if len(given) != 1:
+    raise app.UsageError('give exactly one source: --workdir W [--step N], --from DIR, or '
+                         f'--tips_image_npz/--tips_text_npz (got {given or "none"})')
+  if FLAGS.step is not None and not FLAGS.workdir:
+    raise app.UsageError('--step goes with --workdir (the checkpoint step of a training workdir)')
+  fmt = FLAGS.format
   if FLAGS.tips_image_npz or FLAGS.tips_text_npz:
     if not (FLAGS.tips_image_npz and FLAGS.tips_text_npz):
       raise app.UsageError('give both --tips_image_npz and --tips_text_npz')
-    out = export_tips_npz(FLAGS.tips_image_npz, FLAGS.tips_text_npz,
-                          FLAGS.output, FLAGS.tokenizer)
-  elif FLAGS.workdir:
-    out = export_from_workdir(FLAGS.workdir, FLAGS.output)
+    if fmt == 'tipsito':
+      out = export_tips_npz(FLAGS.tips_image_npz, FLAGS.tips_text_npz, FLAGS.output, FLAGS.tokenizer)
+    else:
+      model = sources.from_tips_npz(FLAGS.tips_image_npz, FLAGS.tips_text_npz, FLAGS.tokenizer)
+      out = sources.write(model, FLAGS.output, fmt)
+  elif FLAGS.workdir and fmt == 'tipsito':
+    out = export_from_workdir(FLAGS.workdir, FLAGS.output, step=FLAGS.step)
   else:
-    raise app.UsageError('give --tips_image_npz/--tips_text_npz or --workdir')
-  logging.info('wrote export to %s', out)
+    model = (sources.from_workdir(FLAGS.workdir, FLAGS.step) if FLAGS.workdir
+             else sources.load_source(src))
+    if FLAGS.tokenizer:
+      model.tokenizer_path = FLAGS.tokenizer
+    out = sources.write(model, FLAGS.output, fmt)
+  logging.info('wrote %s to %s', fmt, out)
   print(out)
 
 

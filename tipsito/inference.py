@@ -135,18 +135,71 @@ class Encoder:
     """In-memory encoder (training-time evals): no files involved."""
     return cls(image_config, text_config, params, temperature, tokenizer)
 
-  def embed_images(self, images, project: bool = False, values: bool = True
-                   ) -> dict[str, jax.Array]:
+  @property
+  def default_project(self) -> bool:
+    """What `project=None` means: the embedding the model was trained with (CLIP/ITO exports: projected
+    by `image_proj`; TIPS-style exports: the raw CLS/patch features)."""
+    return bool(self.config.get('image_proj', 'image_proj' in self.params))
+
+  @property
+  def image_size(self) -> int:
+    """Default side for images given as files or PIL images: the training resolution the export records
+    (`extra.image_size`), else the position-embedding grid x patch (no posemb resize)."""
+    size = (self.config.get('extra') or {}).get('image_size')
+    if size:
+      return int(size)
+    g = self.image_config.get('posemb_grid', 32)
+    g = g if isinstance(g, int) else int(g[0])
+    return g * int(self.image_config.get('patch_size', 14))
+
+  def _image_batch(self, images, size: Optional[int]):
+    """Arrays (B,H,W,3) / one (H,W,3) as given (uint8 or [0,1] floats); files, bytes, PIL images, lists,
+    or any input with `size`: decoded and resized (tipsito/inference_tools.py: to_unit_batch)."""
+    from tipsito import inference_tools  # pylint: disable=g-import-not-at-top
+    if size is None and hasattr(images, 'ndim') and images.ndim in (3, 4):
+      x = jnp.asarray(images)
+      return x[None] if x.ndim == 3 else x
+    return jnp.asarray(inference_tools.to_unit_batch(images, size or self.image_size))
+
+  def preprocess(self, images, size: Optional[int] = None, *, resize: str = 'center_crop',
+                 normalize: bool = False) -> np.ndarray:
+    """Images (paths, bytes, PIL images or arrays; one or a list) -> float32 (B, size, size, 3) in [0,1],
+    decoded and resized as the evals do (`resize`: 'center_crop' | 'resize'); `size` defaults to
+    `image_size`. This is what `embed_images`/`classify` take (the model applies its pixel statistics
+    and padding itself). `normalize=True` returns instead what the patch embedding sees: the model's
+    pixel statistics applied and centre zero-padded to whole patches, e.g. `pixel_values` for
+    transformers' Tipsv2Model after `.transpose(0, 3, 1, 2)`.
+    """
+    from tipsito import inference_tools  # pylint: disable=g-import-not-at-top
+    x = inference_tools.to_unit_batch(images, size or self.image_size, resize)
+    return inference_tools.model_input(self.image_model, x) if normalize else x
+
+  def classify(self, images, class_names: Sequence[str], templates=None, *, size: Optional[int] = None,
+               cls_index: int = 0, project: Optional[bool] = None) -> np.ndarray:
+    """Zero-shot probabilities (B, C) over `class_names`: the `zeroshot` eval's protocol (prompts from
+    `templates`, a template-set name or list; default CLIP's 80 ImageNet templates, as the eval), logits
+    = cos(CLS `cls_index`, class embedding) / temperature. Images as for `embed_images`."""
+    from tipsito import inference_tools  # pylint: disable=g-import-not-at-top
+    return inference_tools.classify(self, images, class_names, templates, size=size,
+                                    cls_index=cls_index, project=project)
+
+  def embed_images(self, images, project: Optional[bool] = None, values: bool = True,
+                   size: Optional[int] = None) -> dict[str, jax.Array]:
     """(B,H,W,3) uint8 or float [0,1] -> {'cls','patches'[,'values']}.
 
     Raw final-norm outputs (not L2-normalised). `project=True` applies the
-    image projection when the export has one (CLIP/ITO), identity otherwise.
-    Non-multiple sizes are centre zero-padded inside the model.
+    image projection when the export has one (CLIP/ITO), identity otherwise;
+    None (default) is `default_project`, what the model was trained with.
+    Non-multiple sizes are centre zero-padded inside the model. One (H,W,3)
+    image, files, PIL images and lists are accepted too (see `preprocess`;
+    `size` resizes any input).
     """
-    images = jnp.asarray(images)
+    if project is None:
+      project = self.default_project
+    images = self._image_batch(images, size)
     if images.ndim != 4 or images.shape[-1] != 3:
       raise ValueError(f'images must be (B,H,W,3), got {images.shape}')
-    return self._embed_images(self.params, images, project=project,
+    return self._embed_images(self.params, images, project=bool(project),
                               values=values)
 
   def tokenize(self, texts: Sequence[str]) -> np.ndarray:

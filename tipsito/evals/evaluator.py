@@ -14,7 +14,8 @@ Config (`config.evals.<name>`, a ConfigDict or dict), keys common to all evaluat
   dataset: 'shapes' | 'tuxpaint' | 'fashion_mnist' | any TFDS name prepared under data_dir
   split ('test'), data_dir (None = TFDS default), every_steps (0 = only at the end of training),
   batch_size (32), image_size (224), cls_index (0: which CLS token feeds global evals),
-  project (apply the export's image projection; default True for cross-modal evals, False for kNN),
+  project (apply the export's image projection; None = what the model was trained with, the encoder's
+  `default_project`: projected for CLIP/ITO, raw for TIPS, as `tipsito.load` does; kNN: False),
   max_examples (None = all), image_key ('image'), label_key ('label'),
   resize ('center_crop' | 'resize'; segmentation defaults to 'resize'), num_pictures (0),
   class_names (None = from the dataset's ClassLabel feature or templates.CLASS_NAMES),
@@ -48,7 +49,7 @@ COMMON_DEFAULTS: dict[str, Any] = dict(
     batch_size=32,
     image_size=224,
     cls_index=0,
-    project=True,
+    project=None,
     max_examples=None,
     image_key="image",
     label_key="label",
@@ -226,7 +227,9 @@ class Evaluator:
                    need_values: bool = False) -> dict[str, np.ndarray]:
     """Runs the image tower on one fixed-size batch; returns numpy cls (B,n_cls,D), patches, values."""
     if project is None:
-      project = bool(self.cfg["project"])
+      project = self.cfg["project"]
+    if project is None:  # the model's own default (tipsito.inference.Encoder.default_project)
+      project = bool(getattr(encoder, "default_project", True))
 
     def embed(rows):
       if _accepts_kwarg(encoder.embed_images, "values"):  # skip the value pass when it is not needed

@@ -248,8 +248,10 @@ def abstract_with_shardings(shapes: Any, shardings: Any) -> Any:
   return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, shardings)
 
 
-def restore_latest_state(workdir, state_shapes: Any, state_shardings: Any, *, what: str) -> Any:
-  """The latest TrainState of a training workdir (no data state), placed with `state_shardings`.
+def restore_latest_state(workdir, state_shapes: Any, state_shardings: Any, *, what: str,
+                         step: Optional[int] = None) -> Any:
+  """The latest TrainState of a training workdir (or the one of checkpoint `step`; no data state), placed
+  with `state_shardings`.
 
   Why one function: `export --workdir`, `evaluate --checkpoint W` and distillation from a workdir
   teacher all read a finished (or running) workdir the same way. `what` names the caller's flag or key in
@@ -259,7 +261,11 @@ def restore_latest_state(workdir, state_shapes: Any, state_shardings: Any, *, wh
   try:
     if ckpt.latest_step() is None:
       raise FileNotFoundError(f"{what}: no checkpoint in {ckpt.directory}")
-    state, _ = ckpt.restore(abstract_with_shardings(state_shapes, state_shardings), with_data=False)
+    if step is not None and int(step) not in ckpt.all_steps():
+      raise FileNotFoundError(f"{what}: no checkpoint of step {int(step)} in {ckpt.directory} "
+                              f"(steps: {ckpt.all_steps()})")
+    state, _ = ckpt.restore(abstract_with_shardings(state_shapes, state_shardings), step=step,
+                            with_data=False)
   finally:
     ckpt.close()
   return state

@@ -62,9 +62,17 @@ def restore_or_init(setup: step_lib.Setup, ckpt: checkpointing.Checkpointer, dat
     return state
   state = setup.init_state()
   if setup.config.init_from:
-    state = workdir_lib.init_from_run(setup, state)
-    logging.info("Initialised params from %s (teacher: %s)", setup.config.init_from,
-                 setup.config.init_teacher)
+    from tipsito.interop import hf_tipsv2  # pylint: disable=import-outside-toplevel
+    if hf_tipsv2.is_tipsv2_folder(setup.config.init_from):  # a Hugging Face Tipsv2Model folder: towers only
+      params = hf_tipsv2.init_train_params(setup.config.init_from, state.params, abstract.params)
+      state = state.replace(params=params, ema={k: params[k] for k in state.ema},
+                            opt_state=jax.jit(setup.tx.init,
+                                              out_shardings=setup.state_shardings.opt_state)(params))
+      logging.info("Initialised params from %s (a Tipsv2Model folder: towers only)", setup.config.init_from)
+    else:
+      state = workdir_lib.init_from_run(setup, state)
+      logging.info("Initialised params from %s (teacher: %s)", setup.config.init_from,
+                   setup.config.init_teacher)
   return state
 
 

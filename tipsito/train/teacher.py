@@ -1,9 +1,9 @@
 """The frozen distillation teacher (recipe `distill`): where it comes from and what the step gets of it.
 
-Why its own module: a teacher is loaded from one of three sources (a tipsito training workdir, an export,
-official TIPS weights), each with its own reader, before the student is built; the train step only sees
-the frozen tree `frozen_tree(teacher)`. Keeping the loading here leaves tipsito/train/step.py about the
-student and its step.
+Why its own module: a teacher is loaded from one of four sources (a tipsito training workdir, an export,
+a Hugging Face Tipsv2Model folder, official TIPS weights), each with its own reader, before the student is
+built; the train step only sees the frozen tree `frozen_tree(teacher)`. Keeping the loading here leaves
+tipsito/train/step.py about the student and its step.
 """
 from __future__ import annotations
 
@@ -38,9 +38,9 @@ def load_teacher(config, mesh: Optional[Mesh] = None) -> Teacher:
   `config.distill.teacher` a training workdir (config.json + checkpoints/): the latest checkpoint's teacher
   as it was trained, i.e. the image encoder the teacher features came from (the EMA encoder with full EMA,
   the student encoder with head-only EMA) and its EMA DINO/iBOT heads (the frozen teacher replaces the
-  self-distillation teacher, heads included). An export directory or official TIPS .npz weights
-  (`distill.teacher_image_npz`) hold encoders only: the teacher heads are then the EMA of the student heads
-  (our inference; logged), as in head-only EMA pretraining.
+  self-distillation teacher, heads included). An export directory, a local Hugging Face Tipsv2Model
+  folder or official TIPS .npz weights (`distill.teacher_image_npz`) hold encoders only: the teacher heads
+  are then the EMA of the student heads (our inference; logged), as in head-only EMA pretraining.
   """
   d = config.distill
   from tipsito import models  # pylint: disable=import-outside-toplevel
@@ -51,6 +51,11 @@ def load_teacher(config, mesh: Optional[Mesh] = None) -> Teacher:
   elif workdir_lib.is_training_workdir(d.teacher):
     image_cfg, params, heads, heads_cfg = _workdir_teacher(d.teacher, mesh)
     source = f"training workdir {d.teacher}"
+  elif _is_tipsv2_folder(d.teacher):
+    from tipsito.interop import hf_tipsv2  # pylint: disable=import-outside-toplevel
+    r = hf_tipsv2.read_hf_tipsv2(d.teacher)
+    image_cfg, params = r["image_config"], r["params"]
+    source = f"Hugging Face Tipsv2 folder {d.teacher}"
   else:
     from tipsito import inference  # pylint: disable=import-outside-toplevel
     image_cfg, params = _encoder_image_parts(inference.load(d.teacher))
@@ -67,6 +72,12 @@ def load_teacher(config, mesh: Optional[Mesh] = None) -> Teacher:
     logging.info("Distillation teacher (%s): its own EMA DINO/iBOT heads give the targets.", source)
   return Teacher(models.VisionTransformer(**module_kwargs(image_cfg)), image_cfg, image_params,
                  text_params=params.get("text"), heads=heads, heads_config=heads_cfg, source=source)
+
+
+def _is_tipsv2_folder(path) -> bool:
+  """A Hugging Face Tipsv2Model folder (tipsito/interop/hf_tipsv2.py)."""
+  from tipsito.interop import hf_tipsv2  # pylint: disable=import-outside-toplevel
+  return hf_tipsv2.is_tipsv2_folder(path)
 
 
 def _npz_teacher(image_npz: str, text_npz: Optional[str]) -> tuple[dict, dict]:

@@ -75,15 +75,18 @@ def latest_checkpoint_step(workdir: str) -> Optional[int]:
   return max(steps) if steps else None
 
 
-def restore_latest(workdir: str, *, what: str, mesh: Any = None) -> tuple[Any, Any]:
-  """(Setup, TrainState) of a workdir's latest checkpoint, the state built from the workdir's own
-  config.json (export, evaluate, workdir teachers). `what` names the workdir's role in errors."""
+def restore_latest(workdir: str, *, what: str, mesh: Any = None, step: Optional[int] = None
+                   ) -> tuple[Any, Any]:
+  """(Setup, TrainState) of a workdir's latest checkpoint (or of checkpoint `step`), the state built from
+  the workdir's own config.json (export, evaluate, workdir teachers). `what` names the workdir's role in
+  errors."""
   from tipsito import distributed  # pylint: disable=import-outside-toplevel
   from tipsito.train import checkpointing  # pylint: disable=import-outside-toplevel
   from tipsito.train import step as step_lib  # pylint: disable=import-outside-toplevel
   distributed.configure_jax()
   setup = step_lib.build(load_config(workdir), mesh)
-  state = checkpointing.restore_latest_state(workdir, setup.state_shapes, setup.state_shardings, what=what)
+  state = checkpointing.restore_latest_state(workdir, setup.state_shapes, setup.state_shardings, what=what,
+                                             step=step)
   return setup, state
 
 

@@ -1,0 +1,12 @@
+"""Formats other tools read: what `python -m tipsito.export --format F` writes besides tipsito's own export.
+
+Why a package of its own: tipsito's export format (tipsito/export_format.py) is read by `tipsito.load`;
+the formats here belong to someone else and each one has a writer and a strict reader in one module:
+  * `tips_npz.py`   the official TIPS Scenic `.npz` pair (vision + text), the exact inverse of the importer
+                    in tipsito/tips_import.py;
+  * `hf_tipsv2.py`  a Hugging Face `Tipsv2Model` folder (safetensors in the hub's key layout, config.json,
+                    image-processor and tokenizer files), and its reader (`config.init_from`,
+                    `distill.teacher`, `export --from`).
+`sources.py` turns what the export CLI is pointed at (a training workdir and step, a tipsito export, a
+Tipsv2 folder) into one in-memory model that every writer takes.
+"""

@@ -1,0 +1,120 @@
+"""What `python -m tipsito.export` converts from, as one in-memory model every format writer takes.
+
+Why: every format (tipsito's own export, `tips_npz`, `hf_tipsv2`) is written from a training workdir at
+its latest or a chosen step (`--workdir W [--step N]`), from an existing export or Hugging Face Tipsv2
+folder (`--from E`), or from official TIPS `.npz` weights. Reading each source once into `Model` keeps the
+writers independent of where the weights came from.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Optional
+
+import numpy as np
+
+FORMATS = ('tipsito', 'hf_tipsv2', 'tips_npz')
+
+
+@dataclasses.dataclass
+class Model:
+  """Inference towers of one model: module kwargs, per-layer numpy params {'image', 'text'[,
+  'image_proj']}, T of logits = cos / T, the SentencePiece file (or None), bookkeeping for the export."""
+  image_config: dict
+  text_config: dict
+  params: dict
+  temperature: float
+  tokenizer_path: Optional[str] = None
+  extra: dict = dataclasses.field(default_factory=dict)
+
+  @property
+  def image_size(self) -> Optional[int]:
+    """The resolution the model was trained or released at, when the source says so."""
+    size = self.extra.get('image_size')
+    return int(size) if size else None
+
+
+def _numpy(tree: Any) -> Any:
+  import jax  # pylint: disable=g-import-not-at-top
+  return jax.tree.map(np.asarray, tree)
+
+
+def from_export(path) -> Model:
+  """A tipsito export (tipsito/export_format.py)."""
+  from tipsito import export_format  # pylint: disable=g-import-not-at-top
+  cfg, params = export_format.read_export(path)
+  tok = os.fspath(export_format.as_path(path) / cfg['tokenizer']) if cfg.get('tokenizer') else None
+  extra = dict(cfg.get('extra') or {})
+  extra['from'] = os.fspath(export_format.as_path(path))
+  return Model(dict(cfg['image']), dict(cfg['text']), _numpy(params), float(cfg['temperature']), tok, extra)
+
+
+def from_hf_tipsv2(path) -> Model:
+  """A Hugging Face Tipsv2Model folder (tipsito/interop/hf_tipsv2.py: read_hf_tipsv2)."""
+  from absl import logging  # pylint: disable=g-import-not-at-top
+  from tipsito.interop import hf_tipsv2  # pylint: disable=g-import-not-at-top
+  r = hf_tipsv2.read_hf_tipsv2(path)
+  for note in r['notes']:
+    logging.warning('%s: %s', path, note)
+  extra = {'source': 'hf_tipsv2', 'from': os.fspath(path), 'layout': r['layout']}
+  if r['image_size']:
+    extra['image_size'] = r['image_size']
+  return Model(r['image_config'], r['text_config'], r['params'], r['temperature'], r['tokenizer_path'],
+               extra)
+
+
+def from_tips_npz(image_npz, text_npz, tokenizer: Optional[str] = None) -> Model:
+  """Official TIPS weights (tipsito/tips_import.py)."""
+  from tipsito import tips_import  # pylint: disable=g-import-not-at-top
+  icfg, tcfg, params, temperature = tips_import.import_tips_npz(image_npz, text_npz)
+  return Model(icfg, tcfg, params, temperature, tokenizer,
+               {'source': 'tips_npz', 'tips_image_npz': str(image_npz), 'tips_text_npz': str(text_npz)})
+
+
+def from_workdir(workdir, step: Optional[int] = None) -> Model:
+  """A training workdir's checkpoint at `step` (default: the latest), the export's subset only."""
+  from tipsito import export  # pylint: disable=g-import-not-at-top
+  from tipsito.train import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  what = f'--workdir {workdir}' + (f' --step {step}' if step is not None else '')
+  setup, state = workdir_lib.restore_latest(workdir, what=what, step=step)
+  img, txt = export.export_configs(setup)
+  params = export.export_params(state.params)
+  extra = {'source': 'tipsito-train', 'recipe': setup.config.recipe, 'step': int(state.step),
+           'image_size': int(setup.config.input.global_size)}
+  return Model(img, txt, params, export.temperature_of(state.params), export.tokenizer_path(setup.config),
+               extra)
+
+
+def load_source(path) -> Model:
+  """`--from PATH`: a tipsito export or a Hugging Face Tipsv2 folder (a training workdir is `--workdir`)."""
+  from tipsito import export_format  # pylint: disable=g-import-not-at-top
+  from tipsito.interop import hf_tipsv2  # pylint: disable=g-import-not-at-top
+  if hf_tipsv2.is_tipsv2_folder(path):
+    return from_hf_tipsv2(path)
+  if export_format.is_export(path):
+    return from_export(path)
+  raise export_format.NotAnExportError(
+      export_format._not_an_export(export_format.as_path(path))  # pylint: disable=protected-access
+      + ' (`--from` also takes a Hugging Face Tipsv2Model folder: config.json with model_type "tipsv2")')
+
+
+def write(model: Model, output, fmt: str) -> str:
+  """Writes `model` in format `fmt` (FORMATS) to `output`; returns the output path."""
+  if fmt == 'tipsito':
+    from tipsito import export_format  # pylint: disable=g-import-not-at-top
+    return export_format.write_export(
+        output, image_config=model.image_config, text_config=model.text_config, params=model.params,
+        temperature=model.temperature, tokenizer_path=model.tokenizer_path,
+        image_proj='image_proj' in model.params, extra=model.extra)
+  if fmt == 'tips_npz':
+    from tipsito.interop import tips_npz  # pylint: disable=g-import-not-at-top
+    return tips_npz.write_tips_npz(output, image_config=model.image_config, text_config=model.text_config,
+                                   params=model.params, temperature=model.temperature,
+                                   tokenizer_path=model.tokenizer_path)
+  if fmt == 'hf_tipsv2':
+    from tipsito.interop import hf_tipsv2  # pylint: disable=g-import-not-at-top
+    return hf_tipsv2.write_hf_tipsv2(output, image_config=model.image_config,
+                                     text_config=model.text_config, params=model.params,
+                                     temperature=model.temperature, tokenizer_path=model.tokenizer_path,
+                                     image_size=model.image_size)
+  raise ValueError(f'unknown --format {fmt!r}; valid: {list(FORMATS)}')
