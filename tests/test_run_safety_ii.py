@@ -10,16 +10,27 @@ are tests/test_multihost_safety.py. Runs are tiny CLIP configs on 32 px shapes.
 """
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
 import time
 
+import jax
+import numpy as np
 import pytest
 
 from tipsito import distributed
+from tipsito import export
+from tipsito.config import defaults
+from tipsito.train import checkpointing
+from tipsito.train import loop
+from tipsito.train import workdir as workdir_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOTAL = 6
+EVERY = 2
+QUARANTINE = re.compile(r"^(\d+)\.corrupt-\d{8}T\d{6}Z(-\d+)?$")
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +40,88 @@ def data_dir(tmp_path_factory):
   convert.convert("shapes", d, split_sizes={"train": 32, "test": 8}, image_size=32, verbose=False,
                   num_workers=1)
   return d
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compile_cache(tmp_path_factory):
+  """The in-process runs compile the same step: share it through JAX's persistent compilation cache."""
+  import jax
+  old = (jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs)
+  jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("jax_cache")))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+  yield
+  jax.config.update("jax_compilation_cache_dir", old[0])
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", old[1])
+
+
+def tiny(data_dir, **kw):
+  c = defaults.tiny_config("clip", batch_size=8, total_steps=TOTAL)
+  c.max_len = 16
+  c.model.text.update(dict(vocab_size=None, max_len=16, depth=1))
+  c.model.image.update(dict(depth=1, posemb_grid=4))
+  c.data = defaults.data_config("shapes", data_dir=data_dir, caption_keys=("caption_detailed",))
+  c.ckpt.update(dict(every_steps=EVERY, keep=10, async_save=False))
+  c.export.enabled = False
+  for k, v in kw.items():
+    node = c
+    *path, last = k.split("__")
+    for p in path:
+      node = node[p]
+    node[last] = v
+  return c
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, data_dir):
+  """An uninterrupted run: checkpoints 2, 4, 6."""
+  w = str(tmp_path_factory.mktemp("reference"))
+  loop.train_and_evaluate(tiny(data_dir), w)
+  return w
+
+
+def _tree(d):
+  """{relative path: size} of every file under d."""
+  return {os.path.relpath(os.path.join(r, f), d): os.path.getsize(os.path.join(r, f))
+          for r, _, fs in os.walk(d) for f in fs}
+
+
+def _array_files(step_dir):
+  """The array data files of a step's train state (OCDBT `d/` folders), largest first."""
+  files = [os.path.join(r, f) for r, _, fs in os.walk(os.path.join(step_dir, "state")) for f in fs
+           if os.path.basename(r) == "d"]
+  return sorted(files, key=os.path.getsize, reverse=True)
+
+
+def damage(step_dir, how):
+  """Truncates or deletes the largest array file of a step (the kind of damage a killed writer or a
+  lost object leaves)."""
+  f = _array_files(step_dir)[0]
+  if how == "truncate":
+    with open(f, "r+b") as fh:
+      fh.truncate(os.path.getsize(f) // 3)
+  else:
+    os.remove(f)
+  return f
+
+
+def _state(workdir, step):
+  from tipsito.train import step as step_lib
+  setup = step_lib.build(workdir_lib.load_config(workdir))
+  ck = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"), every_steps=0, keep=10,
+                                  async_save=False)
+  try:
+    return ck.restore(checkpointing.abstract_with_shardings(setup.state_shapes, setup.state_shardings),
+                      step)
+  finally:
+    ck.close()
+
+
+def _assert_same_tree(a, b):
+  fa = jax.tree_util.tree_flatten_with_path(jax.device_get(a))[0]
+  fb = jax.tree.leaves(jax.device_get(b))
+  assert len(fa) == len(fb)
+  for (path, x), y in zip(fa, fb):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=jax.tree_util.keystr(path))
 
 
 CONFIG_FILE = textwrap.dedent('''
@@ -65,6 +158,104 @@ def _train_cmd(tmp_path, data_dir, workdir, *args, **cfg):
   f.write_text(CONFIG_FILE)
   arg = ",".join([f"data={data_dir}"] + [f"{k}={v}" for k, v in cfg.items()])
   return [sys.executable, "-m", "tipsito.train", "--config", f"{f}:{arg}", "--workdir", str(workdir), *args]
+
+
+# --- corrupt-step quarantine ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("how", ["truncate", "delete"])
+def test_damaged_latest_step_is_moved_aside_and_the_run_ends_bitwise_equal(tmp_path, data_dir, reference,
+                                                                           caplog, how):
+  w = str(tmp_path / "w")
+  ckdir = os.path.join(w, "checkpoints")
+  loop.train_and_evaluate(tiny(data_dir), w, max_steps=4)  # as if killed right after step 4 was saved
+  assert sorted(os.listdir(ckdir)) == ["2", "4"]
+  damage(os.path.join(ckdir, "4"), how)
+  damaged_4, kept_2 = _tree(os.path.join(ckdir, "4")), _tree(os.path.join(ckdir, "2"))
+
+  with caplog.at_level("WARNING"):
+    loop.train_and_evaluate(tiny(data_dir), w)  # the same command again: 2 -> 6, step 4 written again
+
+  names = sorted(os.listdir(ckdir))
+  moved = [n for n in names if QUARANTINE.match(n)]
+  assert len(moved) == 1 and moved[0].startswith("4.corrupt-"), names
+  assert sorted(set(names) - set(moved)) == ["2", "4", "6"], names  # nothing else removed
+  assert _tree(os.path.join(ckdir, moved[0])) == damaged_4  # moved whole, never deleted
+  assert _tree(os.path.join(ckdir, "2")) == kept_2
+  # Orbax's listings (the resume guard's and the checkpointer's) do not take the moved folder for a step.
+  assert workdir_lib.latest_checkpoint_step(w) == TOTAL
+  ck = checkpointing.Checkpointer(ckdir, every_steps=0, keep=10, async_save=False)
+  assert ck.all_steps() == [2, 4, TOTAL]
+  ck.close()
+  assert f"Moved unreadable checkpoint {os.path.join(ckdir, '4')} aside to {os.path.join(ckdir, moved[0])}" \
+      in caplog.text
+  assert "Restored step 2 of" in caplog.text
+
+  ref_state, ref_data = _state(reference, TOTAL)
+  state, data = _state(w, TOTAL)
+  assert int(state.step) == TOTAL
+  _assert_same_tree(state, ref_state)
+  assert data == ref_data  # the data iterator is at the same position too
+
+
+def test_every_step_unreadable_stops_before_writing(tmp_path, data_dir):
+  w = str(tmp_path / "w")
+  loop.train_and_evaluate(tiny(data_dir), w, max_steps=4)
+  damage(os.path.join(w, "checkpoints", "4"), "truncate")
+  damage(os.path.join(w, "checkpoints", "2"), "delete")
+  before = {p: (s, os.path.getmtime(os.path.join(w, p))) for p, s in _tree(w).items()}
+  with pytest.raises(checkpointing.NoReadableCheckpoint) as e:
+    loop.train_and_evaluate(tiny(data_dir), w)
+  msg = str(e.value)
+  assert "no checkpoint in" in msg and "step 4: " in msg and "step 2: " in msg, msg
+  assert msg.index("step 4: ") < msg.index("step 2: ")
+  assert "Nothing was moved or written" in msg
+  assert {p: (s, os.path.getmtime(os.path.join(w, p))) for p, s in _tree(w).items()} == before
+
+
+def test_readers_of_a_workdir_fall_back_and_move_nothing(tmp_path, reference):
+  from tipsito.train import step as step_lib
+  w = str(tmp_path / "copy")
+  shutil.copytree(reference, w)
+  damage(os.path.join(w, "checkpoints", str(TOTAL)), "truncate")
+  listing = sorted(os.listdir(os.path.join(w, "checkpoints")))
+  good, _ = _state(reference, 4)
+
+  # export --workdir (evaluate --checkpoint W and workdir teachers read through the same function)
+  export.export_from_workdir(w, str(tmp_path / "export"))
+  import tipsito
+  enc = tipsito.load(str(tmp_path / "export"))
+  np.testing.assert_array_equal(np.asarray(enc.params["image"]["patch_embed"]["kernel"]),
+                                np.asarray(good.params["image"]["patch_embed"]["kernel"]))
+  _, state = workdir_lib.restore_latest(w, what="test")
+  assert int(state.step) == 4
+  # config.init_from (params only)
+  setup = step_lib.build(workdir_lib.load_config(w))
+  abstract = checkpointing.abstract_with_shardings(setup.state_shapes, setup.state_shardings)
+  params = checkpointing.restore_params(w, abstract.params)
+  _assert_same_tree(params, good.params)
+  assert sorted(os.listdir(os.path.join(w, "checkpoints"))) == listing  # read-only: nothing moved
+
+
+# --- clean failure path ------------------------------------------------------------------------------
+
+def test_failed_run_closes_once_and_ends_with_the_error_and_what_to_do(tmp_path, data_dir):
+  """A run that stops on an error while grain worker processes and an async checkpoint manager are open
+  (here: the non-finite guard) ends with the error and the way on, nothing after it."""
+  w = tmp_path / "w"
+  cmd = _train_cmd(tmp_path, data_dir, w, "--config.optim.lr=1e30", "--config.nonfinite.max_consecutive=2",
+                   steps=6, workers=1)
+  r = subprocess.run(cmd, cwd=ROOT, env=_cli_env(JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2"), capture_output=True, text=True,
+                     timeout=600)
+  out = r.stdout + r.stderr
+  lines = r.stderr.strip().splitlines()
+  assert r.returncode == 1, out[-4000:]
+  assert lines[-2].startswith("tipsito.train.nonfinite.NonFiniteError: Stopping at step 2"), lines[-5:]
+  assert lines[-1] == (f"tipsito: the run stopped; fix the cause above, then run the same command again "
+                       f"to resume from step 1 ({w}/checkpoints/1)."), lines[-5:]
+  assert out.count("Traceback (most recent call last)") == 1, out[-4000:]
+  for cascade in ("Event loop is closed", "leaked shared_memory", "handle is closed",
+                  "cannot schedule new futures"):
+    assert cascade not in out, out[-4000:]
 
 
 # --- CPU runs never start libtpu ---------------------------------------------------------------------
