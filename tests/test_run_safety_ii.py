@@ -22,6 +22,7 @@ import pytest
 
 from tipsito import distributed
 from tipsito import export
+from tipsito import peer_loss
 from tipsito.config import defaults
 from tipsito.train import checkpointing
 from tipsito.train import loop
@@ -319,3 +320,88 @@ def test_two_cpu_trainings_at_once_never_touch_libtpu(tmp_path, data_dir):
     bad = re.findall(r".*(?:libtpu|\bTPU\b|backend 'tpu'|lock ?file).*", text, flags=re.IGNORECASE)
     assert not bad, bad[:5]
 
+
+# --- the peer-loss watch's decision ------------------------------------------------------------------
+
+class _Clock:
+  def __init__(self):
+    self.t = 0.0
+
+  def __call__(self):
+    return self.t
+
+
+def _watch(process_id=0, n=3):
+  clock = _Clock()
+  return peer_loss.PeerWatch(None, process_id, n, interval=1, lost_after=10, clock=clock), clock
+
+
+def _kv(**beats):
+  return [(f"{peer_loss.KEY_PREFIX}{k[1:]}", str(v)) for k, v in beats.items()]
+
+
+def test_peer_watch_names_the_process_whose_heartbeat_stopped():
+  w, clock = _watch()
+  for t in range(1, 30):
+    clock.t = float(t)
+    # process 1 beats every second until t=5; process 2 keeps beating
+    verdict = w.observe(_kv(p0=t, p1=min(t, 5), p2=t), clock.t)
+    if t < 15:
+      assert verdict is None, (t, verdict)
+    else:
+      assert verdict == "peer process 1 of 3 disappeared (sent no heartbeat for 10s)", (t, verdict)
+      break
+  else:
+    raise AssertionError("never lost")
+
+
+def test_peer_watch_ignores_finished_processes_and_names_a_lost_coordinator():
+  w, clock = _watch(process_id=2)
+  for t in range(1, 40):
+    clock.t = float(t)
+    entries = _kv(p0=t, p1=t if t < 3 else peer_loss.DONE, p2=t)
+    assert w.observe(entries, clock.t) is None  # process 1 finished: never lost
+  w, clock = _watch(process_id=1)
+  w.observe(_kv(p0=1, p1=1, p2=1), 1.0)
+  assert w.observe(None, 2.0) is None
+  assert w.observe(None, 11.0) is None
+  assert w.observe(None, 12.0).startswith("peer process 0 of 3 (the coordinator")
+  w, _ = _watch(process_id=0)
+  assert w.observe(None, 100.0) is None and w.observe(None, 200.0) is None  # process 0 hosts the service
+
+
+def test_lost_peer_exit_is_one_line_after_the_cleanups(monkeypatch, capfd):
+  calls = []
+  monkeypatch.setattr(os, "_exit", lambda code: calls.append(("exit", code)))
+  monkeypatch.setattr(peer_loss, "_watch", peer_loss.PeerWatch(None, 0, 2))
+  peer_loss.add_cleanup(lambda: calls.append(("cleanup",)))
+  peer_loss.set_resume_hint(lambda: "run the same command again on every host to resume from step 4 (W)")
+  try:
+    peer_loss._exit_peer_lost("peer process 1 of 2 disappeared (sent no heartbeat for 30s)")
+  finally:
+    peer_loss._cleanups.clear()
+    peer_loss.set_resume_hint(None)
+  assert calls == [("cleanup",), ("exit", peer_loss.PEER_LOST_EXIT_CODE)]
+  assert peer_loss.PEER_LOST_EXIT_CODE == 76
+  err = capfd.readouterr().err
+  assert err == ("tipsito: peer process 1 of 2 disappeared (sent no heartbeat for 30s); process 0 stops "
+                 "with exit status 76: run the same command again on every host to resume from step 4 "
+                 "(W).\n")
+
+
+def test_peer_watch_needs_two_new_heartbeats_to_call_a_peer_alive():
+  """After an error the loop asks whether every peer is alive: the first change seen may be the last
+  beat a peer wrote before it died, so only a second one counts."""
+  w, _ = _watch()
+  w.observe(_kv(p0=1, p1=1, p2=1), 1.0)
+  base = w.changes()
+  w.observe(_kv(p0=2, p1=2, p2=2), 2.0)  # process 1's last beat, written before it died
+  assert not w.all_alive_after(base)
+  w.observe(_kv(p0=3, p1=2, p2=3), 3.0)
+  assert not w.all_alive_after(base)
+  w.observe(_kv(p0=4, p1=3, p2=4), 4.0)  # process 1 is alive after all
+  assert w.all_alive_after(base)
+  base = w.changes()
+  w.observe(_kv(p0=5, p1=peer_loss.DONE, p2=5), 5.0)  # a finished process needs no more heartbeats
+  w.observe(_kv(p0=6, p1=peer_loss.DONE, p2=6), 6.0)
+  assert w.all_alive_after(base)

@@ -15,6 +15,9 @@ on the machine is an accelerator (no TPU PCI device, no /dev/accel*, no /dev/vfi
 environment variable, no GPU device node); otherwise JAX chooses as usual. An explicit `JAX_PLATFORMS`
 (or an earlier `jax.config.update("jax_platforms", ...)`) always wins. Only `tipsito.plan` uses libtpu on
 such a machine (compile-only topologies, tipsito/plan.py).
+
+Peer loss: with several processes, `initialize` starts tipsito/peer_loss.py's watch, so that a process
+that disappears is named by the others, which exit with status 76.
 """
 from __future__ import annotations
 
@@ -122,6 +125,25 @@ def initialize(coordinator_address: Optional[str] = None, num_processes: Optiona
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
   jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
                              process_id=process_id)
+  _start_peer_watch()
+
+
+def _start_peer_watch() -> None:
+  """tipsito/peer_loss.py's watch of the other processes, over JAX's distributed client."""
+  from tipsito import peer_loss  # pylint: disable=import-outside-toplevel
+  try:  # the joined job as JAX recorded it (asking jax.process_count() would start the backend now)
+    from jax._src import distributed as jax_distributed  # pylint: disable=import-outside-toplevel
+    state = jax_distributed.global_state
+    client, process_id, num_processes = state.client, int(state.process_id), int(state.num_processes)
+  except Exception:  # pylint: disable=broad-except
+    client, process_id, num_processes = None, 0, 0
+  if num_processes <= 1:
+    return
+  if client is None:
+    from absl import logging  # pylint: disable=import-outside-toplevel
+    logging.warning("No JAX distributed client: a lost peer process ends this one as JAX decides.")
+    return
+  peer_loss.start(client, process_id, num_processes)
 
 
 def initialize_from_flags() -> None:

@@ -11,7 +11,9 @@ checks tipsito/data/prepare.py, the export tipsito/export.py.
 Failure paths: whatever stops the run, `_Resources` closes the TensorBoard writer, the data iterator
 (grain worker processes and their shared memory) and the checkpoint manager (pending saves, Orbax's
 threads and event loop) once, in that order, so the interpreter's shutdown has nothing left to tear
-down; the error then ends with a note saying which checkpoint the same command resumes from.
+down; the error then ends with a note saying which checkpoint the same command resumes from. In a
+multi-process run an error first waits for tipsito/peer_loss.py's verdict (a failed collective is how
+a lost peer shows): a lost peer ends the process there with exit status 76 and one line.
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ from clu import metric_writers
 
 from tipsito import distributed
 from tipsito import export
+from tipsito import peer_loss
 from tipsito.config import validation as config_validation
 from tipsito import paths
 from tipsito.data import prepare as data_prepare
@@ -79,7 +82,8 @@ def restore_or_init(setup: step_lib.Setup, ckpt: checkpointing.Checkpointer) -> 
 
 class _Resources:
   """What a run opens and must close exactly once, in order, however it ends: the TensorBoard writer,
-  the data iterator the loop opened (not one passed in), the checkpoint manager. Thread-safe."""
+  the data iterator the loop opened (not one passed in), the checkpoint manager. Thread-safe: the
+  peer-loss exit (another thread) closes the data iterator too."""
 
   def __init__(self, ckpt: checkpointing.Checkpointer):
     self.ckpt = ckpt
@@ -122,7 +126,10 @@ def _resume_hint(workdir: str) -> str:
 
 
 def _failed(e: BaseException, res: _Resources, workdir: str) -> None:
-  """A fatal error: close everything once, in order, and end the error with what to do."""
+  """A fatal error: a lost peer ends the process here (exit 76); otherwise close everything once, in
+  order, and end the error with what to do."""
+  if jax.process_count() > 1 and isinstance(e, Exception):
+    peer_loss.wait_for_verdict()  # ends the process when a peer disappeared; else the error stands
   try:
     res.close()
   except Exception as close_error:  # pylint: disable=broad-except  # the first error is the one to see
@@ -228,6 +235,8 @@ def train_and_evaluate(config: mlc.ConfigDict, workdir: str, *, data_iter=None,
   logging.info("Mesh %s; loss weights %s; EMA %s", dict(setup.mesh.shape), setup.ctx.weights,
                setup.ctx.ema_keys)
   res = _Resources(_open_checkpointer(config, workdir))
+  peer_loss.add_cleanup(res.close_data)
+  peer_loss.set_resume_hint(lambda: _resume_hint(workdir))
   try:
     t_init = time.time()
     state, data_state = restore_or_init(setup, res.ckpt)  # nothing written yet
@@ -258,6 +267,8 @@ def train_and_evaluate(config: mlc.ConfigDict, workdir: str, *, data_iter=None,
     raise
   finally:
     res.close()
+    peer_loss.remove_cleanup(res.close_data)
+    peer_loss.set_resume_hint(None)
   logging.info("Done: steps %d -> %d in %.1fs", start, step, time.time() - t0)
   if preempted:
     raise checkpointing.Preempted(step)
