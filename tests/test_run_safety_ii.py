@@ -93,16 +93,17 @@ def _array_files(step_dir):
   return sorted(files, key=os.path.getsize, reverse=True)
 
 
-def damage(step_dir, how):
+def damage(step_dir, how, *, every_file=False):
   """Truncates or deletes the largest array file of a step (the kind of damage a killed writer or a
-  lost object leaves)."""
-  f = _array_files(step_dir)[0]
-  if how == "truncate":
-    with open(f, "r+b") as fh:
-      fh.truncate(os.path.getsize(f) // 3)
-  else:
-    os.remove(f)
-  return f
+  lost object leaves), or every array file (which arrays share a file varies from run to run, so a
+  reader of the params alone may not need the largest one)."""
+  files = _array_files(step_dir)
+  for f in files if every_file else files[:1]:
+    if how == "truncate":
+      with open(f, "r+b") as fh:
+        fh.truncate(os.path.getsize(f) // 3)
+    else:
+      os.remove(f)
 
 
 def _state(workdir, step):
@@ -217,7 +218,7 @@ def test_readers_of_a_workdir_fall_back_and_move_nothing(tmp_path, reference):
   from tipsito.train import step as step_lib
   w = str(tmp_path / "copy")
   shutil.copytree(reference, w)
-  damage(os.path.join(w, "checkpoints", str(TOTAL)), "truncate")
+  damage(os.path.join(w, "checkpoints", str(TOTAL)), "truncate", every_file=True)
   listing = sorted(os.listdir(os.path.join(w, "checkpoints")))
   good, _ = _state(reference, 4)
 

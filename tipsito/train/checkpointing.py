@@ -258,19 +258,26 @@ class Checkpointer:
 
   def quarantine_unreadable(self) -> list[str]:
     """Moves every step the last `restore` skipped to `<step>.corrupt-<UTC time>` beside it (process 0
-    renames, every process waits for it), so that training can write those step numbers again; logs
+    renames, every process waits for it and fails with it), so that training can write those step numbers again; logs
     where each went. Returns the new paths. Call on every process, before the first save."""
     skipped, self.unreadable = self.unreadable, []
     if not skipped:
       return []
     stamp = _agreed_utc_stamp()
     targets = []
-    for s, _ in skipped:
-      src = self._step_path(s)
-      if jax.process_index() == 0:
-        dst = _free_quarantine_name(src, stamp)
-        src.rename(dst)
-    _barrier(f"tipsito_quarantine_{'_'.join(str(s) for s, _ in skipped)}")
+    failure = None
+    if jax.process_index() == 0:
+      try:
+        for s, _ in skipped:
+          src = self._step_path(s)
+          src.rename(_free_quarantine_name(src, stamp))
+      except Exception as e:  # pylint: disable=broad-except  # raised on every process below
+        failure = e
+    # Every process waits for process 0's renames and learns whether they worked (a plain barrier would
+    # leave the others waiting when process 0 fails).
+    if _worst_everywhere(_FATAL if failure else _OK) != _OK:
+      raise RuntimeError(f"could not move the unreadable checkpoints {[s for s, _ in skipped]} of "
+                         f"{self.directory} aside (process 0: {failure!r}); nothing was deleted") from failure
     for s, msg in skipped:
       dst = _existing_quarantine_name(self._step_path(s), stamp)
       targets.append(os.fspath(dst))
@@ -361,12 +368,6 @@ def restore_first_readable(steps: list[int], restore_fn: Callable[[int], Any], *
                       "; ".join(f"step {t}: {m}" for t, m in skipped))
     return s, out, skipped
   raise NoReadableCheckpoint(directory, skipped, what=what)
-
-
-def _barrier(name: str) -> None:
-  if jax.process_count() > 1:
-    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
-    multihost_utils.sync_global_devices(name)
 
 
 def _agreed_utc_stamp() -> str:
