@@ -31,13 +31,17 @@ cmd_install() {
 }
 
 # Runs training on every worker (one JAX process per host; --distributed calls jax.distributed.initialize()).
+# Exit status of the train process on each host (output: /tmp/tipsito_train.log): 0 done; 75 preempted
+# (SIGTERM on any host: every host saved the same step); 76 a peer host disappeared (the others named it
+# in one line and stopped). After 75 or 76 (and after a slice was recreated), `run` again resumes from
+# WORKDIR's latest checkpoint.
 cmd_run() {
   local config="$1"; shift
   on_all "cd $REMOTE_DIR && nohup python -m tipsito.train --distributed --config $config --workdir $WORKDIR $* > /tmp/tipsito_train.log 2>&1 & echo \$! > /tmp/tipsito_train.pid"
 }
 
 cmd_logs() { tpu ssh "$TPU_NAME" --worker=0 --command="tail -n 200 -f /tmp/tipsito_train.log"; }
-cmd_stop() { on_all "kill -TERM \$(cat /tmp/tipsito_train.pid) || true"; }   # SIGTERM: checkpoint, exit
+cmd_stop() { on_all "kill -TERM \$(cat /tmp/tipsito_train.pid) || true"; }   # SIGTERM: checkpoint, exit 75
 cmd_delete() { tpu delete "$TPU_NAME" --quiet; }
 
 dispatch() {

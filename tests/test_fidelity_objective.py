@@ -302,7 +302,7 @@ def stage2_state(tmp_path, data_dir, init, ema_mode, init_teacher="continue"):
   ckpt = checkpointing.Checkpointer(os.path.join(str(tmp_path), "checkpoints"), every_steps=0, keep=1,
                                     async_save=False)
   try:
-    state = loop.restore_or_init(setup, ckpt, None)
+    state, _ = loop.restore_or_init(setup, ckpt)
   finally:
     ckpt.close()
   return jax.device_get(state)

@@ -100,7 +100,7 @@ def test_init_from_a_tipsv2_folder(trained_workdir, trained_hf, tmp_path, scan):
   fresh = setup.init_state().params
   ckpt = checkpointing.Checkpointer(str(tmp_path / "w" / "checkpoints"), every_steps=1, keep=1,
                                     async_save=False)
-  state = loop.restore_or_init(setup, ckpt, None)
+  state, _ = loop.restore_or_init(setup, ckpt)
   ckpt.close()
   got = jax.device_get(state.params)
   if scan:  # the run's layout: per-layer weights stacked

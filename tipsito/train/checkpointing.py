@@ -16,7 +16,16 @@ with code `PREEMPTED_EXIT_CODE` (75, EX_TEMPFAIL: "try again"), so a restart pol
 the run resumes. Further SIGTERMs only set the same flag again: they never interrupt the save.
 
 Restore picks the latest complete step; if it cannot be read (truncated or missing files) it warns with
-the error and falls back to the previous one. Paths go through etils epath, so gs:// workdirs work.
+the error and falls back to the previous one. Every process takes part in that choice: each tries the
+step through a process-local, read-only reader (so a process that fails early never leaves the others
+in a barrier), then all agree that a step is readable only if it was readable everywhere. A training run
+then moves each unreadable newer step aside before it trains (`quarantine_unreadable`:
+`checkpoints/75` -> `checkpoints/75.corrupt-<UTC time>`, a rename by process 0 while the others wait;
+never deleted; Orbax's step listings only take all-digit names, so they ignore it), because Orbax would
+otherwise refuse to save that step number again when training reaches it. Readers of another run's
+workdir (export, evaluate, a workdir teacher, `config.init_from`) fall back the same way and move
+nothing. When no step can be read, the error lists every step and why, and nothing has been moved or
+written. Paths go through etils epath, so gs:// workdirs work (there the move is a copy and a delete).
 """
 from __future__ import annotations
 
@@ -26,11 +35,13 @@ import os
 import re
 import signal
 import threading
-from typing import Any, Optional
+import time
+from typing import Any, Callable, Optional
 
 import grain
 import grain.checkpoint as grain_checkpoint
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
@@ -41,6 +52,10 @@ PREEMPTED_EXIT_CODE = 75
 DATA_ITEM = "data"
 _LEGACY_DATA_ITEM = re.compile(r"data_(\d+)$")  # one JSON item per host (primary-only: pre multi-host)
 _DATA_FILE = re.compile(r"process_(\d+)-of-(\d+)\.json$")
+# `<step>.corrupt-<UTC time>`: where an unreadable step is moved (no "_": Orbax's legacy step listing
+# would read "<anything>_<digits>" as a step).
+CORRUPT_INFIX = ".corrupt-"
+_OK, _UNREADABLE, _FATAL = 0, 1, 2
 
 
 class Preempted(SystemExit):
@@ -56,6 +71,21 @@ class Preempted(SystemExit):
 
 class DataStateMismatch(ValueError):
   """The checkpoint's data states were written by a different number of processes."""
+
+
+class NoReadableCheckpoint(RuntimeError):
+  """Every checkpoint step of a directory failed to restore; the message lists each with its error."""
+
+  def __init__(self, directory: str, unreadable: list, *, what: str = ""):
+    self.directory = directory
+    self.unreadable = list(unreadable)
+    lines = "\n  ".join(f"step {s}: {msg}" for s, msg in unreadable)
+    who = f"{what}: " if what else ""
+    super().__init__(
+        f"{who}no checkpoint in {directory} can be restored (tried {len(unreadable)}):\n  {lines}\n"
+        "Nothing was moved or written. If the files are only unreachable (permissions, an unmounted disk, "
+        "a bucket), fix that and run the same command again; if they are lost, move that folder aside "
+        "or use a new --workdir to start over.")
 
 
 as_path = paths.as_path  # epath.Path of a local path (made absolute) or a URL such as gs://bucket/dir
@@ -93,6 +123,9 @@ class Checkpointer:
         max_to_keep=int(keep), save_interval_steps=1, create=True,
         enable_async_checkpointing=bool(async_save))
     self.manager = ocp.CheckpointManager(self.path, options=options)
+    self._local_reader: Optional[ocp.CheckpointManager] = None
+    self._closed = False
+    self.unreadable: list = []  # (step, error) skipped by the last restore, newest first
     self._preempted = threading.Event()
     self._use_jax_sync = False
 
@@ -184,11 +217,17 @@ class Checkpointer:
       return {legacy: ocp.args.JsonRestore()}
     return {}
 
+  def _reader(self) -> ocp.CheckpointManager:
+    """The read-only, process-local manager every restore goes through (see the module docstring)."""
+    if self._local_reader is None:
+      self._local_reader = local_reader(self.path)
+    return self._local_reader
+
   def _restore_step(self, abstract_state: Any, step: int, with_data: bool):
     items = {"state": ocp.args.StandardRestore(abstract_state)}
     if with_data:
       items.update(self._data_args(step))
-    out = self.manager.restore(step, args=ocp.args.Composite(**items))
+    out = self._reader().restore(step, args=ocp.args.Composite(**items))
     data = None
     for name in items:
       if name == DATA_ITEM:
@@ -201,41 +240,168 @@ class Checkpointer:
     """(state, data_state or None) at `step` (default: latest readable); `abstract_state` carries the
     shardings of *this* run's mesh, so a checkpoint written on another device count is re-sharded.
 
-    Without an explicit `step`, a checkpoint that fails to restore (truncated or missing files) is
-    skipped with a warning naming the step and the error, and the previous one is tried. A data state
-    written by a different process count is an error (DataStateMismatch), never a silent restart.
+    Without an explicit `step`, a checkpoint that fails to restore on any process (truncated or missing
+    files) is skipped on every process with a warning naming the step and the error, and the previous one
+    is tried; the skipped steps are kept in `unreadable` for `quarantine_unreadable`. None readable:
+    NoReadableCheckpoint. A data state written by a different process count is an error
+    (DataStateMismatch), never a silent restart. Call on every process.
     """
+    self.unreadable = []
     if step is not None:
       return self._restore_step(abstract_state, int(step), with_data)
-    steps = self.all_steps()
+    steps = same_on_every_process(self.all_steps())
     if not steps:
       raise FileNotFoundError(f"no checkpoint in {self.directory}")
-    errors = []
-    for s in reversed(steps):
+    _, out, self.unreadable = restore_first_readable(
+        steps, lambda s: self._restore_step(abstract_state, s, with_data), directory=self.directory)
+    return out
+
+  def quarantine_unreadable(self) -> list[str]:
+    """Moves every step the last `restore` skipped to `<step>.corrupt-<UTC time>` beside it (process 0
+    renames, every process waits for it and fails with it), so that training can write those step numbers again; logs
+    where each went. Returns the new paths. Call on every process, before the first save."""
+    skipped, self.unreadable = self.unreadable, []
+    if not skipped:
+      return []
+    stamp = _agreed_utc_stamp()
+    targets = []
+    failure = None
+    if jax.process_index() == 0:
       try:
-        out = self._restore_step(abstract_state, s, with_data)
-      except DataStateMismatch:
-        raise
-      except Exception as e:  # pylint: disable=broad-except  # damaged step: try the previous one
-        msg = f"{type(e).__name__}: {str(e)[:500]}"
-        errors.append(f"step {s}: {msg}")
-        logging.warning("Checkpoint %s cannot be restored (%s); falling back to the previous one.",
-                        self._step_path(s), msg)
-        continue
-      if errors:
-        logging.warning("Restored step %d of %s instead of the latest (%s).", s, self.directory,
-                        "; ".join(errors))
-      return out
-    raise RuntimeError(f"no checkpoint in {self.directory} can be restored:\n  " + "\n  ".join(errors))
+        for s, _ in skipped:
+          src = self._step_path(s)
+          src.rename(_free_quarantine_name(src, stamp))
+      except Exception as e:  # pylint: disable=broad-except  # raised on every process below
+        failure = e
+    # Every process waits for process 0's renames and learns whether they worked (a plain barrier would
+    # leave the others waiting when process 0 fails).
+    if _worst_everywhere(_FATAL if failure else _OK) != _OK:
+      raise RuntimeError(f"could not move the unreadable checkpoints {[s for s, _ in skipped]} of "
+                         f"{self.directory} aside (process 0: {failure!r}); nothing was deleted") from failure
+    for s, msg in skipped:
+      dst = _existing_quarantine_name(self._step_path(s), stamp)
+      targets.append(os.fspath(dst))
+      logging.warning("Moved unreadable checkpoint %s aside to %s (%s); nothing was deleted. Training "
+                      "continues from the latest readable step and will write step %d again.",
+                      self._step_path(s), dst, msg, s)
+    self.manager.reload()
+    return targets
 
   def wait(self) -> None:
     """Blocks until pending async saves are committed."""
     self.manager.wait_until_finished()
 
   def close(self) -> None:
-    """Waits and releases the manager's resources."""
-    self.manager.wait_until_finished()
-    self.manager.close()
+    """Waits and releases the manager's resources. Idempotent."""
+    if self._closed:
+      return
+    self._closed = True
+    try:
+      self.manager.wait_until_finished()
+    finally:
+      self.manager.close()
+      if self._local_reader is not None:
+        self._local_reader.close()
+
+
+def local_reader(directory) -> ocp.CheckpointManager:
+  """A read-only CheckpointManager whose restores involve this process only: no cross-process barrier
+  (a process whose restore fails must not leave the others waiting in one). Every process still reads
+  only the shards its devices need."""
+  me = jax.process_index()
+  options = ocp.CheckpointManagerOptions(
+      read_only=True,
+      multiprocessing_options=ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me}))
+  return ocp.CheckpointManager(as_path(directory), options=options)
+
+
+def same_on_every_process(steps: list[int]) -> list[int]:
+  """Process 0's list of steps on every process (hosts that list a shared directory may disagree)."""
+  if jax.process_count() == 1:
+    return list(steps)
+  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+  n = int(multihost_utils.broadcast_one_to_all(np.asarray(len(steps), np.int32)))
+  if n == 0:
+    return []
+  mine = np.zeros((n,), np.int32)
+  mine[:min(n, len(steps))] = np.asarray(steps[:n], np.int32)
+  return [int(x) for x in multihost_utils.broadcast_one_to_all(mine)]
+
+
+def _worst_everywhere(code: int) -> int:
+  """The largest of every process's code (_OK < _UNREADABLE < _FATAL)."""
+  if jax.process_count() == 1:
+    return code
+  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+  return int(np.max(multihost_utils.process_allgather(np.asarray(code, np.int32))))
+
+
+def restore_first_readable(steps: list[int], restore_fn: Callable[[int], Any], *, directory: str,
+                           what: str = "", read_only: bool = False) -> tuple[int, Any, list]:
+  """(step, restore_fn(step), skipped) for the newest of `steps` that every process restored; `skipped`
+  lists (step, error) of the newer ones. Every process calls it with the same `steps`.
+
+  A step that fails anywhere is skipped everywhere (the processes must hold the same state). A
+  DataStateMismatch on any process is raised on every process. None readable: NoReadableCheckpoint.
+  """
+  skipped = []
+  for s in sorted(steps, reverse=True):
+    out, err, fatal = None, None, None
+    try:
+      out = restore_fn(s)
+    except DataStateMismatch as e:
+      fatal = e
+    except Exception as e:  # pylint: disable=broad-except  # damaged step: try the previous one
+      err = f"{type(e).__name__}: {str(e)[:500]}"
+    code = _worst_everywhere(_FATAL if fatal else _UNREADABLE if err else _OK)
+    if code == _FATAL:
+      raise fatal or DataStateMismatch(f"{directory}/{s}: another process refused its data-iterator "
+                                       "state (see that process's log)")
+    if code == _UNREADABLE:
+      err = err or "unreadable on another process (see that process's log)"
+      skipped.append((s, err))
+      logging.warning("Checkpoint %s/%d cannot be restored (%s); falling back to the previous one%s.",
+                      directory, s, err, " (read-only: nothing is moved)" if read_only else "")
+      continue
+    if skipped:
+      logging.warning("Restored step %d of %s instead of the latest (%s).", s, directory,
+                      "; ".join(f"step {t}: {m}" for t, m in skipped))
+    return s, out, skipped
+  raise NoReadableCheckpoint(directory, skipped, what=what)
+
+
+def _agreed_utc_stamp() -> str:
+  """Process 0's current UTC time as YYYYmmddTHHMMSSZ, on every process."""
+  t = np.asarray(time.gmtime()[:6], np.int32)
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+    t = np.asarray(multihost_utils.broadcast_one_to_all(t))
+  return "%04d%02d%02dT%02d%02d%02dZ" % tuple(int(x) for x in t)
+
+
+def _quarantine_names(src: epath.Path, stamp: str):
+  base = f"{src.name}{CORRUPT_INFIX}{stamp}"
+  yield src.parent / base
+  i = 2
+  while True:
+    yield src.parent / f"{base}-{i}"
+    i += 1
+
+
+def _free_quarantine_name(src: epath.Path, stamp: str) -> epath.Path:
+  return next(p for p in _quarantine_names(src, stamp) if not p.exists())
+
+
+def _existing_quarantine_name(src: epath.Path, stamp: str) -> epath.Path:
+  """The name process 0 chose: the last existing one of the sequence `_free_quarantine_name` walks."""
+  last = None
+  for p in _quarantine_names(src, stamp):
+    if not p.exists():
+      break
+    last = p
+  if last is None or src.exists():
+    raise RuntimeError(f"{src} was not moved aside (expected {src.name}{CORRUPT_INFIX}{stamp} beside it)")
+  return last
 
 
 def _json_copy(state: Any) -> Any:
@@ -250,42 +416,56 @@ def abstract_with_shardings(shapes: Any, shardings: Any) -> Any:
 
 def restore_latest_state(workdir, state_shapes: Any, state_shardings: Any, *, what: str,
                          step: Optional[int] = None) -> Any:
-  """The latest TrainState of a training workdir (or the one of checkpoint `step`; no data state), placed
-  with `state_shardings`.
+  """The latest readable TrainState of a training workdir (or the one of checkpoint `step`, no fallback;
+  no data state), placed with `state_shardings`.
 
   Why one function: `export --workdir`, `evaluate --checkpoint W` and distillation from a workdir
-  teacher all read a finished (or running) workdir the same way. `what` names the caller's flag or key in
-  the error.
+  teacher all read a finished (or running) workdir the same way: read-only (an unreadable latest step
+  is skipped with a warning, never moved; the workdir may belong to a run still training). `what` names
+  the caller's flag or key in the errors.
   """
-  ckpt = Checkpointer(as_path(workdir) / "checkpoints", every_steps=0, keep=1, async_save=False)
+  ckpt_dir = as_path(workdir) / "checkpoints"
+  abstract = abstract_with_shardings(state_shapes, state_shardings)
+  reader = local_reader(ckpt_dir)
   try:
-    if ckpt.latest_step() is None:
-      raise FileNotFoundError(f"{what}: no checkpoint in {ckpt.directory}")
-    if step is not None and int(step) not in ckpt.all_steps():
-      raise FileNotFoundError(f"{what}: no checkpoint of step {int(step)} in {ckpt.directory} "
-                              f"(steps: {ckpt.all_steps()})")
-    state, _ = ckpt.restore(abstract_with_shardings(state_shapes, state_shardings), step=step,
-                            with_data=False)
+    steps = same_on_every_process(sorted(int(s) for s in reader.all_steps()))
+    if not steps:
+      raise FileNotFoundError(f"{what}: no checkpoint in {os.fspath(ckpt_dir)}")
+    if step is not None:
+      if int(step) not in steps:
+        raise FileNotFoundError(f"{what}: no checkpoint of step {int(step)} in {os.fspath(ckpt_dir)} "
+                                f"(steps: {steps})")
+      steps = [int(step)]
+    _, out, _ = restore_first_readable(
+        steps, lambda s: reader.restore(s, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract))),
+        directory=os.fspath(ckpt_dir), what=what, read_only=True)
   finally:
-    ckpt.close()
-  return state
+    reader.close()
+  return out["state"]
 
 
 def restore_params(path, abstract_params: Any) -> Any:
   """Params only, from another run's workdir/checkpoint dir (stage-2 init via `config.init_from`).
 
-  Accepts a workdir (uses `<workdir>/checkpoints`, latest step), a checkpoint dir, or a step dir.
+  Accepts a workdir (uses `<workdir>/checkpoints`, latest readable step: read-only fallback as in
+  `restore_latest_state`), a checkpoint dir, or a step dir (that step only).
   """
   path = as_path(path)
   ckpt_dir = path / "checkpoints" if (path / "checkpoints").is_dir() else path
-  mngr = ocp.CheckpointManager(ckpt_dir, options=ocp.CheckpointManagerOptions(read_only=True))
-  step = mngr.latest_step()
-  if step is None:
-    raise FileNotFoundError(f"config.init_from={os.fspath(path)!r}: no checkpoint found in {ckpt_dir}")
-  # Restore just the params subtree via a partial restore of the state item.
-  restored = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
-      item={"params": abstract_params},
-      restore_args=jax.tree.map(lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding), {"params": abstract_params}),
-      partial_restore=True)))
-  mngr.close()
+  only = None
+  if path.name.isdigit() and (path / "state").is_dir():  # a step folder
+    ckpt_dir, only = path.parent, int(path.name)
+  what = f"config.init_from={os.fspath(path)!r}"
+  restore_args = jax.tree.map(lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding), {"params": abstract_params})
+  args = ocp.args.Composite(state=ocp.args.PyTreeRestore(  # just the params subtree of the state item
+      item={"params": abstract_params}, restore_args=restore_args, partial_restore=True))
+  reader = local_reader(ckpt_dir)
+  try:
+    steps = [only] if only is not None else same_on_every_process(sorted(int(s) for s in reader.all_steps()))
+    if not steps:
+      raise FileNotFoundError(f"{what}: no checkpoint found in {os.fspath(ckpt_dir)}")
+    _, restored, _ = restore_first_readable(steps, lambda s: reader.restore(s, args=args),
+                                            directory=os.fspath(ckpt_dir), what=what, read_only=True)
+  finally:
+    reader.close()
   return restored["state"]["params"]

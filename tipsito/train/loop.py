@@ -2,16 +2,27 @@
 
 Why this shape: one loop for every recipe (recipes only change the loss), explicit periodic actions
 (metric logging, progress/ETA, evals, checkpoints), automatic resume from the workdir, and an export at the
-end. It reads top to bottom in `train_and_evaluate`: prepare the workdir, build and restore, the steps,
-finish. Everything device-related (mesh, shardings, donation) comes from `tipsito.train.step.build`;
-the workdir's config.json is tipsito/train/workdir.py, the data checks tipsito/data/prepare.py, the
-export tipsito/export.py.
+end. It reads top to bottom in `train_and_evaluate`: check the workdir, build and restore (nothing is
+written before the state is ready: an unreadable latest checkpoint is moved aside only once an older one
+restored), write config.json, the steps, finish. Everything device-related (mesh, shardings, donation)
+comes from `tipsito.train.step.build`; the workdir's config.json is tipsito/train/workdir.py, the data
+checks tipsito/data/prepare.py, the export tipsito/export.py.
+
+Failure paths: whatever stops the run, `_Resources` closes the TensorBoard writer, the data iterator
+(grain worker processes and their shared memory) and the checkpoint manager (pending saves, Orbax's
+threads and event loop) once, in that order, so the interpreter's shutdown has nothing left to tear
+down; the error then ends with a note saying which checkpoint the same command resumes from. In a
+multi-process run an error first waits for tipsito/peer_loss.py's verdict (a failed collective is how
+a lost peer shows): a lost peer ends the process there with exit status 76 and one line.
 """
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
+import threading
 import time
+import traceback
 from typing import Any, Optional
 
 import jax
@@ -22,6 +33,7 @@ from clu import metric_writers
 
 from tipsito import distributed
 from tipsito import export
+from tipsito import peer_loss
 from tipsito.config import validation as config_validation
 from tipsito import paths
 from tipsito.data import prepare as data_prepare
@@ -50,16 +62,16 @@ def guard_resume(config: mlc.ConfigDict, workdir: str) -> list:
   return history
 
 
-def restore_or_init(setup: step_lib.Setup, ckpt: checkpointing.Checkpointer, data_iter) -> Any:
-  """Latest checkpoint of the workdir if any (state + data iterator), else config.init_from (params, and
-  with `init_teacher='continue'` its teacher: tipsito/train/workdir.py `init_from_run`), else init."""
+def restore_or_init(setup: step_lib.Setup, ckpt: checkpointing.Checkpointer) -> tuple[Any, Any]:
+  """(state, this process's data-iterator state or None): the latest readable checkpoint of the workdir
+  if any, else config.init_from (params, and with `init_teacher='continue'` its teacher:
+  tipsito/train/workdir.py `init_from_run`; a Tipsv2Model folder gives the towers), else init. Writes
+  nothing (unreadable steps are only recorded, in `ckpt.unreadable`)."""
   abstract = checkpointing.abstract_with_shardings(setup.state_shapes, setup.state_shardings)
   if ckpt.latest_step() is not None:
     state, data_state = ckpt.restore(abstract)
-    if data_state is not None and data_iter is not None:
-      data_iter.set_state(data_state)
     logging.info("Resumed from %s at step %d", ckpt.directory, int(state.step))
-    return state
+    return state, data_state
   state = setup.init_state()
   if setup.config.init_from:
     from tipsito.interop import hf_tipsv2  # pylint: disable=import-outside-toplevel
@@ -73,7 +85,75 @@ def restore_or_init(setup: step_lib.Setup, ckpt: checkpointing.Checkpointer, dat
       state = workdir_lib.init_from_run(setup, state)
       logging.info("Initialised params from %s (teacher: %s)", setup.config.init_from,
                    setup.config.init_teacher)
-  return state
+  return state, None
+
+
+class _Resources:
+  """What a run opens and must close exactly once, in order, however it ends: the TensorBoard writer,
+  the data iterator the loop opened (not one passed in), the checkpoint manager. Thread-safe: the
+  peer-loss exit (another thread) closes the data iterator too."""
+
+  def __init__(self, ckpt: checkpointing.Checkpointer):
+    self.ckpt = ckpt
+    self.writer = None
+    self.data_iter = None
+    self._lock = threading.Lock()
+    self._closed: set = set()
+
+  def _once(self, name: str, fn) -> None:
+    with self._lock:
+      if name in self._closed:
+        return
+      self._closed.add(name)
+    if fn is not None:
+      fn()
+
+  def close_data(self) -> None:
+    """Stops the loop's data iterator (grain worker processes, shared memory); idempotent."""
+    self._once("data", getattr(self.data_iter, "close", None))
+
+  def close(self) -> None:
+    """Writer, data iterator, checkpoint manager: each once, each even if an earlier one fails."""
+    try:
+      self._once("writer", getattr(self.writer, "close", None))
+    finally:
+      try:
+        self.close_data()
+      finally:
+        self._once("ckpt", self.ckpt.close)
+
+
+def _resume_hint(workdir: str) -> str:
+  """What the same command does next, from the committed checkpoints on disk now."""
+  step = workdir_lib.latest_checkpoint_step(workdir)
+  where = os.path.join(workdir, "checkpoints")
+  if step is None:
+    return f"run the same command again to start over (no checkpoint was committed in {where})"
+  hosts = " on every host" if jax.process_count() > 1 else ""
+  return f"run the same command again{hosts} to resume from step {step} ({os.path.join(where, str(step))})"
+
+
+def _failed(e: BaseException, res: _Resources, workdir: str) -> None:
+  """A fatal error: a lost peer ends the process here (exit 76); otherwise close everything once, in
+  order, and end the error with what to do."""
+  if jax.process_count() > 1 and isinstance(e, Exception):
+    peer_loss.wait_for_verdict()  # ends the process when a peer disappeared; else the error stands
+  try:
+    res.close()
+  except Exception as close_error:  # pylint: disable=broad-except  # the first error is the one to see
+    logging.error("While stopping after %s: closing failed too: %r", type(e).__name__, close_error)
+  # The finished frames of the traceback let go of their locals and the cycles they were part of are
+  # collected now: the last host batches alias the data pipeline's shared memory (grain unlinks a block
+  # when its array is freed), and what a pending traceback holds is never freed before the interpreter's
+  # resource tracker reports it as leaked (measured: 3 blocks per failed run without this).
+  traceback.clear_frames(e.__traceback__)
+  gc.collect()
+  if isinstance(e, checkpointing.NoReadableCheckpoint):
+    return  # its message lists the steps and what to do
+  try:
+    e.add_note(f"tipsito: the run stopped; fix the cause above, then {_resume_hint(workdir)}.")
+  except Exception:  # pylint: disable=broad-except
+    pass
 
 
 @dataclasses.dataclass
@@ -91,16 +171,15 @@ class _Run:
   params_finite: Any
 
 
-def _prepare_workdir(config: mlc.ConfigDict, workdir: str, *, check_data: bool) -> mlc.ConfigDict:
+def _check_workdir(config: mlc.ConfigDict, workdir: str, *, check_data: bool) -> tuple[mlc.ConfigDict, list]:
   """Validates, resolves data folders, and runs every check that must fail before anything is written
-  (dataset present, resume compatible); then writes config.json. Returns the resolved config."""
+  (dataset present, resume compatible). Returns (resolved config, config.json history to write)."""
   config_validation.validate(config, num_devices=jax.device_count(), process_count=jax.process_count())
   config = data_prepare.resolve_data_dirs(config, workdir)
   if check_data:
     data_prepare.check_data_available(config)
   history = guard_resume(config, workdir)
-  workdir_lib.save_config(config, workdir, history)
-  return config
+  return config, history
 
 
 def _open_writer(config: mlc.ConfigDict, workdir: str):
@@ -120,30 +199,27 @@ def _open_data(config: mlc.ConfigDict):
                                       process_count=jax.process_count())
 
 
-def _build_run(config: mlc.ConfigDict, workdir: str, writer, data_iter) -> tuple[_Run, Any]:
-  """Builds the step, the checkpointer (with its SIGTERM handler) and the evaluators; restores or
-  initialises the state. Returns (run, state)."""
-  setup = step_lib.build(config)
-  logging.info("Recipe %s: %s", setup.recipe.name, setup.recipe.doc)
-  logging.info("Mesh %s; loss weights %s; EMA %s", dict(setup.mesh.shape), setup.ctx.weights,
-               setup.ctx.ema_keys)
+def _open_checkpointer(config: mlc.ConfigDict, workdir: str) -> checkpointing.Checkpointer:
+  """The run's checkpointer, with its SIGTERM handler armed."""
   ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"),
                                     every_steps=int(config.ckpt.every_steps), keep=int(config.ckpt.keep),
                                     async_save=bool(config.ckpt.async_save))
   ckpt.install_sigterm_handler()
-  t_init = time.time()
-  state = restore_or_init(setup, ckpt, data_iter)
-  logging.info("Train state ready at step %d in %.1fs", int(jax.device_get(state.step)), time.time() - t_init)
+  return ckpt
+
+
+def _build_run(config: mlc.ConfigDict, workdir: str, writer, setup: step_lib.Setup,
+               ckpt: checkpointing.Checkpointer) -> _Run:
+  """The jitted step, the evaluators and the guards around a restored state."""
   observability.log_parameter_summary(setup.state_shapes.params)
   evaluators = {}
   if len(config.evals):
     from tipsito import evals  # pylint: disable=import-outside-toplevel
     evaluators = evals.make_evaluators(config)
-  run = _Run(config=config, workdir=workdir, writer=writer, setup=setup, ckpt=ckpt,
-             train_step=step_lib.jit_train_step(setup), frozen=setup.frozen(), evaluators=evaluators,
-             monitor=nonfinite.NonFiniteMonitor(int(config.nonfinite.max_consecutive)),
-             params_finite=jax.jit(step_lib.all_finite))
-  return run, state
+  return _Run(config=config, workdir=workdir, writer=writer, setup=setup, ckpt=ckpt,
+              train_step=step_lib.jit_train_step(setup), frozen=setup.frozen(), evaluators=evaluators,
+              monitor=nonfinite.NonFiniteMonitor(int(config.nonfinite.max_consecutive)),
+              params_finite=jax.jit(step_lib.all_finite))
 
 
 def train_and_evaluate(config: mlc.ConfigDict, workdir: str, *, data_iter=None,
@@ -161,24 +237,46 @@ def train_and_evaluate(config: mlc.ConfigDict, workdir: str, *, data_iter=None,
   distributed.configure_jax()
   workdir = paths.resolve(workdir)
   owns_iter = data_iter is None
-  config = _prepare_workdir(config, workdir, check_data=owns_iter)
-  writer = _open_writer(config, workdir)
-  if owns_iter:
-    data_iter = _open_data(config)
-  run, state = _build_run(config, workdir, writer, data_iter)
+  config, history = _check_workdir(config, workdir, check_data=owns_iter)
+  setup = step_lib.build(config)
+  logging.info("Recipe %s: %s", setup.recipe.name, setup.recipe.doc)
+  logging.info("Mesh %s; loss weights %s; EMA %s", dict(setup.mesh.shape), setup.ctx.weights,
+               setup.ctx.ema_keys)
+  res = _Resources(_open_checkpointer(config, workdir))
+  peer_loss.add_cleanup(res.close_data)
+  peer_loss.set_resume_hint(lambda: _resume_hint(workdir))
+  try:
+    t_init = time.time()
+    state, data_state = restore_or_init(setup, res.ckpt)  # nothing written yet
+    res.ckpt.quarantine_unreadable()  # unreadable newer steps moved aside, on every process
+    logging.info("Train state ready at step %d in %.1fs", int(jax.device_get(state.step)),
+                 time.time() - t_init)
+    workdir_lib.save_config(config, workdir, history)
+    res.writer = writer = _open_writer(config, workdir)
+    if owns_iter:
+      res.data_iter = data_iter = _open_data(config)
+    if data_state is not None:
+      data_iter.set_state(data_state)
+    run = _build_run(config, workdir, writer, setup, res.ckpt)
 
-  total = int(config.total_steps)
-  last = total if max_steps is None else min(total, int(max_steps))
-  start = int(jax.device_get(state.step))
-  t0 = time.time()
-  with metric_writers.ensure_flushes(writer):
-    state, step, last_metrics, preempted = _train_steps(run, state, data_iter, start=start, last=last)
-    run.ckpt.wait()
-    if owns_iter and hasattr(data_iter, "close"):
-      data_iter.close()  # stops grain worker processes before the final evals need the CPU
-    if step >= total and not preempted:
-      last_metrics.update(_finish(run, state, step))
-  run.ckpt.close()
+    total = int(config.total_steps)
+    last = total if max_steps is None else min(total, int(max_steps))
+    start = int(jax.device_get(state.step))
+    t0 = time.time()
+    with metric_writers.ensure_flushes(writer):
+      state, step, last_metrics, preempted = _train_steps(run, state, data_iter, start=start, last=last)
+      run.ckpt.wait()
+      res.close_data()  # stops grain worker processes before the final evals need the CPU
+      if step >= total and not preempted:
+        last_metrics.update(_finish(run, state, step))
+    res.close()
+  except (Exception, KeyboardInterrupt) as e:
+    _failed(e, res, workdir)
+    raise
+  finally:
+    res.close()
+    peer_loss.remove_cleanup(res.close_data)
+    peer_loss.set_resume_hint(None)
   logging.info("Done: steps %d -> %d in %.1fs", start, step, time.time() - t0)
   if preempted:
     raise checkpointing.Preempted(step)
