@@ -48,7 +48,7 @@ def load(name, arg=None):
 
 
 def test_every_config_file_is_covered():
-  assert set(SHIPPED) | {"eval_shapes.py"} == {p.name for p in CONFIGS.glob("*.py")}
+  assert set(SHIPPED) | {"eval_shapes.py", "ablations.py"} == {p.name for p in CONFIGS.glob("*.py")}
 
 
 def _training_crops(c):
