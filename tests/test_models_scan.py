@@ -143,7 +143,7 @@ def test_scanned_training_model_exports_per_layer(tmp_path):
   enc = inference.Encoder.from_params(img_cfg, txt_cfg, exported, 1.0)
   x = _images(2, 32, 32)
   want = setup.model.apply({"params": params}, x, method=setup.model.encode_image)
-  got = enc.embed_images(x, values=False)
+  got = enc.embed_images(x, values=False, project=False)  # raw tower output (CLIP-style default: projected)
   np.testing.assert_allclose(got["cls"], want["cls"], rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(got["patches"], want["patches"], rtol=1e-5, atol=1e-5)
   # And back: the per-layer export loads into the scanned training layout bit-exactly.
