@@ -368,7 +368,7 @@ def pad_batch(examples: list[dict], batch_size: int) -> dict:
   return out
 
 
-def _chunks(items: Iterable, n: int) -> Iterator[list]:
+def chunks(items: Iterable, n: int) -> Iterator[list]:
   """Groups items into lists of n (the last one shorter)."""
   buf = []
   for item in items:
@@ -395,7 +395,7 @@ def eval_examples(source, fields: EvalFields, *, max_examples: int | None = None
       yield read(rec)
     return
   with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-    for recs in _chunks(records, max(1, int(chunk_size))):
+    for recs in chunks(records, max(1, int(chunk_size))):
       yield from pool.map(read, recs)
 
 
@@ -414,9 +414,9 @@ def eval_batches(source, fields: EvalFields, batch_size: int, *, max_examples: i
   read = functools.partial(read_example, fields=fields)
   workers = max(1, int(num_workers or 1))
   if workers == 1:
-    for recs in _chunks(records, batch_size):
+    for recs in chunks(records, batch_size):
       yield pad_batch([read(r) for r in recs], batch_size)
     return
   with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-    for recs in _chunks(records, batch_size):
+    for recs in chunks(records, batch_size):
       yield pad_batch(list(pool.map(read, recs)), batch_size)

@@ -283,17 +283,6 @@ def patch_size_of(encoder) -> int:
   return max(1, int(cfg.get("patch_size") or getattr(encoder, "patch_size", None) or 1))
 
 
-def _chunks(items: Iterable, n: int) -> Iterator[list]:
-  buf = []
-  for item in items:
-    buf.append(item)
-    if len(buf) == n:
-      yield buf
-      buf = []
-  if buf:
-    yield buf
-
-
 def _pad_stack(images: list[np.ndarray], batch_size: int) -> tuple[np.ndarray, np.ndarray]:
   """Equal-shaped images -> (batch_size, ...) with zero rows after them, and the `_valid` mask."""
   arr = np.stack(images)
@@ -406,7 +395,7 @@ class SegmentationEvaluator(evaluator.Evaluator):
     of one shape; per image, the windows' softmax maps averaged, then upsampled to the label map."""
     patch = patch_size_of(encoder)
     bs = int(self.cfg["batch_size"])
-    for chunk in _chunks(examples, bs):
+    for chunk in eval_input.chunks(examples, bs):
       plans, queues = [], {}
       for j, ex in enumerate(chunk):
         h, w = ex["image"].shape[:2]
@@ -419,7 +408,7 @@ class SegmentationEvaluator(evaluator.Evaluator):
           queues.setdefault(x.shape, []).append(((j, k), x))
       window_scores = {}
       for items in queues.values():
-        for part in _chunks(items, bs):
+        for part in eval_input.chunks(items, bs):
           out, batch, valid, scores = self._encode_scores(encoder, [x for _, x in part], scorer)
           sink.pca(out, batch, valid)
           for i, (jk, _) in enumerate(part):
