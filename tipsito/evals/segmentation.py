@@ -66,7 +66,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterator
 
 import jax
 import jax.numpy as jnp
