@@ -55,6 +55,7 @@ WORKER = textwrap.dedent(r'''
   c.sharding.min_size = 1  # every divisible leaf sharded: both processes hold real shards
   c.log_every_steps = 1
   c.export.enabled = False
+  c.input.num_workers = args["workers"]
   out = {"process": jax.process_index()}
   out["metrics"] = loop.train_and_evaluate(c, args["workdir"], max_steps=args["max_steps"])
   print("RESULT" + json.dumps(out), flush=True)
@@ -67,8 +68,9 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def launch(workdir, data_dir, *, max_steps=None, kill_after_step=None):
-  """2 processes x 4 CPU devices; with `kill_after_step`, process 1 gets SIGKILL once that step's
+def launch(workdir, data_dir, *, max_steps=None, kill_after_step=None, workers=1):
+  """2 processes x 4 CPU devices, each with `workers` grain worker processes (shared memory that every
+  exit must release); with `kill_after_step`, process 1 gets SIGKILL once that step's
   checkpoint is committed and it logged the next step. Returns ([(rc, result, log)], seconds from the
   SIGKILL to process 0's exit or None)."""
   env = dict(os.environ)
@@ -82,7 +84,7 @@ def launch(workdir, data_dir, *, max_steps=None, kill_after_step=None):
   try:
     for i in range(2):
       args = dict(coordinator=coordinator, process_id=i, workdir=str(workdir), data_dir=data_dir,
-                  total=TOTAL, every=EVERY, max_steps=max_steps)
+                  total=TOTAL, every=EVERY, max_steps=max_steps, workers=workers)
       paths.append(f"{workdir}.p{i}.log")
       logs.append(open(paths[-1], "w+"))
       procs.append(subprocess.Popen([sys.executable, "-c", WORKER, json.dumps(args)], cwd=ROOT, env=env,

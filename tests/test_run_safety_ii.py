@@ -372,17 +372,21 @@ def test_peer_watch_ignores_finished_processes_and_names_a_lost_coordinator():
 
 
 def test_lost_peer_exit_is_one_line_after_the_cleanups(monkeypatch, capfd):
+  import threading
   calls = []
   monkeypatch.setattr(os, "_exit", lambda code: calls.append(("exit", code)))
   monkeypatch.setattr(peer_loss, "_watch", peer_loss.PeerWatch(None, 0, 2))
+  monkeypatch.setattr(peer_loss, "_exiting", threading.Lock())
+  # multiprocessing's exit finalizers would run in the test process itself
+  monkeypatch.setattr(peer_loss, "_release_interpreter_resources", lambda: calls.append(("release",)))
   peer_loss.add_cleanup(lambda: calls.append(("cleanup",)))
   peer_loss.set_resume_hint(lambda: "run the same command again on every host to resume from step 4 (W)")
   try:
-    peer_loss._exit_peer_lost("peer process 1 of 2 disappeared (sent no heartbeat for 30s)")
+    peer_loss.exit_peer_lost("peer process 1 of 2 disappeared (sent no heartbeat for 30s)")
   finally:
     peer_loss._cleanups.clear()
     peer_loss.set_resume_hint(None)
-  assert calls == [("cleanup",), ("exit", peer_loss.PEER_LOST_EXIT_CODE)]
+  assert calls == [("cleanup",), ("release",), ("exit", peer_loss.PEER_LOST_EXIT_CODE)]
   assert peer_loss.PEER_LOST_EXIT_CODE == 76
   err = capfd.readouterr().err
   assert err == ("tipsito: peer process 1 of 2 disappeared (sent no heartbeat for 30s); process 0 stops "

@@ -46,6 +46,8 @@ _watch: Optional["PeerWatch"] = None
 _resume_hint: Optional[Callable[[], str]] = None
 _cleanups: list = []
 _lock = threading.Lock()
+_main_waiting = threading.Event()  # the main thread is in wait_for_verdict
+_exiting = threading.Lock()  # held by the one thread that performs the lost-peer exit
 
 
 def set_resume_hint(fn: Optional[Callable[[], str]]) -> None:
@@ -81,7 +83,7 @@ class PeerWatch:
     self.num_processes = int(num_processes)
     self.interval = float(interval)
     self.lost_after = float(lost_after)
-    self.on_lost = on_lost or _exit_peer_lost
+    self.on_lost = on_lost or exit_peer_lost
     self.clock = clock
     self._beat = 0
     t0 = clock()
@@ -168,7 +170,8 @@ class PeerWatch:
     while not self._stop.wait(self.interval):
       reason = self.step()
       if reason:
-        self.on_lost(reason)
+        if not _main_waiting.is_set():  # else the main thread, in wait_for_verdict, ends the process
+          self.on_lost(reason)
         return
 
   def start(self) -> "PeerWatch":
@@ -203,41 +206,81 @@ def start(client, process_id: int, num_processes: int) -> Optional[PeerWatch]:
 def wait_for_verdict(timeout: Optional[float] = None) -> Optional[str]:
   """After an error in a multi-process run: waits until every peer has shown two heartbeats since the
   call (it is alive: returns None, the error is the caller's to report; a few seconds), or until the
-  watch names a lost peer, which ends the process. At most `timeout` (default LOST_AFTER_S plus two beats).
-  Returns None at once without a watch (one process)."""
+  watch names a lost peer: returns that one-line reason, and the caller ends the process with
+  `exit_peer_lost` (from the main thread, which can first free what it holds). At most `timeout`
+  (default LOST_AFTER_S plus two beats). Returns None at once without a watch (one process)."""
   w = _watch
   if w is None or w._stop.is_set():  # pylint: disable=protected-access
     return None
   base = w.changes()
   deadline = time.monotonic() + (w.lost_after + 2 * w.interval if timeout is None else timeout)
   logging.warning("Stopping on an error: checking that every peer process is still alive.")
-  while time.monotonic() < deadline:
-    if w.verdict:
-      time.sleep(3600)  # the watch thread is ending the process
-    if w.all_alive_after(base):
-      return None
-    time.sleep(0.2)
+  _main_waiting.set()
+  try:
+    while time.monotonic() < deadline and not w.verdict:
+      if w.all_alive_after(base):
+        return None
+      time.sleep(0.2)
+  finally:
+    _main_waiting.clear()
   return w.verdict
 
 
-def _run_cleanups(limit_s: float = 20.0) -> None:
-  with _lock:
-    fns = list(reversed(_cleanups))
-
-  def run():
-    for fn in fns:
-      try:
-        fn()
-      except Exception:  # pylint: disable=broad-except
-        pass
-
-  t = threading.Thread(target=run, daemon=True)
+def _bounded(fn: Callable[[], None], limit_s: float) -> None:
+  """Runs `fn` in a daemon thread for at most `limit_s` seconds (a stuck clean-up must not keep a
+  process whose peer is gone alive)."""
+  t = threading.Thread(target=fn, daemon=True)
   t.start()
   t.join(limit_s)
 
 
-def _exit_peer_lost(reason: str) -> None:
-  """The lost-peer exit: one line, the registered clean-ups, exit PEER_LOST_EXIT_CODE."""
+def _release_process_resources() -> None:
+  """What the interpreter's shutdown would release and os._exit skips: the registered clean-ups (the
+  training loop's data iterator: grain worker processes), grain's pending shared-memory unlinks, and
+  multiprocessing's finalizers (semaphores, queues, children), so that the resource tracker finds
+  nothing left to report after the exit line."""
+  _run_cleanups()
+  _release_interpreter_resources()
+
+
+def _run_cleanups() -> None:
+  with _lock:
+    fns = list(reversed(_cleanups))
+  for fn in fns:
+    try:
+      fn()
+    except Exception:  # pylint: disable=broad-except
+      pass
+
+
+def _release_interpreter_resources() -> None:
+  import gc  # pylint: disable=import-outside-toplevel
+  gc.collect()
+  try:  # grain unlinks freed shared-memory blocks on a thread pool (private; absent in other versions):
+    # let it finish, then have every later free unlink at once (a closed pool would drop them)
+    from grain._src.python.ipc import shared_memory_array  # pylint: disable=import-outside-toplevel
+    cls = shared_memory_array.SharedMemoryArray
+    pool = cls._del_thread_pool  # pylint: disable=protected-access
+    if pool is not None:
+      cls._disable_async_del()  # pylint: disable=protected-access
+      pool.close()
+      pool.join()
+  except Exception:  # pylint: disable=broad-except
+    pass
+  try:
+    from multiprocessing import util  # pylint: disable=import-outside-toplevel
+    util._exit_function()  # pylint: disable=protected-access  # what multiprocessing runs at exit
+  except Exception:  # pylint: disable=broad-except
+    pass
+  gc.collect()
+
+
+def exit_peer_lost(reason: str, *, limit_s: float = 30.0) -> None:
+  """The lost-peer exit: the clean-ups (bounded), one line, exit PEER_LOST_EXIT_CODE. Never returns;
+  when two threads get here, the second waits for the first to end the process."""
+  if not _exiting.acquire(blocking=False):
+    while True:
+      time.sleep(3600)
   w = _watch
   me = f"process {w.process_id}" if w else "this process"
   hint = "run the same command again on every host to resume from the latest checkpoint"
@@ -246,8 +289,9 @@ def _exit_peer_lost(reason: str) -> None:
       hint = _resume_hint()
     except Exception:  # pylint: disable=broad-except
       pass
-  _run_cleanups()
+  _bounded(_release_process_resources, limit_s)
   sys.stdout.flush()
   sys.stderr.write(f"tipsito: {reason}; {me} stops with exit status {PEER_LOST_EXIT_CODE}: {hint}.\n")
   sys.stderr.flush()
   os._exit(PEER_LOST_EXIT_CODE)  # pylint: disable=protected-access  # JAX's shutdown would only abort
+
