@@ -252,3 +252,11 @@ def test_siglip_workdir_carries_its_bias(tmp_path):
   ckpt.close()
   m = sources.from_workdir(str(tmp_path))
   assert m.extra["recipe"] == "siglip" and m.extra["logit_bias"] == pytest.approx(-10.0)
+
+
+@pytest.mark.parametrize("fmt", ["hf_tipsv2", "tips_npz"])
+def test_tips_formats_point_clip_models_here(ito, tmp_path, fmt):
+  _, _, model, _, _ = ito
+  with pytest.raises(NotRepresentableError, match=rf"--format {fmt}: .*image projection.*hf_clip or open_clip"):
+    sources.write(model, tmp_path / fmt, fmt)
+  assert not (tmp_path / fmt).exists()

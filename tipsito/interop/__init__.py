@@ -1,7 +1,8 @@
 """Formats other tools read: what `python -m tipsito.export --format F` writes besides tipsito's own export.
 
 Why a package of its own: tipsito's export format (tipsito/export_format.py) is read by `tipsito.load`;
-the formats here belong to someone else and each one has a writer and a strict reader in one module:
+the formats here belong to someone else; each module holds its writer (and, for the TIPS formats, a strict
+reader):
   * `tips_npz.py`   the official TIPS Scenic `.npz` pair (vision + text), the exact inverse of the importer
                     in tipsito/tips_import.py;
   * `hf_tipsv2.py`  a Hugging Face `Tipsv2Model` folder (safetensors in the hub's key layout, config.json,

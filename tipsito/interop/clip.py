@@ -12,7 +12,7 @@ equations.
     which HF computes what tipsito computes (`hidden_act` 'gelu' = exact erf GELU, tipsito's LayerNorm eps,
     `eos_token_id` = the clip tokenizer's EOT so that HF pools the token tipsito pools,
     `image_size` = position grid x patch: HF needs no interpolation there), `preprocessor_config.json`
-    (CLIPImageProcessor: shorter side to the training size, centre crop, bicubic, the model's mean/std:
+    (CLIPImageProcessor: shorter side to the native size, centre crop, bicubic, the model's mean/std:
     tipsito's 'center_crop' eval resize) and the SentencePiece `tokenizer.model` (HF has no CLIP
     tokenizer for it: tokenize with tipsito, `tipsito.load(E).tokenize` or tipsito/data/tokenizer.py with
     flavour 'clip').
@@ -359,14 +359,19 @@ def _json(d) -> bytes:
 
 
 def write_hf_clip(output_dir, *, image_config, text_config, params, temperature: float,
-                  tokenizer_path=None, image_size: Optional[int] = None, extra=None) -> str:
-  """Writes a folder `transformers.CLIPModel.from_pretrained(output_dir)` opens offline."""
+                  tokenizer_path=None, extra=None) -> str:
+  """Writes a folder `transformers.CLIPModel.from_pretrained(output_dir)` opens offline.
+
+  The image processor's size is the position table's native size (grid x patch), the only one CLIPModel
+  takes without `interpolate_pos_encoding` (and the one OpenCLIP's preprocessing uses); the CLIP-style
+  recipes train there (224 px for ViT-B/16's 14 x 14 grid).
+  """
   from tipsito.interop.hf_tipsv2 import _safetensors_numpy  # pylint: disable=g-import-not-at-top
   st = _safetensors_numpy()
   check_clip_style(image_config, text_config, params, 'hf_clip', extra)
   cfg = hf_clip_config(image_config, text_config, temperature, tokenizer_path)
   state = to_hf_clip_state(image_config, text_config, params, temperature)
-  size = int(image_size) if image_size else cfg['vision_config']['image_size']
+  size = cfg['vision_config']['image_size']
   return _write(output_dir, {
       HF_WEIGHTS_FILE: st.save(state, metadata={'format': 'pt'}), 'config.json': _json(cfg),
       'preprocessor_config.json': _json(hf_preprocessor_config(image_config, size))}, tokenizer_path)

@@ -125,6 +125,6 @@ def write(model: Model, output, fmt: str) -> str:
     kw = dict(image_config=model.image_config, text_config=model.text_config, params=model.params,
               temperature=model.temperature, tokenizer_path=model.tokenizer_path, extra=model.extra)
     if fmt == 'hf_clip':
-      return clip.write_hf_clip(output, image_size=model.image_size, **kw)
+      return clip.write_hf_clip(output, **kw)
     return clip.write_open_clip(output, **kw)
   raise ValueError(f'unknown --format {fmt!r}; valid: {list(FORMATS)}')
