@@ -80,3 +80,22 @@ def test_transformers_example_gives_the_same_probabilities(paths):
   hf_probs = ns["out"].logits_per_image.softmax(-1).numpy()
   assert "tensor" in printed and hf_probs.shape == ns["probs"].shape
   np.testing.assert_allclose(hf_probs, ns["probs"], atol=1e-4)
+
+
+def test_every_export_command_of_the_section_uses_real_flags_and_formats():
+  """The routes table's `python -m tipsito.export ...` commands name flags the CLI defines and formats
+  it writes (tests/test_interop_*.py run each format's command from a workdir or an export)."""
+  from absl import flags
+  from tipsito.interop import sources
+  export._define_flags()  # pylint: disable=protected-access
+  cmds = re.findall(r"`(python -m tipsito\.export [^`]*)`", _section())
+  formats = set()
+  for cmd in cmds:
+    argv = shlex.split(cmd)[3:]
+    for arg in argv:
+      if arg.startswith("--"):
+        assert arg[2:].split("=")[0] in flags.FLAGS, (cmd, arg)
+    if "--format" in argv:
+      formats.add(argv[argv.index("--format") + 1])
+  assert formats == set(sources.FORMATS) - {"tipsito"}, formats
+  assert set(flags.FLAGS["format"].parser.enum_values) == set(sources.FORMATS)

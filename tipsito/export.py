@@ -48,7 +48,7 @@ def _define_flags() -> None:
   flags.DEFINE_integer('step', None, 'With --workdir: the checkpoint step to export (default: the latest).')
   flags.DEFINE_string('from', None, 'An existing tipsito export or Hugging Face Tipsv2Model folder to '
                       'convert (see --format).')
-  flags.DEFINE_enum('format', 'tipsito', ['tipsito', 'hf_tipsv2', 'tips_npz'],
+  flags.DEFINE_enum('format', 'tipsito', ['tipsito', 'hf_tipsv2', 'tips_npz', 'hf_clip', 'open_clip'],
                     'What to write: a tipsito export, a Hugging Face Tipsv2Model folder, or the official '
                     'TIPS .npz pair.')
   flags.DEFINE_string('output', None, 'Output directory.')

@@ -1,6 +1,6 @@
 """What `python -m tipsito.export` converts from, as one in-memory model every format writer takes.
 
-Why: every format (tipsito's own export, `tips_npz`, `hf_tipsv2`) is written from a training workdir at
+Why: every format (tipsito's own export, `tips_npz`, `hf_tipsv2`, `hf_clip`, `open_clip`) is written from a training workdir at
 its latest or a chosen step (`--workdir W [--step N]`), from an existing export or Hugging Face Tipsv2
 folder (`--from E`), or from official TIPS `.npz` weights. Reading each source once into `Model` keeps the
 writers independent of where the weights came from.
@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-FORMATS = ('tipsito', 'hf_tipsv2', 'tips_npz')
+FORMATS = ('tipsito', 'hf_tipsv2', 'tips_npz', 'hf_clip', 'open_clip')
 
 
 @dataclasses.dataclass
@@ -73,6 +73,7 @@ def from_tips_npz(image_npz, text_npz, tokenizer: Optional[str] = None) -> Model
 
 def from_workdir(workdir, step: Optional[int] = None) -> Model:
   """A training workdir's checkpoint at `step` (default: the latest), the export's subset only."""
+  import jax  # pylint: disable=g-import-not-at-top
   from tipsito import export  # pylint: disable=g-import-not-at-top
   from tipsito.train import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   what = f'--workdir {workdir}' + (f' --step {step}' if step is not None else '')
@@ -81,6 +82,8 @@ def from_workdir(workdir, step: Optional[int] = None) -> Model:
   params = export.export_params(state.params)
   extra = {'source': 'tipsito-train', 'recipe': setup.config.recipe, 'step': int(state.step),
            'image_size': int(setup.config.input.global_size)}
+  if 'logit_bias' in state.params:  # SigLIP: `--format open_clip` writes it (an export keeps no bias)
+    extra['logit_bias'] = float(np.asarray(jax.device_get(state.params['logit_bias'])))
   return Model(img, txt, params, export.temperature_of(state.params), export.tokenizer_path(setup.config),
                extra)
 
@@ -117,4 +120,11 @@ def write(model: Model, output, fmt: str) -> str:
                                      text_config=model.text_config, params=model.params,
                                      temperature=model.temperature, tokenizer_path=model.tokenizer_path,
                                      image_size=model.image_size)
+  if fmt in ('hf_clip', 'open_clip'):
+    from tipsito.interop import clip  # pylint: disable=g-import-not-at-top
+    kw = dict(image_config=model.image_config, text_config=model.text_config, params=model.params,
+              temperature=model.temperature, tokenizer_path=model.tokenizer_path, extra=model.extra)
+    if fmt == 'hf_clip':
+      return clip.write_hf_clip(output, **kw)
+    return clip.write_open_clip(output, **kw)
   raise ValueError(f'unknown --format {fmt!r}; valid: {list(FORMATS)}')

@@ -48,7 +48,8 @@ def check_tips_style(image_config: Mapping[str, Any], text_config: Mapping[str, 
   if 'image_proj' in params:
     raise NotRepresentableError(
         f'--format {fmt}: this model has an image projection (a CLIP-style recipe: clip, siglip, ito); '
-        f'{fmt} holds TIPS-style towers only (shared width, no projection). Keep the tipsito export.')
+        f'{fmt} holds TIPS-style towers only (shared width, no projection). Use --format hf_clip or '
+        'open_clip (or the tipsito export).')
   if text_config.get('flavour', 'tips') != 'tips' or text_config.get('out_dim') is not None:
     raise NotRepresentableError(
         f"--format {fmt}: the text tower is {text_config.get('flavour')!r} with out_dim "
