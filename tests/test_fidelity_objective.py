@@ -25,7 +25,8 @@ from tipsito.losses import contrastive as con_lib
 from tipsito.losses import self_distill as sd_lib
 from tipsito.objective.features import unit
 from tipsito.objective.model import TrainModel
-from tipsito.step_bench import synthetic_batch
+from tipsito.data.synthetic import synthetic_batch
+from tipsito.train import assembly
 from tipsito.train import checkpointing
 from tipsito.train import loop
 from tipsito.train import sharding
@@ -317,7 +318,7 @@ def assert_trees_equal(a, b):
 
 
 def last_checkpoint(workdir):
-  return jax.device_get(workdir_lib.restore_latest(workdir, what="test")[1])
+  return jax.device_get(assembly.restore_latest(workdir, what="test")[1])
 
 
 @pytest.mark.parametrize("mode", ["head", "full"])

@@ -18,7 +18,7 @@ pytest.importorskip("safetensors")
 import tipsito  # noqa: E402
 from interop_workdir import tiny_config, trained_workdir  # noqa: E402,F401  (session fixture)
 from tipsito import evaluate  # noqa: E402
-from tipsito import export  # noqa: E402
+from tipsito.train import exporting  # noqa: E402
 from tipsito.config import defaults  # noqa: E402
 from tipsito.interop import hf_tipsv2  # noqa: E402
 from tipsito.interop import sources  # noqa: E402
@@ -46,7 +46,7 @@ def _same(a, b, drop=("mask_token",)):
 def test_export_step_n_holds_that_step(trained_workdir, tmp_path):
   wd, _, params = trained_workdir
   assert not _same(params[1]["image"], params[2]["image"])  # the steps differ, so the test can tell
-  enc = tipsito.load(export.export_from_workdir(str(wd), str(tmp_path / "e1"), step=1))
+  enc = tipsito.load(exporting.export_from_workdir(str(wd), str(tmp_path / "e1"), step=1))
   assert enc.config["extra"]["step"] == 1 and enc.config["extra"]["image_size"] == 32
   assert _same(enc.params["image"], params[1]["image"]) and _same(enc.params["text"], params[1]["text"])
   hf = tmp_path / "hf1"  # the command line, another format
@@ -57,7 +57,7 @@ def test_export_step_n_holds_that_step(trained_workdir, tmp_path):
   assert _same(back["params"]["image"], params[1]["image"])
   assert _same(back["params"]["text"], params[1]["text"])
   with pytest.raises(FileNotFoundError, match=r"step 7.*\[1, 2\]"):
-    export.export_from_workdir(str(wd), str(tmp_path / "e7"), step=7)
+    exporting.export_from_workdir(str(wd), str(tmp_path / "e7"), step=7)
 
 
 def test_evaluate_on_a_step_folder(trained_workdir, tmp_path):
@@ -76,7 +76,7 @@ def test_evaluate_on_a_step_folder(trained_workdir, tmp_path):
                                                         batch_size=8, num_pictures=0), "tokenizer": None})
   quiet = lambda *a: None  # noqa: E731
   step1 = evaluate.evaluate(cfg, str(wd / "checkpoints" / "1"), only=["shapes_zeroshot"], print_fn=quiet)
-  export1 = export.export_from_workdir(str(wd), str(tmp_path / "e1"), step=1)
+  export1 = exporting.export_from_workdir(str(wd), str(tmp_path / "e1"), step=1)
   same = evaluate.evaluate(cfg, export1, only=["shapes_zeroshot"], print_fn=quiet)
   assert step1["kind"] == "train" and same["kind"] == "export"
   assert step1["metrics"] == same["metrics"] and "shapes_zeroshot/top1" in step1["metrics"]
@@ -86,7 +86,7 @@ def test_evaluate_on_a_step_folder(trained_workdir, tmp_path):
 def trained_hf(trained_workdir, tmp_path_factory):
   wd, _, _ = trained_workdir
   out = tmp_path_factory.mktemp("hf")
-  sources.write(sources.from_workdir(str(wd)), out, "hf_tipsv2")
+  sources.write(exporting.model_from_workdir(str(wd)), out, "hf_tipsv2")
   return out
 
 

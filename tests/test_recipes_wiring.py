@@ -13,14 +13,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tipsito import export
+from tipsito.train import exporting
 from tipsito import objective
 from tipsito.config import defaults
 from tipsito.losses import contrastive as con_lib
 from tipsito.losses import self_distill as sd_lib
 from tipsito.objective.features import unit
 from tipsito.objective.model import TrainModel
-from tipsito.step_bench import synthetic_batch
+from tipsito.data.synthetic import synthetic_batch
 from tipsito.train import sharding
 from tipsito.train import step as step_lib
 
@@ -208,7 +208,7 @@ def test_fusion_module_only_from_fusion_term_and_not_exported():
   g = grad_of(setup, state, batch, {"fusion": 2.0})[0]
   assert nonzero(g["fusion"]) and nonzero(g["image"]) and nonzero(g["text"])
   assert all_zero(g["dino_head"]) and all_zero(g["ibot_head"])
-  exported = export.export_params(state.params)
+  exported = exporting.export_params(state.params)
   paths = [sharding.path_str(k) for k, _ in jax.tree_util.tree_leaves_with_path(exported)]
   assert paths and not [q for q in paths if "fusion" in q or "head" in q]
 

@@ -1,0 +1,279 @@
+"""The package's import structure, read from its own source with `ast`: no circle between files or between
+subpackages, no function-local import of a tipsito module without a reason on its line, and no library
+module importing a `python -m` command-line module.
+
+Why a test: function-local imports and imports under `if TYPE_CHECKING:` hide a dependency from a reader
+but not from the structure; every import of a tipsito module counts here, wherever it is written.
+
+`python tests/test_import_structure.py` prints the figures (files, import edges, circles, function-local
+imports with their reasons).
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import pathlib
+import sys
+from typing import Iterable, Optional
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PACKAGE = "tipsito"
+
+
+@dataclasses.dataclass(frozen=True)
+class Import:
+  """One import of a tipsito module: who imports what, where, and whether inside a function."""
+  source: str  # importing module, dotted
+  target: str  # imported tipsito module, dotted (a file of the package)
+  line: int
+  local: bool  # inside a function body
+  comment: str  # the comment on the import's line ('' when none)
+
+
+def module_files(root: pathlib.Path = ROOT) -> dict[str, pathlib.Path]:
+  """Dotted module name -> file, for every .py file of the package."""
+  out = {}
+  for f in sorted((root / PACKAGE).rglob("*.py")):
+    parts = list(f.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+      parts = parts[:-1]
+    out[".".join(parts)] = f
+  return out
+
+
+def _is_package(name: str, files: dict[str, pathlib.Path]) -> bool:
+  return files[name].name == "__init__.py"
+
+
+def _resolve(name: str, files: dict[str, pathlib.Path]) -> Optional[str]:
+  """The package file a dotted name lives in: the longest prefix that is a module of the package."""
+  parts = name.split(".")
+  for n in range(len(parts), 0, -1):
+    cand = ".".join(parts[:n])
+    if cand in files:
+      return cand
+  return None
+
+
+def _comment(lines: list[str], lineno: int) -> str:
+  line = lines[lineno - 1]
+  return line.split("#", 1)[1].strip() if "#" in line else ""
+
+
+def imports_of(module: str, files: dict[str, pathlib.Path]) -> list[Import]:
+  """Every import of a tipsito module in `module`'s file (module level, in functions, relative too)."""
+  text = files[module].read_text()
+  lines = text.splitlines()
+  tree = ast.parse(text)
+  out: list[Import] = []
+  package = module if _is_package(module, files) else module.rpartition(".")[0]
+
+  def visit(node: ast.AST, local: bool) -> None:
+    for child in ast.iter_child_nodes(node):
+      in_fn = local or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+      if isinstance(child, ast.Import):
+        for a in child.names:
+          if a.name == PACKAGE or a.name.startswith(PACKAGE + "."):
+            add(_resolve(a.name, files), child, local)
+      elif isinstance(child, ast.ImportFrom):
+        if child.level:
+          base = package.split(".")
+          base = base[:len(base) - (child.level - 1)]
+          mod = ".".join(base + ([child.module] if child.module else []))
+        else:
+          mod = child.module or ""
+        if not (mod == PACKAGE or mod.startswith(PACKAGE + ".")):
+          continue
+        for a in child.names:
+          sub = f"{mod}.{a.name}"
+          add(sub if sub in files else _resolve(mod, files), child, local)
+      visit(child, in_fn)
+
+  def add(target: Optional[str], node: ast.stmt, local: bool) -> None:
+    if target is not None and target != module:
+      out.append(Import(module, target, node.lineno, local, _comment(lines, node.lineno)))
+
+  visit(tree, False)
+  return out
+
+
+def all_imports(files: Optional[dict[str, pathlib.Path]] = None) -> list[Import]:
+  files = files or module_files()
+  return [imp for m in files for imp in imports_of(m, files)]
+
+
+def subpackage(module: str) -> str:
+  """`tipsito.train.step` -> 'train'; a top-level module is its own node (`tipsito.export` -> 'export')."""
+  parts = module.split(".")
+  return parts[1] if len(parts) > 1 else PACKAGE
+
+
+def circles(edges: Iterable[tuple[str, str]]) -> list[list[str]]:
+  """One circle (a -> ... -> a) per strongly connected component with more than one node (Tarjan)."""
+  graph: dict[str, set[str]] = {}
+  for a, b in edges:
+    if a != b:
+      graph.setdefault(a, set()).add(b)
+      graph.setdefault(b, set())
+  index, low, stack, on_stack, comps = {}, {}, [], set(), []
+  counter = [0]
+
+  def strongconnect(v: str) -> None:
+    index[v] = low[v] = counter[0]
+    counter[0] += 1
+    stack.append(v)
+    on_stack.add(v)
+    for w in sorted(graph[v]):
+      if w not in index:
+        strongconnect(w)
+        low[v] = min(low[v], low[w])
+      elif w in on_stack:
+        low[v] = min(low[v], index[w])
+    if low[v] == index[v]:
+      comp = []
+      while True:
+        w = stack.pop()
+        on_stack.discard(w)
+        comp.append(w)
+        if w == v:
+          break
+      if len(comp) > 1:
+        comps.append(set(comp))
+
+  sys.setrecursionlimit(max(10000, sys.getrecursionlimit()))
+  for v in sorted(graph):
+    if v not in index:
+      strongconnect(v)
+  return [_one_circle(graph, comp) for comp in comps]
+
+
+def _one_circle(graph: dict[str, set[str]], comp: set[str]) -> list[str]:
+  """A shortest circle through the component's smallest node (breadth-first inside the component)."""
+  start = min(comp)
+  prev = {start: None}
+  queue = [start]
+  while queue:
+    v = queue.pop(0)
+    for w in sorted(graph[v] & comp):
+      if w == start:
+        path = [v]
+        while prev[path[-1]] is not None:
+          path.append(prev[path[-1]])
+        return list(reversed(path)) + [start]
+      if w not in prev:
+        prev[w] = v
+        queue.append(w)
+  return sorted(comp)
+
+
+def is_cli(path: pathlib.Path) -> bool:
+  """A `python -m` module: `if __name__ == "__main__":` or an absl `app.run(...)` call at module level."""
+  tree = ast.parse(path.read_text())
+  for node in tree.body:
+    if isinstance(node, ast.If) and isinstance(node.test, ast.Compare):
+      names = [n.id for n in ast.walk(node.test) if isinstance(n, ast.Name)]
+      consts = [n.value for n in ast.walk(node.test) if isinstance(n, ast.Constant)]
+      if "__name__" in names and "__main__" in consts:
+        return True
+    if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
+      f = node.value.func
+      if isinstance(f, ast.Attribute) and f.attr == "run" and getattr(f.value, "id", None) == "app":
+        return True
+  return False
+
+
+def figures() -> dict:
+  """The structure in numbers, from the code's own imports."""
+  files = module_files()
+  imps = all_imports(files)
+  file_edges = {(i.source, i.target) for i in imps}
+  sub_edges = {(subpackage(a), subpackage(b)) for a, b in file_edges if subpackage(a) != subpackage(b)}
+  local = [i for i in imps if i.local]
+  clis = sorted(m for m, f in files.items() if is_cli(f))
+  lib_to_cli = sorted({(i.source, i.target) for i in imps if i.target in clis and i.source not in clis})
+  return {"files": len(files), "import_edges": len(file_edges), "subpackage_edges": len(sub_edges),
+          "file_circles": circles(file_edges), "subpackage_circles": circles(sub_edges),
+          "local_imports": local, "unexplained_local_imports": [i for i in local if not _reason(i.comment)],
+          "cli_modules": clis, "library_imports_of_cli": lib_to_cli}
+
+
+def _reason(comment: str) -> str:
+  """The reason a comment gives; a bare linter pragma (`pylint: disable=...`) is no reason."""
+  parts = [p.strip() for p in comment.split("#")]
+  return " ".join(p for p in parts if p and not p.startswith(("pylint:", "noqa", "type:")))
+
+
+# --------------------------------------------------------------------------------------------------------
+# The tests
+# --------------------------------------------------------------------------------------------------------
+
+def _fmt(circle: list[str]) -> str:
+  return " -> ".join(circle)
+
+
+def test_no_import_circle_between_files():
+  files = module_files()
+  found = circles({(i.source, i.target) for i in all_imports(files)})
+  assert not found, "import circles between files:\n  " + "\n  ".join(map(_fmt, found))
+
+
+def test_no_import_circle_between_subpackages():
+  edges = {(subpackage(i.source), subpackage(i.target)) for i in all_imports()}
+  found = circles(edges)
+  assert not found, "import circles between subpackages:\n  " + "\n  ".join(map(_fmt, found))
+
+
+def test_function_local_imports_of_tipsito_give_a_reason():
+  bad = [i for i in all_imports() if i.local and not _reason(i.comment)]
+  assert not bad, ("function-local imports of tipsito modules without a reason in a comment on the same "
+                   "line (import at module level, or say why not):\n  "
+                   + "\n  ".join(f"{i.source}:{i.line} imports {i.target}" for i in bad))
+
+
+def test_no_library_module_imports_a_cli_module():
+  files = module_files()
+  clis = {m for m, f in files.items() if is_cli(f)}
+  bad = sorted({(i.source, i.target, i.line) for i in all_imports(files)
+                if i.target in clis and i.source not in clis})
+  assert not bad, ("library modules importing `python -m` modules (move the code they need into a library "
+                   "module):\n  " + "\n  ".join(f"{s}:{n} imports {t}" for s, t, n in bad))
+
+
+def test_the_checks_see_a_circle(tmp_path):
+  """The circle finder on a package written for the purpose: a -> b -> a, function-local and relative."""
+  pkg = tmp_path / PACKAGE
+  (pkg / "sub").mkdir(parents=True)
+  (pkg / "__init__.py").write_text("")
+  (pkg / "sub" / "__init__.py").write_text("")
+  (pkg / "a.py").write_text("from tipsito.sub import b\n")
+  (pkg / "sub" / "b.py").write_text("def f():\n  from .. import a\n  return a\n")
+  files = module_files(tmp_path)
+  imps = all_imports(files)
+  assert [(i.source, i.target, i.local) for i in imps] == [("tipsito.a", "tipsito.sub.b", False),
+                                                            ("tipsito.sub.b", "tipsito.a", True)]
+  assert circles({(i.source, i.target) for i in imps}) == [["tipsito.a", "tipsito.sub.b", "tipsito.a"]]
+  assert circles({(subpackage(i.source), subpackage(i.target)) for i in imps}) == [["a", "sub", "a"]]
+
+
+def main() -> None:
+  f = figures()
+  print(f"files: {f['files']}")
+  print(f"import edges between files: {f['import_edges']} (between subpackages: {f['subpackage_edges']})")
+  print(f"circles between files: {len(f['file_circles'])}")
+  for c in f["file_circles"]:
+    print("  " + _fmt(c))
+  print(f"circles between subpackages: {len(f['subpackage_circles'])}")
+  for c in f["subpackage_circles"]:
+    print("  " + _fmt(c))
+  print(f"function-local imports of tipsito modules: {len(f['local_imports'])} "
+        f"(without a reason: {len(f['unexplained_local_imports'])})")
+  for i in f["local_imports"]:
+    print(f"  {i.source}:{i.line} -> {i.target}  # {_reason(i.comment) or '(no reason)'}")
+  print(f"python -m modules: {len(f['cli_modules'])}: {', '.join(f['cli_modules'])}")
+  print(f"library modules importing a python -m module: {len(f['library_imports_of_cli'])}")
+  for s, t in f["library_imports_of_cli"]:
+    print(f"  {s} -> {t}")
+
+
+if __name__ == "__main__":
+  main()
