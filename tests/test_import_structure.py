@@ -5,19 +5,53 @@ module importing a `python -m` command-line module.
 Why a test: function-local imports and imports under `if TYPE_CHECKING:` hide a dependency from a reader
 but not from the structure; every import of a tipsito module counts here, wherever it is written.
 
-`python tests/test_import_structure.py` prints the figures (files, import edges, circles, function-local
-imports with their reasons).
+`python tests/test_import_structure.py [ROOT] [--step]` prints the figures of the tree at ROOT (default:
+this checkout): files, import edges, circles, function-local imports with their reasons, library modules
+importing command-line modules; `--step` adds the files one training step runs code in (`step_files`).
+
+What is not fixed yet lives in `PENDING`, each entry with the reason it is still there: the tests fail on
+anything new, and on an entry that no longer exists (so the list only shrinks).
 """
 from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import pathlib
 import sys
 from typing import Iterable, Optional
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = "tipsito"
+
+# What the structure still has, outside the modules of the one-way assembly (issue 19 items 1-3, 5), with
+# the reason each is still there. Remove an entry when it is fixed (the tests say so).
+_CONFIG_SCHEMA = ("config/validation.py (and config/paper.py) read the enumerations of train/optim.py, "
+                  "train/sharding.py and train/workdir.py; the one config schema (issue 19 item 4) declares "
+                  "them")
+PENDING = {
+    # subpackage circles, as the set of subpackages in the knot
+    "subpackage_circles": {frozenset({"config", "train"}): _CONFIG_SCHEMA},
+    # (library module, the `python -m` module it imports)
+    "library_imports_of_cli": {
+        ("tipsito.data.eval_input", "tipsito.data.convert"): "builds a missing built-in eval split",
+        ("tipsito.data.prepare", "tipsito.data.convert"): "builds a missing built-in dataset",
+        ("tipsito.studies.results", "tipsito.info"): "state sizes from info.compute_info (info.py: schema)",
+        ("tipsito.studies.runner", "tipsito.studies.job"): "job.py is both the run library and its CLI",
+    },
+    # module -> function-local imports of tipsito modules without a reason on their line
+    "unexplained_local_imports": {
+        "tipsito": 1, "tipsito.config.validation": 2, "tipsito.data.builders._common": 3,
+        "tipsito.data.convert": 2, "tipsito.data.convert_bench": 1, "tipsito.data.eval_input": 1,
+        "tipsito.data.pipeline": 2, "tipsito.data.pipeline_bench": 1, "tipsito.data.prepare": 2,
+        "tipsito.data.train_tokenizer": 3, "tipsito.distributed": 1, "tipsito.evals.evaluator": 2,
+        "tipsito.evals.runner": 1, "tipsito.export_format": 1, "tipsito.inference": 6,
+        "tipsito.inference_tools": 5, "tipsito.info": 10, "tipsito.interop.hf_tipsv2": 9,
+        "tipsito.interop.tips_npz": 1, "tipsito.studies.arms": 1, "tipsito.studies.job": 4,
+        "tipsito.studies.results": 1, "tipsito.studies.runner": 7, "tipsito.sweep": 2,
+        "tipsito.tips_import": 3,
+    },
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,13 +142,18 @@ def subpackage(module: str) -> str:
   return parts[1] if len(parts) > 1 else PACKAGE
 
 
-def circles(edges: Iterable[tuple[str, str]]) -> list[list[str]]:
-  """One circle (a -> ... -> a) per strongly connected component with more than one node (Tarjan)."""
+def _graph(edges: Iterable[tuple[str, str]]) -> dict[str, set[str]]:
   graph: dict[str, set[str]] = {}
   for a, b in edges:
     if a != b:
       graph.setdefault(a, set()).add(b)
       graph.setdefault(b, set())
+  return graph
+
+
+def knots(edges: Iterable[tuple[str, str]]) -> list[frozenset]:
+  """The strongly connected components with more than one node (Tarjan): each holds one or more circles."""
+  graph = _graph(edges)
   index, low, stack, on_stack, comps = {}, {}, [], set(), []
   counter = [0]
 
@@ -138,13 +177,20 @@ def circles(edges: Iterable[tuple[str, str]]) -> list[list[str]]:
         if w == v:
           break
       if len(comp) > 1:
-        comps.append(set(comp))
+        comps.append(frozenset(comp))
 
   sys.setrecursionlimit(max(10000, sys.getrecursionlimit()))
   for v in sorted(graph):
     if v not in index:
       strongconnect(v)
-  return [_one_circle(graph, comp) for comp in comps]
+  return comps
+
+
+def circles(edges: Iterable[tuple[str, str]]) -> list[list[str]]:
+  """One circle (a -> ... -> a) per knot (`knots`), in the same order."""
+  edges = set(edges)
+  graph = _graph(edges)
+  return [_one_circle(graph, set(k)) for k in knots(edges)]
 
 
 def _one_circle(graph: dict[str, set[str]], comp: set[str]) -> list[str]:
@@ -167,7 +213,10 @@ def _one_circle(graph: dict[str, set[str]], comp: set[str]) -> list[str]:
 
 
 def is_cli(path: pathlib.Path) -> bool:
-  """A `python -m` module: `if __name__ == "__main__":` or an absl `app.run(...)` call at module level."""
+  """A `python -m` module: `if __name__ == "__main__":` or an absl `app.run(...)` call at module level, or
+  the `__init__.py` of a package run with `python -m` (it has a `__main__.py`)."""
+  if path.name == "__init__.py" and (path.parent / "__main__.py").is_file():
+    return True
   tree = ast.parse(path.read_text())
   for node in tree.body:
     if isinstance(node, ast.If) and isinstance(node.test, ast.Compare):
@@ -182,25 +231,31 @@ def is_cli(path: pathlib.Path) -> bool:
   return False
 
 
-def figures() -> dict:
+def _reason(comment: str) -> str:
+  """The reason a comment gives; a bare linter pragma (`pylint: disable=...`, `noqa`) is no reason."""
+  parts = [p.strip() for p in comment.split("#")]
+  return " ".join(p for p in parts if p and not p.startswith(("pylint:", "noqa", "type:")))
+
+
+@functools.lru_cache(maxsize=None)
+def figures(root: pathlib.Path = ROOT) -> dict:
   """The structure in numbers, from the code's own imports."""
-  files = module_files()
+  files = module_files(root)
   imps = all_imports(files)
   file_edges = {(i.source, i.target) for i in imps}
   sub_edges = {(subpackage(a), subpackage(b)) for a, b in file_edges if subpackage(a) != subpackage(b)}
   local = [i for i in imps if i.local]
   clis = sorted(m for m, f in files.items() if is_cli(f))
   lib_to_cli = sorted({(i.source, i.target) for i in imps if i.target in clis and i.source not in clis})
+  unexplained: dict[str, int] = {}
+  for i in local:
+    if not _reason(i.comment):
+      unexplained[i.source] = unexplained.get(i.source, 0) + 1
   return {"files": len(files), "import_edges": len(file_edges), "subpackage_edges": len(sub_edges),
-          "file_circles": circles(file_edges), "subpackage_circles": circles(sub_edges),
-          "local_imports": local, "unexplained_local_imports": [i for i in local if not _reason(i.comment)],
+          "file_circles": circles(file_edges), "file_knots": knots(file_edges),
+          "subpackage_circles": circles(sub_edges), "subpackage_knots": knots(sub_edges),
+          "local_imports": local, "unexplained_local_imports": unexplained,
           "cli_modules": clis, "library_imports_of_cli": lib_to_cli}
-
-
-def _reason(comment: str) -> str:
-  """The reason a comment gives; a bare linter pragma (`pylint: disable=...`) is no reason."""
-  parts = [p.strip() for p in comment.split("#")]
-  return " ".join(p for p in parts if p and not p.startswith(("pylint:", "noqa", "type:")))
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -212,31 +267,40 @@ def _fmt(circle: list[str]) -> str:
 
 
 def test_no_import_circle_between_files():
-  files = module_files()
-  found = circles({(i.source, i.target) for i in all_imports(files)})
-  assert not found, "import circles between files:\n  " + "\n  ".join(map(_fmt, found))
+  f = figures()
+  assert not f["file_circles"], "import circles between files:\n  " + "\n  ".join(map(_fmt, f["file_circles"]))
 
 
 def test_no_import_circle_between_subpackages():
-  edges = {(subpackage(i.source), subpackage(i.target)) for i in all_imports()}
-  found = circles(edges)
-  assert not found, "import circles between subpackages:\n  " + "\n  ".join(map(_fmt, found))
+  f = figures()
+  new = [f"{_fmt(c)}   (knot: {', '.join(sorted(k))})"
+         for c, k in zip(f["subpackage_circles"], f["subpackage_knots"]) if k not in PENDING["subpackage_circles"]]
+  assert not new, "import circles between subpackages:\n  " + "\n  ".join(new)
+  stale = set(PENDING["subpackage_circles"]) - set(f["subpackage_knots"])
+  assert not stale, f"fixed, remove from PENDING['subpackage_circles']: {[sorted(k) for k in stale]}"
 
 
 def test_function_local_imports_of_tipsito_give_a_reason():
   bad = [i for i in all_imports() if i.local and not _reason(i.comment)]
-  assert not bad, ("function-local imports of tipsito modules without a reason in a comment on the same "
+  counts: dict[str, int] = {}
+  for i in bad:
+    counts[i.source] = counts.get(i.source, 0) + 1
+  pending = PENDING["unexplained_local_imports"]
+  new = [i for i in bad if counts[i.source] > pending.get(i.source, 0)]
+  assert not new, ("function-local imports of tipsito modules without a reason in a comment on the same "
                    "line (import at module level, or say why not):\n  "
-                   + "\n  ".join(f"{i.source}:{i.line} imports {i.target}" for i in bad))
+                   + "\n  ".join(f"{i.source}:{i.line} imports {i.target}" for i in new))
+  fewer = {m: (n, counts.get(m, 0)) for m, n in pending.items() if counts.get(m, 0) < n}
+  assert not fewer, f"fewer unexplained imports than PENDING says (lower the counts): {fewer}"
 
 
 def test_no_library_module_imports_a_cli_module():
-  files = module_files()
-  clis = {m for m, f in files.items() if is_cli(f)}
-  bad = sorted({(i.source, i.target, i.line) for i in all_imports(files)
-                if i.target in clis and i.source not in clis})
-  assert not bad, ("library modules importing `python -m` modules (move the code they need into a library "
-                   "module):\n  " + "\n  ".join(f"{s}:{n} imports {t}" for s, t, n in bad))
+  found = set(figures()["library_imports_of_cli"])
+  pending = set(PENDING["library_imports_of_cli"])
+  assert not found - pending, ("library modules importing `python -m` modules (move the code they need into "
+                               "a library module):\n  " + "\n  ".join(f"{s} imports {t}"
+                                                                    for s, t in sorted(found - pending)))
+  assert not pending - found, f"fixed, remove from PENDING['library_imports_of_cli']: {sorted(pending - found)}"
 
 
 def test_the_checks_see_a_circle(tmp_path):
@@ -255,25 +319,74 @@ def test_the_checks_see_a_circle(tmp_path):
   assert circles({(subpackage(i.source), subpackage(i.target)) for i in imps}) == [["a", "sub", "a"]]
 
 
-def main() -> None:
-  f = figures()
+# --------------------------------------------------------------------------------------------------------
+# The files one training step runs code in (a figure, not a test: it compiles nothing but builds a model)
+# --------------------------------------------------------------------------------------------------------
+
+def step_files(recipe: str = "tipsito") -> dict[str, list[str]]:
+  """The package files whose Python code runs for one training step of a tiny `recipe` config: from the
+  config to the loss values (`step.build`, then tracing the jitted step: no compilation), and from the
+  jitted step down (the tracing alone). Measured with `sys.setprofile` on the tree on `sys.path`."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from tipsito.config import defaults  # pylint: disable=import-outside-toplevel
+  from tipsito.train import step as step_lib  # pylint: disable=import-outside-toplevel
+  try:
+    from tipsito.data.synthetic import synthetic_batch  # pylint: disable=import-outside-toplevel
+  except ImportError:  # before tipsito/data/synthetic.py
+    from tipsito.step_bench import synthetic_batch  # pylint: disable=import-outside-toplevel
+  from tipsito.train import sharding  # pylint: disable=import-outside-toplevel
+  config = defaults.tiny_config(recipe)
+  pkg = str(pathlib.Path(step_lib.__file__).resolve().parent.parent)
+  seen: list[set] = [set()]
+
+  def prof(frame, event, arg):
+    del arg
+    if event == "call":
+      f = frame.f_code.co_filename
+      if f.startswith(pkg):
+        seen[-1].add(str(pathlib.Path(f).resolve().relative_to(pathlib.Path(pkg).parent)))
+
+  sys.setprofile(prof)
+  try:
+    setup = step_lib.build(config, vocab_size=100)
+    batch = sharding.global_batch(synthetic_batch(config, seed=1, vocab_size=100), setup.mesh)
+    fn = step_lib.jit_train_step(setup)
+    seen.append(set())
+    fn.trace(setup.state_shapes, batch, setup.frozen())
+  finally:
+    sys.setprofile(None)
+  del jax
+  skip = ("tipsito/data/synthetic.py", "tipsito/step_bench.py", "tipsito/train/sharding.py")
+  build_files = {f for f in seen[0] if f not in skip[:2]}
+  return {"config_to_loss": sorted(build_files | seen[1]), "jitted_step_down": sorted(seen[1])}
+
+
+def main(argv: list[str]) -> None:
+  root = pathlib.Path(next((a for a in argv if not a.startswith("--")), ROOT)).resolve()
+  f = figures(root)
   print(f"files: {f['files']}")
   print(f"import edges between files: {f['import_edges']} (between subpackages: {f['subpackage_edges']})")
   print(f"circles between files: {len(f['file_circles'])}")
-  for c in f["file_circles"]:
-    print("  " + _fmt(c))
+  for c, k in zip(f["file_circles"], f["file_knots"]):
+    print(f"  {_fmt(c)}   (knot of {len(k)} files)")
   print(f"circles between subpackages: {len(f['subpackage_circles'])}")
-  for c in f["subpackage_circles"]:
-    print("  " + _fmt(c))
-  print(f"function-local imports of tipsito modules: {len(f['local_imports'])} "
-        f"(without a reason: {len(f['unexplained_local_imports'])})")
+  for c, k in zip(f["subpackage_circles"], f["subpackage_knots"]):
+    print(f"  {_fmt(c)}   (knot: {', '.join(sorted(k))})")
+  n_unexplained = sum(f["unexplained_local_imports"].values())
+  print(f"function-local imports of tipsito modules: {len(f['local_imports'])} (without a reason: {n_unexplained})")
   for i in f["local_imports"]:
     print(f"  {i.source}:{i.line} -> {i.target}  # {_reason(i.comment) or '(no reason)'}")
   print(f"python -m modules: {len(f['cli_modules'])}: {', '.join(f['cli_modules'])}")
   print(f"library modules importing a python -m module: {len(f['library_imports_of_cli'])}")
   for s, t in f["library_imports_of_cli"]:
     print(f"  {s} -> {t}")
+  if "--step" in argv:
+    sf = step_files()
+    print(f"files one training step runs code in, config to loss values: {len(sf['config_to_loss'])}; "
+          f"from the jitted step down: {len(sf['jitted_step_down'])}")
+    for k in ("config_to_loss", "jitted_step_down"):
+      print(f"  {k}: {' '.join(sf[k])}")
 
 
 if __name__ == "__main__":
-  main()
+  main(sys.argv[1:])
