@@ -31,7 +31,6 @@ from tipsito.train import checkpointing
 from tipsito.train import loop
 from tipsito.train import sharding
 from tipsito.train import step as step_lib
-from tipsito.train import workdir as workdir_lib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TIPS = pathlib.Path(__file__).parent / "data" / "tips_model"

@@ -23,6 +23,7 @@ from tipsito.config import defaults  # noqa: E402
 from tipsito.interop import hf_tipsv2  # noqa: E402
 from tipsito.interop import sources  # noqa: E402
 from tipsito.models import presets  # noqa: E402
+from tipsito.train import assembly  # noqa: E402
 from tipsito.train import checkpointing  # noqa: E402
 from tipsito.train import loop  # noqa: E402
 from tipsito.train import sharding  # noqa: E402
@@ -131,7 +132,7 @@ def test_distillation_teacher_from_a_tipsv2_folder(trained_workdir, trained_hf):
   c = defaults.tiny_config("distill", image_size=32)
   c.model.image.update(dict(patch_size=8, depth=1, posemb_grid=4))
   c.distill.teacher = str(trained_hf)
-  setup = step_lib.build(c, sharding.make_mesh(c.mesh, jax.devices()[:1]))
+  setup = assembly.build(c, sharding.make_mesh(c.mesh, jax.devices()[:1]))
   t = setup.teacher
   assert "Tipsv2" in t.source and t.heads is None  # encoders only: the heads are the EMA fallback
   assert _same(t.params, params[2]["image"]) and _same(t.text_params, params[2]["text"])

@@ -21,6 +21,7 @@ from tipsito.losses import self_distill as sd_lib
 from tipsito.objective.features import unit
 from tipsito.objective.model import TrainModel
 from tipsito.data.synthetic import synthetic_batch
+from tipsito.train import assembly
 from tipsito.train import sharding
 from tipsito.train import step as step_lib
 
@@ -328,7 +329,7 @@ def distill_setup(**loss):
   c.distill.teacher_image_npz = str(data / "tiny_vit_mlp_vision.npz")
   c.loss.update(loss)
   mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
-  setup = step_lib.build(c, mesh, vocab_size=100)
+  setup = assembly.build(c, mesh, vocab_size=100)  # loads config.distill's teacher
   state = setup.init_state()
   state = state.replace(ema=jax.tree.map(lambda x: x * 1.5 + 0.01, state.ema))
   batch = jax.tree.map(jnp.asarray, synthetic_batch(c, seed=1))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence
 
 import jax
 import numpy as np

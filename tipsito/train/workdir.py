@@ -10,7 +10,7 @@ tipsito/train/assembly.py: this module reads files only, it builds nothing.
 from __future__ import annotations
 
 import json
-from typing import Any, Optional
+from typing import Optional
 
 import jax
 import ml_collections as mlc
