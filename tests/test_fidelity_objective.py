@@ -46,7 +46,7 @@ def tiny(recipe, **kw):
 def build(c):
   """(setup, state, batch) on one device; the EMA heads are perturbed so teacher != student heads."""
   mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
-  setup = step_lib.build(c, mesh, vocab_size=100)
+  setup = assembly.build(c, mesh, vocab_size=100)  # with config.distill's teacher, if any
   state = setup.init_state()
   state = state.replace(ema=jax.tree.map(lambda x: x * 1.5 + 0.01, state.ema))
   batch = jax.tree.map(jnp.asarray, synthetic_batch(c, seed=1))
