@@ -268,13 +268,15 @@ def _fmt(circle: list[str]) -> str:
 
 def test_no_import_circle_between_files():
   f = figures()
-  assert not f["file_circles"], "import circles between files:\n  " + "\n  ".join(map(_fmt, f["file_circles"]))
+  found = f["file_circles"]
+  assert not found, "import circles between files:\n  " + "\n  ".join(map(_fmt, found))
 
 
 def test_no_import_circle_between_subpackages():
   f = figures()
   new = [f"{_fmt(c)}   (knot: {', '.join(sorted(k))})"
-         for c, k in zip(f["subpackage_circles"], f["subpackage_knots"]) if k not in PENDING["subpackage_circles"]]
+         for c, k in zip(f["subpackage_circles"], f["subpackage_knots"])
+         if k not in PENDING["subpackage_circles"]]
   assert not new, "import circles between subpackages:\n  " + "\n  ".join(new)
   stale = set(PENDING["subpackage_circles"]) - set(f["subpackage_knots"])
   assert not stale, f"fixed, remove from PENDING['subpackage_circles']: {[sorted(k) for k in stale]}"
@@ -300,7 +302,8 @@ def test_no_library_module_imports_a_cli_module():
   assert not found - pending, ("library modules importing `python -m` modules (move the code they need into "
                                "a library module):\n  " + "\n  ".join(f"{s} imports {t}"
                                                                     for s, t in sorted(found - pending)))
-  assert not pending - found, f"fixed, remove from PENDING['library_imports_of_cli']: {sorted(pending - found)}"
+  assert not pending - found, ("fixed, remove from PENDING['library_imports_of_cli']: "
+                               f"{sorted(pending - found)}")
 
 
 def test_the_checks_see_a_circle(tmp_path):
@@ -373,7 +376,8 @@ def main(argv: list[str]) -> None:
   for c, k in zip(f["subpackage_circles"], f["subpackage_knots"]):
     print(f"  {_fmt(c)}   (knot: {', '.join(sorted(k))})")
   n_unexplained = sum(f["unexplained_local_imports"].values())
-  print(f"function-local imports of tipsito modules: {len(f['local_imports'])} (without a reason: {n_unexplained})")
+  print(f"function-local imports of tipsito modules: {len(f['local_imports'])} "
+        f"(without a reason: {n_unexplained})")
   for i in f["local_imports"]:
     print(f"  {i.source}:{i.line} -> {i.target}  # {_reason(i.comment) or '(no reason)'}")
   print(f"python -m modules: {len(f['cli_modules'])}: {', '.join(f['cli_modules'])}")

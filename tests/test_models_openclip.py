@@ -523,8 +523,8 @@ def test_id_only_evals_tokenize_with_the_text_flavour(tok, flavour):
 
 
 def test_training_encoder_of_ito_is_openclip():
-  """Training-time evals (tipsito/train/exporting.py training_encoder) see the ITO recipe's OpenCLIP towers and
-  tokenize with SOT/EOT; the text embedding holds them (vocab_size from the tokenizer)."""
+  """Training-time evals (tipsito/train/exporting.py training_encoder) see the ITO recipe's OpenCLIP towers
+  and tokenize with SOT/EOT; the text embedding holds them (vocab_size from the tokenizer)."""
   from tipsito.train import exporting
   from tipsito.config import defaults
   from tipsito.train import step as step_lib
