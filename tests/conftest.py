@@ -35,10 +35,10 @@ def run_synthetic_steps(config, steps: int):
 
   Returns (setup, state, frozen, per-step metrics as floats); shared by the recipe and distillation tests.
   """
-  from tipsito.step_bench import synthetic_batch  # pylint: disable=import-outside-toplevel
-  from tipsito.train import sharding, step as step_lib  # pylint: disable=import-outside-toplevel
+  from tipsito.data.synthetic import synthetic_batch  # pylint: disable=import-outside-toplevel
+  from tipsito.train import assembly, sharding, step as step_lib  # pylint: disable=import-outside-toplevel
   mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
-  setup = step_lib.build(config, mesh, vocab_size=100)
+  setup = assembly.build(config, mesh, vocab_size=100)  # with config.distill's teacher, if any
   state = setup.init_state()
   step_fn = step_lib.jit_train_step(setup)
   batch = sharding.global_batch(synthetic_batch(config, seed=1), mesh)

@@ -29,7 +29,7 @@ def tiny_config(recipe="tipsv2"):
 def make_trained_workdir(wd, recipe="tipsv2"):
   """Trains `STEPS[-1]` real steps on a synthetic batch, checkpointing each; returns (config, {step:
   host params})."""
-  from tipsito.step_bench import synthetic_batch
+  from tipsito.data.synthetic import synthetic_batch
   from tipsito.train import checkpointing, sharding, step as step_lib, workdir as workdir_lib
   c = tiny_config(recipe)
   mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])

@@ -25,12 +25,12 @@ from tipsito.losses import contrastive as con_lib
 from tipsito.losses import self_distill as sd_lib
 from tipsito.objective.features import unit
 from tipsito.objective.model import TrainModel
-from tipsito.step_bench import synthetic_batch
+from tipsito.data.synthetic import synthetic_batch
+from tipsito.train import assembly
 from tipsito.train import checkpointing
 from tipsito.train import loop
 from tipsito.train import sharding
 from tipsito.train import step as step_lib
-from tipsito.train import workdir as workdir_lib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TIPS = pathlib.Path(__file__).parent / "data" / "tips_model"
@@ -46,7 +46,7 @@ def tiny(recipe, **kw):
 def build(c):
   """(setup, state, batch) on one device; the EMA heads are perturbed so teacher != student heads."""
   mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
-  setup = step_lib.build(c, mesh, vocab_size=100)
+  setup = assembly.build(c, mesh, vocab_size=100)  # with config.distill's teacher, if any
   state = setup.init_state()
   state = state.replace(ema=jax.tree.map(lambda x: x * 1.5 + 0.01, state.ema))
   batch = jax.tree.map(jnp.asarray, synthetic_batch(c, seed=1))
@@ -317,7 +317,7 @@ def assert_trees_equal(a, b):
 
 
 def last_checkpoint(workdir):
-  return jax.device_get(workdir_lib.restore_latest(workdir, what="test")[1])
+  return jax.device_get(assembly.restore_latest(workdir, what="test")[1])
 
 
 @pytest.mark.parametrize("mode", ["head", "full"])

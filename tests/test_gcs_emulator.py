@@ -85,7 +85,7 @@ SCRIPT = textwrap.dedent("""\
     import tipsito
     from tipsito.config import defaults
     from tipsito.data import convert, sources, tokenizer as tok_lib
-    from tipsito import export
+    from tipsito.train import exporting
     from tipsito.train import checkpointing, loop, resume_guard, step as step_lib, teacher as teacher_lib
     from tipsito.train import workdir as workdir_lib
 
@@ -140,7 +140,7 @@ SCRIPT = textwrap.dedent("""\
     out["resumed_on_gs_equals_uninterrupted"] = bool(np.array_equal(a, b))
     out["export_has_tokenizer"] = enc_gs.embed_texts(["a red circle"]).shape[0] == 1
 
-    export.export_from_workdir(W, f"{G}/export2")                          # export CLI path
+    exporting.export_from_workdir(W, f"{G}/export2")                          # export CLI path
     out["export2"] = bool(np.array_equal(np.asarray(tipsito.load(f"{G}/export2").embed_images(images)["cls"]), a))
 
     from tipsito import evals                                              # evaluate the gs export

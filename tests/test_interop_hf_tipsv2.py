@@ -22,7 +22,7 @@ pytest.importorskip("safetensors")
 
 import tipsito  # noqa: E402
 from interop_workdir import trained_workdir  # noqa: E402,F401  (session fixture)
-from tipsito import export  # noqa: E402
+from tipsito.train import exporting  # noqa: E402
 from tipsito import inference  # noqa: E402
 from tipsito import tips_import  # noqa: E402
 from tipsito.interop import hf_tipsv2  # noqa: E402
@@ -156,7 +156,7 @@ def trained_hf(trained_workdir, tmp_path_factory):
   wd, _, _ = trained_workdir
   out = tmp_path_factory.mktemp("hf_trained")
   _cli(f"--workdir={wd}", "--format=hf_tipsv2", f"--output={out}")
-  enc = tipsito.load(export.export_from_workdir(str(wd), str(tmp_path_factory.mktemp("e"))))
+  enc = tipsito.load(exporting.export_from_workdir(str(wd), str(tmp_path_factory.mktemp("e"))))
   return enc, out
 
 

@@ -18,11 +18,12 @@ pytest.importorskip("safetensors")
 import tipsito  # noqa: E402
 from interop_workdir import tiny_config, trained_workdir  # noqa: E402,F401  (session fixture)
 from tipsito import evaluate  # noqa: E402
-from tipsito import export  # noqa: E402
+from tipsito.train import exporting  # noqa: E402
 from tipsito.config import defaults  # noqa: E402
 from tipsito.interop import hf_tipsv2  # noqa: E402
 from tipsito.interop import sources  # noqa: E402
 from tipsito.models import presets  # noqa: E402
+from tipsito.train import assembly  # noqa: E402
 from tipsito.train import checkpointing  # noqa: E402
 from tipsito.train import loop  # noqa: E402
 from tipsito.train import sharding  # noqa: E402
@@ -46,7 +47,7 @@ def _same(a, b, drop=("mask_token",)):
 def test_export_step_n_holds_that_step(trained_workdir, tmp_path):
   wd, _, params = trained_workdir
   assert not _same(params[1]["image"], params[2]["image"])  # the steps differ, so the test can tell
-  enc = tipsito.load(export.export_from_workdir(str(wd), str(tmp_path / "e1"), step=1))
+  enc = tipsito.load(exporting.export_from_workdir(str(wd), str(tmp_path / "e1"), step=1))
   assert enc.config["extra"]["step"] == 1 and enc.config["extra"]["image_size"] == 32
   assert _same(enc.params["image"], params[1]["image"]) and _same(enc.params["text"], params[1]["text"])
   hf = tmp_path / "hf1"  # the command line, another format
@@ -57,7 +58,7 @@ def test_export_step_n_holds_that_step(trained_workdir, tmp_path):
   assert _same(back["params"]["image"], params[1]["image"])
   assert _same(back["params"]["text"], params[1]["text"])
   with pytest.raises(FileNotFoundError, match=r"step 7.*\[1, 2\]"):
-    export.export_from_workdir(str(wd), str(tmp_path / "e7"), step=7)
+    exporting.export_from_workdir(str(wd), str(tmp_path / "e7"), step=7)
 
 
 def test_evaluate_on_a_step_folder(trained_workdir, tmp_path):
@@ -76,7 +77,7 @@ def test_evaluate_on_a_step_folder(trained_workdir, tmp_path):
                                                         batch_size=8, num_pictures=0), "tokenizer": None})
   quiet = lambda *a: None  # noqa: E731
   step1 = evaluate.evaluate(cfg, str(wd / "checkpoints" / "1"), only=["shapes_zeroshot"], print_fn=quiet)
-  export1 = export.export_from_workdir(str(wd), str(tmp_path / "e1"), step=1)
+  export1 = exporting.export_from_workdir(str(wd), str(tmp_path / "e1"), step=1)
   same = evaluate.evaluate(cfg, export1, only=["shapes_zeroshot"], print_fn=quiet)
   assert step1["kind"] == "train" and same["kind"] == "export"
   assert step1["metrics"] == same["metrics"] and "shapes_zeroshot/top1" in step1["metrics"]
@@ -86,7 +87,7 @@ def test_evaluate_on_a_step_folder(trained_workdir, tmp_path):
 def trained_hf(trained_workdir, tmp_path_factory):
   wd, _, _ = trained_workdir
   out = tmp_path_factory.mktemp("hf")
-  sources.write(sources.from_workdir(str(wd)), out, "hf_tipsv2")
+  sources.write(exporting.model_from_workdir(str(wd)), out, "hf_tipsv2")
   return out
 
 
@@ -131,7 +132,7 @@ def test_distillation_teacher_from_a_tipsv2_folder(trained_workdir, trained_hf):
   c = defaults.tiny_config("distill", image_size=32)
   c.model.image.update(dict(patch_size=8, depth=1, posemb_grid=4))
   c.distill.teacher = str(trained_hf)
-  setup = step_lib.build(c, sharding.make_mesh(c.mesh, jax.devices()[:1]))
+  setup = assembly.build(c, sharding.make_mesh(c.mesh, jax.devices()[:1]))
   t = setup.teacher
   assert "Tipsv2" in t.source and t.heads is None  # encoders only: the heads are the EMA fallback
   assert _same(t.params, params[2]["image"]) and _same(t.text_params, params[2]["text"])

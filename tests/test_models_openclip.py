@@ -523,15 +523,15 @@ def test_id_only_evals_tokenize_with_the_text_flavour(tok, flavour):
 
 
 def test_training_encoder_of_ito_is_openclip():
-  """Training-time evals (tipsito/export.py training_encoder) see the ITO recipe's OpenCLIP towers and
-  tokenize with SOT/EOT; the text embedding holds them (vocab_size from the tokenizer)."""
-  from tipsito import export
+  """Training-time evals (tipsito/train/exporting.py training_encoder) see the ITO recipe's OpenCLIP towers
+  and tokenize with SOT/EOT; the text embedding holds them (vocab_size from the tokenizer)."""
+  from tipsito.train import exporting
   from tipsito.config import defaults
   from tipsito.train import step as step_lib
   c = defaults.tiny_config('ito', image_size=IMG_SIZE)
   setup = step_lib.build(c)
   params = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), setup.state_shapes.params)
-  enc = export.training_encoder(setup, params)
+  enc = exporting.training_encoder(setup, params)
   assert enc.tokenizer.flavour == 'clip'
   assert enc.text_config['vocab_size'] == enc.tokenizer.vocab_size == enc.tokenizer.eot_id + 1
   for k, v in presets.IMAGE_STRUCTURE['openclip'].items():

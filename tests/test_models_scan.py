@@ -123,7 +123,8 @@ def test_layer_stack_round_trip_and_errors():
 def test_scanned_training_model_exports_per_layer(tmp_path):
   """A scanned recipe trains with stacked params; its export is per-layer (same tree as an unrolled
   model's), loads into the plain inference encoder and gives the training model's outputs."""
-  from tipsito import export, export_format, inference
+  from tipsito import export_format, inference
+  from tipsito.train import exporting
   from tipsito.train import step as step_lib
   from tipsito.config import defaults
   c = defaults.tiny_config("clip", image_size=32)
@@ -133,12 +134,12 @@ def test_scanned_training_model_exports_per_layer(tmp_path):
   setup = step_lib.build(c)
   params = _fill(setup.state_shapes.params)
   assert layer_stack.is_stacked(params["image"]) and layer_stack.is_stacked(params["text"])
-  exported = export.export_params(params)
+  exported = exporting.export_params(params)
   c.model.image.scan = c.model.text.scan = False
   plain = step_lib.build(c).state_shapes.params
   assert (jax.tree.structure(exported) ==
           jax.tree.structure({k: plain[k] for k in export_format.ALLOWED_EXPORT_KEYS}))
-  img_cfg, txt_cfg = export.export_configs(setup)
+  img_cfg, txt_cfg = exporting.export_configs(setup)
   assert img_cfg["scan"] is False and txt_cfg["scan"] is False
   enc = inference.Encoder.from_params(img_cfg, txt_cfg, exported, 1.0)
   x = _images(2, 32, 32)

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from interop_workdir import trained_workdir  # noqa: F401  (session fixture)
-from tipsito import export
+from tipsito.train import exporting
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DEMO_EXPORT, DEMO_HF = "workdirs/demo/export", "exports/demo_hf"
@@ -37,7 +37,7 @@ def _blocks() -> list[str]:
 @pytest.fixture(scope="module")
 def paths(trained_workdir, tmp_path_factory):
   wd, _, _ = trained_workdir
-  return {DEMO_EXPORT: export.export_from_workdir(str(wd), str(tmp_path_factory.mktemp("e") / "export")),
+  return {DEMO_EXPORT: exporting.export_from_workdir(str(wd), str(tmp_path_factory.mktemp("e") / "export")),
           DEMO_HF: str(tmp_path_factory.mktemp("hf") / "demo_hf")}
 
 

@@ -16,7 +16,8 @@ from tipsito import objective
 from conftest import run_synthetic_steps
 from tipsito.config import defaults
 from tipsito.config import validation as config_validation
-from tipsito.step_bench import synthetic_batch
+from tipsito.data.synthetic import synthetic_batch
+from tipsito.train import assembly
 from tipsito.train import checkpointing
 from tipsito.train import sharding
 from tipsito.train import step as step_lib
@@ -109,4 +110,4 @@ def test_teacher_heads_must_match_student_heads(teacher_workdir):
   c = tiny_student(teacher=str(wd))
   c.model.heads.num_prototypes = 32
   with pytest.raises(ValueError, match=r"config\.model\.heads .*num_prototypes.*32.*teacher's heads"):
-    step_lib.build(c, sharding.make_mesh(c.mesh, jax.devices()[:1]), vocab_size=100)
+    assembly.build(c, sharding.make_mesh(c.mesh, jax.devices()[:1]), vocab_size=100)

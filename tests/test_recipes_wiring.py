@@ -13,14 +13,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tipsito import export
+from tipsito.train import exporting
 from tipsito import objective
 from tipsito.config import defaults
 from tipsito.losses import contrastive as con_lib
 from tipsito.losses import self_distill as sd_lib
 from tipsito.objective.features import unit
 from tipsito.objective.model import TrainModel
-from tipsito.step_bench import synthetic_batch
+from tipsito.data.synthetic import synthetic_batch
+from tipsito.train import assembly
 from tipsito.train import sharding
 from tipsito.train import step as step_lib
 
@@ -208,7 +209,7 @@ def test_fusion_module_only_from_fusion_term_and_not_exported():
   g = grad_of(setup, state, batch, {"fusion": 2.0})[0]
   assert nonzero(g["fusion"]) and nonzero(g["image"]) and nonzero(g["text"])
   assert all_zero(g["dino_head"]) and all_zero(g["ibot_head"])
-  exported = export.export_params(state.params)
+  exported = exporting.export_params(state.params)
   paths = [sharding.path_str(k) for k, _ in jax.tree_util.tree_leaves_with_path(exported)]
   assert paths and not [q for q in paths if "fusion" in q or "head" in q]
 
@@ -328,7 +329,7 @@ def distill_setup(**loss):
   c.distill.teacher_image_npz = str(data / "tiny_vit_mlp_vision.npz")
   c.loss.update(loss)
   mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
-  setup = step_lib.build(c, mesh, vocab_size=100)
+  setup = assembly.build(c, mesh, vocab_size=100)  # loads config.distill's teacher
   state = setup.init_state()
   state = state.replace(ema=jax.tree.map(lambda x: x * 1.5 + 0.01, state.ema))
   batch = jax.tree.map(jnp.asarray, synthetic_batch(c, seed=1))

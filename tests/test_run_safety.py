@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tipsito import export
 from tipsito.config import defaults
 from tipsito.config import validation as config_validation
-from tipsito.step_bench import synthetic_batch
+from tipsito.data.synthetic import synthetic_batch
+from tipsito.train import exporting
 from tipsito.train import loop
 from tipsito.train import nonfinite
 from tipsito.train import resume_guard
@@ -97,7 +97,7 @@ def test_resume_refuses_changed_recipe(trained, data_dir):
   c.data = tiny(data_dir).data
   with pytest.raises(resume_guard.ResumeConfigError, match=r"config.recipe: 'clip' -> 'siglip'"):
     loop.train_and_evaluate(c, trained)
-  export.export_from_workdir(trained, os.path.join(trained, "export_again"))  # workdir still usable
+  exporting.export_from_workdir(trained, os.path.join(trained, "export_again"))  # workdir still usable
 
 
 def test_resume_accepts_safe_changes_and_keeps_history(trained, data_dir):
@@ -191,7 +191,7 @@ def test_monitor_counts_consecutive_steps():
 # --- collapse metrics ------------------------------------------------------------------------------
 
 def test_collapse_signal_values():
-  from tipsito.train import collapse
+  from tipsito.objective import collapse
   k = 16
   assert math.isclose(float(collapse.entropy(jnp.full((4, k), 1.0 / k))), math.log(k), rel_tol=1e-6)
   assert float(collapse.entropy(jax.nn.one_hot(jnp.arange(4), k))) == 0.0
@@ -263,7 +263,7 @@ def test_load_of_a_workdir_says_how_to_export(trained):
 
 def test_export_of_an_export_says_so(trained):
   with pytest.raises(ValueError, match=r"is an export, not a training workdir.*tipsito.load"):
-    export.export_from_workdir(os.path.join(trained, "export"), os.path.join(trained, "e2"))
+    exporting.export_from_workdir(os.path.join(trained, "export"), os.path.join(trained, "e2"))
 
 
 def test_unknown_config_key_is_one_line():

@@ -21,9 +21,10 @@ import numpy as np
 import pytest
 
 from tipsito import distributed
-from tipsito import export
+from tipsito.train import exporting
 from tipsito import peer_loss
 from tipsito.config import defaults
+from tipsito.train import assembly
 from tipsito.train import checkpointing
 from tipsito.train import loop
 from tipsito.train import workdir as workdir_lib
@@ -223,12 +224,12 @@ def test_readers_of_a_workdir_fall_back_and_move_nothing(tmp_path, reference):
   good, _ = _state(reference, 4)
 
   # export --workdir (evaluate --checkpoint W and workdir teachers read through the same function)
-  export.export_from_workdir(w, str(tmp_path / "export"))
+  exporting.export_from_workdir(w, str(tmp_path / "export"))
   import tipsito
   enc = tipsito.load(str(tmp_path / "export"))
   np.testing.assert_array_equal(np.asarray(enc.params["image"]["patch_embed"]["kernel"]),
                                 np.asarray(good.params["image"]["patch_embed"]["kernel"]))
-  _, state = workdir_lib.restore_latest(w, what="test")
+  _, state = assembly.restore_latest(w, what="test")
   assert int(state.step) == 4
   # config.init_from (params only)
   setup = step_lib.build(workdir_lib.load_config(w))
@@ -236,6 +237,23 @@ def test_readers_of_a_workdir_fall_back_and_move_nothing(tmp_path, reference):
   params = checkpointing.restore_params(w, abstract.params)
   _assert_same_tree(params, good.params)
   assert sorted(os.listdir(os.path.join(w, "checkpoints"))) == listing  # read-only: nothing moved
+
+
+def test_init_from_a_run_whose_latest_step_is_corrupt_starts_from_the_previous_one(tmp_path, data_dir,
+                                                                                   reference):
+  """`config.init_from` reads another run read-only, as a resume reads its own workdir: a corrupt latest
+  step of the init run is skipped (the previous readable one is used) and nothing in that run's
+  directory is moved or written."""
+  src = str(tmp_path / "stage1")
+  shutil.copytree(reference, src)
+  damage(os.path.join(src, "checkpoints", str(TOTAL)), "truncate", every_file=True)
+  before = _tree(src)
+  good, _ = _state(reference, TOTAL - EVERY)
+  setup = assembly.build(tiny(data_dir, init_from=src))
+  state = assembly.init_from(setup, setup.init_state())
+  _assert_same_tree(state.params, good.params)
+  assert int(state.step) == 0
+  assert _tree(src) == before  # read-only: nothing moved, written or removed in the init run
 
 
 # --- clean failure path ------------------------------------------------------------------------------

@@ -96,9 +96,9 @@ def test_head_only_ema_state_has_no_encoder_copy(runs):
 
 def test_export_is_inference_only_and_loads(runs, tmp_path):
   import tipsito
-  from tipsito import export
+  from tipsito.train import exporting
   full = runs[0]
-  for out in (os.path.join(full, "export"), export.export_from_workdir(full, str(tmp_path / "e2"))):
+  for out in (os.path.join(full, "export"), exporting.export_from_workdir(full, str(tmp_path / "e2"))):
     enc = tipsito.load(out)
     flat = traverse_util.flatten_dict(enc.params, sep="/")
     assert set(enc.params) <= {"image", "text", "image_proj"}

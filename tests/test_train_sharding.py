@@ -52,7 +52,7 @@ WORKER = textwrap.dedent(r'''
   jax.config.update("jax_threefry_partitionable", True)
   jax.config.update("jax_default_matmul_precision", "highest")
   sys.path.insert(0, ROOT)
-  from tipsito.step_bench import synthetic_batch
+  from tipsito.data.synthetic import synthetic_batch
   from tipsito.train import sharding, step as step_lib
   from tipsito.config import defaults
   c = defaults.tiny_config("tipsito", batch_size=8)

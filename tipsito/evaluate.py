@@ -29,6 +29,11 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from tipsito import distributed
+from tipsito import evals as evals_lib
+from tipsito import paths
+from tipsito.evals import pictures as pictures_lib
+
 FLAGS = flags.FLAGS
 
 
@@ -45,13 +50,11 @@ def _define_flags() -> None:
   flags.DEFINE_string("pictures_dir", None, "Folder for PNG pictures (default: <output dir>/pictures).")
   flags.DEFINE_list("only", None, "Run only these evals (names in config.evals).")
   flags.DEFINE_integer("max_examples", None, "Cap on examples per eval split (quick checks).")
-  from tipsito import distributed  # pylint: disable=g-import-not-at-top
   distributed.define_flags()  # --distributed: every host runs this; batches are split over processes
 
 
 def is_export(path: str) -> bool:
   """An export has config.json + params/ (tipsito.export_format.write_export); local or gs://."""
-  from tipsito import paths  # pylint: disable=g-import-not-at-top
   p = paths.as_path(path)
   return (p / "config.json").is_file() and (p / "params").is_dir()
 
@@ -59,10 +62,10 @@ def is_export(path: str) -> bool:
 def load_encoder(config, checkpoint: str):
   """Returns (encoder, kind): 'export' via tipsito.load, 'train' via the training code."""
   if is_export(checkpoint):
-    from tipsito import inference  # pylint: disable=g-import-not-at-top
+    from tipsito import inference  # optional: an export needs inference only
     return inference.load(checkpoint), "export"
   try:
-    from tipsito.train import step  # pylint: disable=g-import-not-at-top
+    from tipsito.train import step  # optional: training code, for workdirs only
   except ImportError as e:
     raise ValueError(
         f"{checkpoint!r} is not an export (no config.json + params/) and the training code needed for "
@@ -75,24 +78,24 @@ def load_encoder(config, checkpoint: str):
 def _encoder_from_workdir(config, checkpoint: str):
   """Latest checkpoint of a training workdir -> in-memory Encoder (no export needed).
 
-  The same path as `export_from_workdir` (tipsito/export.py): the workdir's saved config.json rebuilds
-  the model; `checkpoint` may be the workdir or its `checkpoints/` folder.
+  The same path as `export_from_workdir` (tipsito/train/exporting.py): the workdir's saved config.json
+  rebuilds the model (tipsito/train/assembly.py `restore_latest`); `checkpoint` may be the workdir or its
+  `checkpoints/` folder.
   """
   del config  # the workdir's own training config defines the model
-  from tipsito import export  # pylint: disable=g-import-not-at-top
-  from tipsito.train import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  from tipsito.train import assembly  # optional: training code, for workdirs only
+  from tipsito.train import exporting  # optional: training code, for workdirs only
   workdir, step = workdir_and_step(checkpoint)
   if not ((workdir / "config.json").is_file() and (workdir / "checkpoints").is_dir()):
     raise ValueError(f"{checkpoint!r} is neither an export (config.json + params/) nor a training "
                      "workdir (config.json + checkpoints/) or one of its step folders (checkpoints/N)")
-  setup, state = workdir_lib.restore_latest(workdir, what=f"--checkpoint {checkpoint}", step=step)
-  return export.training_encoder(setup, state.params)
+  setup, state = assembly.restore_latest(workdir, what=f"--checkpoint {checkpoint}", step=step)
+  return exporting.training_encoder(setup, state.params)
 
 
 def workdir_and_step(checkpoint: str):
   """(workdir path, step or None) of `--checkpoint`: a workdir, its `checkpoints/` folder (latest step)
   or a step folder `checkpoints/N` (that step)."""
-  from tipsito import paths  # pylint: disable=g-import-not-at-top
   path = paths.as_path(checkpoint)  # local or gs://
   if path.name.isdigit() and path.parent.name == "checkpoints":
     return path.parent.parent, int(path.name)
@@ -153,8 +156,6 @@ def evaluate(config, checkpoint: str, *, output: str | None = None, pictures_dir
              only: Sequence[str] | None = None, max_examples: int | None = None,
              print_fn=print) -> dict:
   """Library form of the CLI: loads the encoder, runs the evals, prints/writes results; returns them."""
-  from tipsito import evals as evals_lib  # pylint: disable=g-import-not-at-top
-  from tipsito.evals import pictures as pictures_lib  # pylint: disable=g-import-not-at-top
 
   start = time.time()
   encoder, kind = load_encoder(config, checkpoint)
@@ -194,7 +195,6 @@ def main(argv: Sequence[str]) -> None:
     raise app.UsageError("--config is required")
   if not FLAGS.checkpoint:
     raise app.UsageError("--checkpoint is required")
-  from tipsito import distributed  # pylint: disable=g-import-not-at-top
   try:
     distributed.initialize_from_flags()
   except ValueError as e:

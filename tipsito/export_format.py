@@ -77,7 +77,7 @@ def select_export_params(train_params: Mapping[str, Any]) -> dict:
 
   {'image' (minus mask_token), 'text', ['image_proj']}; everything else
   (heads, fusion, logit scale/bias, distillation projection) is dropped.
-  The training-side exporter (tipsito/export.py: export_params) gathers this subset.
+  The training-side exporter (tipsito/train/exporting.py: export_params) gathers this subset.
   """
   out = {'image': {k: v for k, v in train_params['image'].items()
                    if k != 'mask_token'},
@@ -91,7 +91,7 @@ def _this_process_only():
   """Orbax options for host-local numpy trees: this process alone reads/writes, no cross-host barriers.
 
   Why: in a multi-host job the export is gathered to host memory and written by process 0 only
-  (tipsito/export.py: write_training_export), and every host may `tipsito.load` on its own.
+  (tipsito/train/exporting.py: write_training_export), and every host may `tipsito.load` on its own.
   """
   import jax
   import orbax.checkpoint as ocp

@@ -34,6 +34,16 @@ import jax.numpy as jnp  # noqa: E402
 import ml_collections as mlc  # noqa: E402
 import numpy as np  # noqa: E402
 
+from tipsito import distributed  # noqa: E402
+from tipsito import models  # noqa: E402
+from tipsito.config import validation as config_validation  # noqa: E402
+from tipsito.data.synthetic import synthetic_batch  # noqa: E402
+from tipsito.models import presets  # noqa: E402
+from tipsito.models.kwargs import module_kwargs  # noqa: E402
+from tipsito.objective import recipes as recipes_lib  # noqa: E402
+from tipsito.train import sharding  # noqa: E402
+from tipsito.train import step as step_lib  # noqa: E402
+
 GiB = 2 ** 30
 # HBM per chip by topology prefix (the name JAX's topology API takes: "<generation>:<shape>").
 HBM_GIB = {"v4": 32.0, "v5e": 16.0, "v5litepod": 16.0, "v5p": 95.0, "v6e": 32.0}
@@ -85,7 +95,6 @@ def topology_devices(topology: str, num_slices: int = 1) -> list:
 def topology_mesh(mesh_cfg, devices: list) -> jax.sharding.Mesh:
   """The (data, fsdp, model) mesh of `config.mesh` over topology devices (ICI-aware; DCN over slices)."""
   from jax.experimental import mesh_utils  # pylint: disable=import-outside-toplevel
-  from tipsito.train import sharding  # pylint: disable=import-outside-toplevel
   slices = sorted({getattr(d, "slice_index", 0) or 0 for d in devices})
   if len(slices) > 1:
     shape = sharding.mesh_shape(mesh_cfg, len(devices))
@@ -106,23 +115,17 @@ def topology_mesh(mesh_cfg, devices: list) -> jax.sharding.Mesh:
 
 def _teacher(config, variant: str):
   """An abstract distillation teacher (the `variant` preset, e.g. g/14; no weights are read)."""
-  from tipsito import models  # pylint: disable=import-outside-toplevel
-  from tipsito.models import presets  # pylint: disable=import-outside-toplevel
-  from tipsito.models.kwargs import module_kwargs  # pylint: disable=import-outside-toplevel
-  from tipsito.train import teacher as teacher_lib  # pylint: disable=import-outside-toplevel
   img = presets.vit_config(variant, num_cls_tokens=2, posemb_grid=32, use_mask_token=False,
                            dtype=str(config.model.image.dtype), scan=bool(config.model.image.get("scan")))
   module = models.VisionTransformer(**module_kwargs(img))
   s = int(config.input.global_size)
   params = jax.eval_shape(lambda k: module.init(k, jnp.zeros((1, s, s, 3), jnp.uint8)),
                           jax.random.PRNGKey(0))["params"]
-  return teacher_lib.Teacher(module, img, params)
+  return step_lib.Teacher(module, img, params)
 
 
 def abstract_batch(config, mesh) -> dict:
   """ShapeDtypeStructs of the global batch (every field the recipe needs), sharded like training."""
-  from tipsito.step_bench import synthetic_batch  # pylint: disable=import-outside-toplevel
-  from tipsito.train import sharding  # pylint: disable=import-outside-toplevel
   one = synthetic_batch(config, batch_size=1)
   b = int(config.input.batch_size)
   sh = sharding.batch_sharding(mesh)
@@ -161,10 +164,6 @@ def _analyses(compiled) -> dict:
 
 def plan_train(config, devices: list, *, topology: str = "", teacher_variant: str = "g/14") -> dict:
   """Compiles the train step of `config` for `devices`; returns the per-chip report (see module doc)."""
-  from tipsito import distributed  # pylint: disable=import-outside-toplevel
-  from tipsito.config import validation as config_validation  # pylint: disable=import-outside-toplevel
-  from tipsito.objective import recipes as recipes_lib  # pylint: disable=import-outside-toplevel
-  from tipsito.train import step as step_lib  # pylint: disable=import-outside-toplevel
   distributed.configure_jax()
   # Shapes only: the text tower never tokenizes here, so a paper config needs no tokenizer file.
   config_validation.validate(config, num_devices=len(devices), check_tokenizer=False)
@@ -249,8 +248,6 @@ def plan_evals(config, devices: list, *, topology: str = "") -> list[dict]:
   The eval batch is rounded up to a multiple of the batch-sharding devices (the evaluators pad the last
   batch the same way). Params are sharded like training params; segmentation evals compile the value path.
   """
-  from tipsito.objective import recipes as recipes_lib  # pylint: disable=import-outside-toplevel
-  from tipsito.train import sharding, step as step_lib  # pylint: disable=import-outside-toplevel
   if not len(config.evals):
     return []
   mesh = topology_mesh(config.mesh, devices)

@@ -6,19 +6,28 @@ measured, not guessed: the same config is built per recipe in one process, on sy
 needed), and step time, throughput, FLOPs (XLA cost analysis), FLOP utilisation against an optional
 `--peak_tflops`, and peak device memory (where the platform reports it) are printed as a table plus one
 JSON line. Ratios between recipes come from the same run, so machine load affects them alike.
-`synthetic_batch` is that batch; the planner (tipsito/plan.py) and the tests use it too.
+The batch is `tipsito.data.synthetic.synthetic_batch` (the planner, tipsito/plan.py, and the tests use it too).
 """
 from __future__ import annotations
 
 import json
 import sys
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence
 
 import jax
 import numpy as np
 from absl import app
 from absl import flags
+
+from tipsito import distributed
+from tipsito.config import defaults
+from tipsito.config import validation as config_validation
+from tipsito.data.synthetic import synthetic_batch
+from tipsito.train import assembly
+from tipsito.train import observability
+from tipsito.train import sharding
+from tipsito.train import step as step_lib
 
 FLAGS = flags.FLAGS
 
@@ -34,55 +43,13 @@ def _define_flags() -> None:
   flags.DEFINE_integer("batch", 0, "Global batch override (0 = config).")
   flags.DEFINE_float("peak_tflops", 0.0, "Peak TFLOP/s of all devices (for utilisation); 0 = "
                      "config.peak_tflops or the platform table (tipsito/train/observability.py).")
-  from tipsito import distributed  # pylint: disable=import-outside-toplevel
   distributed.define_flags()  # --distributed: one process per host, the step runs on the global mesh
-
-
-def synthetic_batch(config, batch_size: Optional[int] = None, seed: int = 0,
-                    vocab_size: int = 100) -> dict:
-  """A random host batch with every field the config's recipe/views need (bench, tests, info FLOPs).
-
-  Why: step time and FLOPs must be measurable without any dataset on disk.
-  """
-  rs = np.random.RandomState(seed)
-  inp = config.input
-  b = int(batch_size or inp.batch_size)
-  g, loc = int(inp.global_size), int(inp.local_size)
-  p = int(config.model.image.patch_size)
-  length = int(config.max_len)
-
-  def img(*shape):
-    return rs.randint(0, 256, size=shape + (3,), dtype=np.uint8)
-
-  def text():
-    ids = rs.randint(1, vocab_size, size=(b, length)).astype(np.int32)
-    lens = rs.randint(2, length + 1, size=(b,))
-    ids[np.arange(length)[None, :] >= lens[:, None]] = 0
-    return ids
-
-  batch = {"image": img(b, g, g), "text": text(), "text2": text()}
-  if "two_views" in inp.views:
-    batch["image2"] = img(b, g, g)
-  if "multicrop" in inp.views and int(inp.num_local) > 0:
-    batch["local_crops"] = img(b, int(inp.num_local), loc, loc)
-  if float(inp.mask_ratio) > 0:
-    gh = -(-g // p)
-    n = gh * gh
-    k = int(round(float(inp.mask_ratio) * n))
-    mask = np.zeros((b, n), bool)
-    for i in range(b):
-      mask[i, rs.permutation(n)[:k]] = True
-    batch["mask"] = mask.reshape(b, gh, gh)
-  return batch
 
 
 def bench_one(config, *, steps: int = 5, peak_tflops: float = 0.0) -> dict[str, Any]:
   """Builds `config`, compiles its step, times `steps` steps on a synthetic batch."""
-  from tipsito.config import validation as config_validation  # pylint: disable=import-outside-toplevel
-  from tipsito.train import sharding, step as step_lib  # pylint: disable=import-outside-toplevel
-  from tipsito.train import observability  # pylint: disable=import-outside-toplevel
   config_validation.validate(config, num_devices=jax.device_count(), check_tokenizer=False)  # synthetic ids
-  setup = step_lib.build(config)
+  setup = assembly.build(config)
   state = setup.init_state()
   vocab = setup.model.text_cfg.get("vocab_size", 100) if setup.model.text_cfg else 100
   host = synthetic_batch(  # this process's slice of the global batch
@@ -144,7 +111,6 @@ def run_bench(config, recipes: Sequence[str] = (), ema_modes: Sequence[str] = ()
               batch: int = 0, peak_tflops: float = 0.0) -> list[dict]:
   """Benchmarks the config for each requested recipe x EMA mode; adds ratios to the first entry."""
   import ml_collections as mlc  # pylint: disable=import-outside-toplevel
-  from tipsito.config import defaults  # pylint: disable=import-outside-toplevel
   rows = []
   for r in (recipes or [config.recipe]):
     for e in (ema_modes or [None]):
@@ -183,7 +149,6 @@ def run_bench(config, recipes: Sequence[str] = (), ema_modes: Sequence[str] = ()
 def main(argv: Sequence[str]) -> None:
   """Prints a table and one JSON line."""
   del argv
-  from tipsito import distributed  # pylint: disable=import-outside-toplevel
   distributed.configure_jax()
   if FLAGS.config is None:
     raise app.UsageError("--config is required")

@@ -3,7 +3,7 @@
 Why: converting a billion image-text pairs is CPU-bound (every image is fully decoded once to catch
 truncated files, tipsito/data/builders/_common.py), so its cost is inputs per CPU-second per worker
 times workers. This writes webdataset tars of synthetic photo-like JPEG and PNG images of realistic
-sizes (the ~`size` px images of tipsito/data/pipeline_bench.py, default 512 and 1024 px sides, 3
+sizes (the ~`size` px images of tipsito/data/synthetic.py, default 512 and 1024 px sides, 3
 captions each) and measures, for each format and size:
 
 * `validate_*_per_cpu_s`: the image check alone (PIL full decode), inputs per CPU-second;
@@ -35,8 +35,8 @@ import tempfile
 import time
 from typing import Sequence
 
-from tipsito.data import pipeline_bench
 from tipsito.data.builders import _common
+from tipsito.data.synthetic import synthetic_source
 
 
 def _cpu_seconds() -> float:
@@ -49,7 +49,7 @@ def _cpu_seconds() -> float:
 def write_tars(directory: str, fmt: str, size: int, num_inputs: int, per_tar: int,
                distinct: int = 16) -> list[str]:
   """webdataset tars of `num_inputs` samples (`distinct` different images, cycled), `per_tar` a tar."""
-  src = pipeline_bench.synthetic_source(distinct, fmt, size)
+  src = synthetic_source(distinct, fmt, size)
   ext = "jpg" if fmt == "JPEG" else "png"
   os.makedirs(directory, exist_ok=True)
   paths = []
@@ -70,7 +70,7 @@ def write_tars(directory: str, fmt: str, size: int, num_inputs: int, per_tar: in
 
 def _validate_rate(fmt: str, size: int, seconds: float) -> tuple[float, float]:
   """(inputs per CPU-second, mean encoded KiB) of `_common.check_image_bytes` alone."""
-  images = [r["image"] for r in pipeline_bench.synthetic_source(8, fmt, size)]
+  images = [r["image"] for r in synthetic_source(8, fmt, size)]
   n, c0 = 0, time.thread_time()
   t0 = time.perf_counter()
   while time.perf_counter() - t0 < seconds:

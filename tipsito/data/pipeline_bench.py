@@ -13,7 +13,6 @@ transforms' `timings` hook, so a regression in one op is visible), and one JSON 
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import math
 import os
@@ -23,43 +22,12 @@ import zlib
 from typing import Sequence
 
 import numpy as np
-from PIL import Image, ImageDraw, ImageFilter
 
 from tipsito.data import pipeline
+from tipsito.data.synthetic import synthetic_source
 from tipsito.data import transforms as T
 
 __all__ = ['synthetic_source', 'run_data_bench', 'main']
-
-
-def _photo_like(rng: np.random.Generator, h: int, w: int) -> Image.Image:
-  """Smooth colour field + shapes: compresses and decodes like a photo, unlike white noise."""
-  small = rng.integers(0, 256, (max(2, h // 32), max(2, w // 32), 3), dtype=np.uint8)
-  img = Image.fromarray(small).resize((w, h), Image.Resampling.BICUBIC)
-  draw = ImageDraw.Draw(img)
-  for _ in range(6):
-    x0, y0 = int(rng.integers(0, w - 20)), int(rng.integers(0, h - 20))
-    x1, y1 = x0 + int(rng.integers(10, w // 2)), y0 + int(rng.integers(10, h // 2))
-    draw.ellipse((x0, y0, x1, y1), fill=tuple(int(c) for c in rng.integers(0, 256, 3)))
-  noise = rng.normal(0, 6, (h, w, 3))
-  arr = np.clip(np.asarray(img.filter(ImageFilter.GaussianBlur(1.0)), np.float32) + noise, 0, 255)
-  return Image.fromarray(arr.astype(np.uint8))
-
-
-def synthetic_source(num_images: int = 64, fmt: str = 'JPEG', size: int = 400,
-                     seed: int = 0) -> list[dict]:
-  """Records in the shared schema with ~`size` px images (aspect 3:4..4:3) and three captions."""
-  rng = np.random.default_rng(seed)
-  out = []
-  for i in range(num_images):
-    ar = float(np.exp(rng.uniform(np.log(3 / 4), np.log(4 / 3))))
-    h, w = int(round(size / np.sqrt(ar))), int(round(size * np.sqrt(ar)))
-    buf = io.BytesIO()
-    img = _photo_like(rng, h, w)
-    img.save(buf, fmt, **({'quality': 90} if fmt == 'JPEG' else {}))
-    out.append({'image': buf.getvalue(), 'alt_text': f'a photo number {i} of shapes',
-                'caption_paligemma': f'several coloured ellipses on a smooth background {i}',
-                'caption_gemini': f'an abstract picture with {i % 7 + 2} blobs', 'id': str(i)})
-  return out
 
 
 def _transform_rate(source: Sequence[dict], transform, min_seconds: float) -> tuple[float, float]:
@@ -228,7 +196,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
   """CLI entry point; also callable as `main([...])`. `--convert [...]`: tipsito/data/convert_bench.py."""
   argv = list(sys.argv[1:] if argv is None else argv)
   if '--convert' in argv:
-    from tipsito.data import convert_bench  # pylint: disable=g-import-not-at-top
+    from tipsito.data import convert_bench  # CLI dispatch: that CLI imports this one's library
     return convert_bench.main([a for a in argv if a != '--convert'])
   ap = argparse.ArgumentParser(prog='python -m tipsito.data.pipeline_bench',
                                description=__doc__.split('\n')[0])

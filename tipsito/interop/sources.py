@@ -3,7 +3,9 @@
 Why: every format (tipsito's own export, `tips_npz`, `hf_tipsv2`, `hf_clip`, `open_clip`) is written from a training workdir at
 its latest or a chosen step (`--workdir W [--step N]`), from an existing export or Hugging Face Tipsv2
 folder (`--from E`), or from official TIPS `.npz` weights. Reading each source once into `Model` keeps the
-writers independent of where the weights came from.
+writers independent of where the weights came from. A training workdir becomes a `Model` in
+tipsito/train/exporting.py (`model_from_workdir`), since reading one needs the training code, which this
+subpackage does not import.
 """
 from __future__ import annotations
 
@@ -11,7 +13,15 @@ import dataclasses
 import os
 from typing import Any, Optional
 
+import jax
 import numpy as np
+from absl import logging
+
+from tipsito import export_format
+from tipsito import tips_import
+from tipsito.interop import clip
+from tipsito.interop import hf_tipsv2
+from tipsito.interop import tips_npz
 
 FORMATS = ('tipsito', 'hf_tipsv2', 'tips_npz', 'hf_clip', 'open_clip')
 
@@ -35,13 +45,11 @@ class Model:
 
 
 def _numpy(tree: Any) -> Any:
-  import jax  # pylint: disable=g-import-not-at-top
   return jax.tree.map(np.asarray, tree)
 
 
 def from_export(path) -> Model:
   """A tipsito export (tipsito/export_format.py)."""
-  from tipsito import export_format  # pylint: disable=g-import-not-at-top
   cfg, params = export_format.read_export(path)
   tok = os.fspath(export_format.as_path(path) / cfg['tokenizer']) if cfg.get('tokenizer') else None
   extra = dict(cfg.get('extra') or {})
@@ -51,8 +59,6 @@ def from_export(path) -> Model:
 
 def from_hf_tipsv2(path) -> Model:
   """A Hugging Face Tipsv2Model folder (tipsito/interop/hf_tipsv2.py: read_hf_tipsv2)."""
-  from absl import logging  # pylint: disable=g-import-not-at-top
-  from tipsito.interop import hf_tipsv2  # pylint: disable=g-import-not-at-top
   r = hf_tipsv2.read_hf_tipsv2(path)
   for note in r['notes']:
     logging.warning('%s: %s', path, note)
@@ -65,33 +71,13 @@ def from_hf_tipsv2(path) -> Model:
 
 def from_tips_npz(image_npz, text_npz, tokenizer: Optional[str] = None) -> Model:
   """Official TIPS weights (tipsito/tips_import.py)."""
-  from tipsito import tips_import  # pylint: disable=g-import-not-at-top
   icfg, tcfg, params, temperature = tips_import.import_tips_npz(image_npz, text_npz)
   return Model(icfg, tcfg, params, temperature, tokenizer,
                {'source': 'tips_npz', 'tips_image_npz': str(image_npz), 'tips_text_npz': str(text_npz)})
 
 
-def from_workdir(workdir, step: Optional[int] = None) -> Model:
-  """A training workdir's checkpoint at `step` (default: the latest), the export's subset only."""
-  import jax  # pylint: disable=g-import-not-at-top
-  from tipsito import export  # pylint: disable=g-import-not-at-top
-  from tipsito.train import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
-  what = f'--workdir {workdir}' + (f' --step {step}' if step is not None else '')
-  setup, state = workdir_lib.restore_latest(workdir, what=what, step=step)
-  img, txt = export.export_configs(setup)
-  params = export.export_params(state.params)
-  extra = {'source': 'tipsito-train', 'recipe': setup.config.recipe, 'step': int(state.step),
-           'image_size': int(setup.config.input.global_size)}
-  if 'logit_bias' in state.params:  # SigLIP: `--format open_clip` writes it (an export keeps no bias)
-    extra['logit_bias'] = float(np.asarray(jax.device_get(state.params['logit_bias'])))
-  return Model(img, txt, params, export.temperature_of(state.params), export.tokenizer_path(setup.config),
-               extra)
-
-
 def load_source(path) -> Model:
   """`--from PATH`: a tipsito export or a Hugging Face Tipsv2 folder (a training workdir is `--workdir`)."""
-  from tipsito import export_format  # pylint: disable=g-import-not-at-top
-  from tipsito.interop import hf_tipsv2  # pylint: disable=g-import-not-at-top
   if hf_tipsv2.is_tipsv2_folder(path):
     return from_hf_tipsv2(path)
   if export_format.is_export(path):
@@ -104,27 +90,35 @@ def load_source(path) -> Model:
 def write(model: Model, output, fmt: str) -> str:
   """Writes `model` in format `fmt` (FORMATS) to `output`; returns the output path."""
   if fmt == 'tipsito':
-    from tipsito import export_format  # pylint: disable=g-import-not-at-top
     return export_format.write_export(
         output, image_config=model.image_config, text_config=model.text_config, params=model.params,
         temperature=model.temperature, tokenizer_path=model.tokenizer_path,
         image_proj='image_proj' in model.params, extra=model.extra)
   if fmt == 'tips_npz':
-    from tipsito.interop import tips_npz  # pylint: disable=g-import-not-at-top
     return tips_npz.write_tips_npz(output, image_config=model.image_config, text_config=model.text_config,
                                    params=model.params, temperature=model.temperature,
                                    tokenizer_path=model.tokenizer_path)
   if fmt == 'hf_tipsv2':
-    from tipsito.interop import hf_tipsv2  # pylint: disable=g-import-not-at-top
     return hf_tipsv2.write_hf_tipsv2(output, image_config=model.image_config,
                                      text_config=model.text_config, params=model.params,
                                      temperature=model.temperature, tokenizer_path=model.tokenizer_path,
                                      image_size=model.image_size)
   if fmt in ('hf_clip', 'open_clip'):
-    from tipsito.interop import clip  # pylint: disable=g-import-not-at-top
     kw = dict(image_config=model.image_config, text_config=model.text_config, params=model.params,
               temperature=model.temperature, tokenizer_path=model.tokenizer_path, extra=model.extra)
     if fmt == 'hf_clip':
       return clip.write_hf_clip(output, **kw)
     return clip.write_open_clip(output, **kw)
   raise ValueError(f'unknown --format {fmt!r}; valid: {list(FORMATS)}')
+
+
+def export_tips_npz(image_npz: str, text_npz: str, output: str,
+                    tokenizer: Optional[str] = None) -> str:
+  """Imports released TIPS .npz weights and writes a tipsito export (`export --tips_image_npz`, format
+  `tipsito`)."""
+  icfg, tcfg, params, temperature = tips_import.import_tips_npz(image_npz, text_npz)
+  return export_format.write_export(
+      output, image_config=icfg, text_config=tcfg, params=params,
+      temperature=temperature, tokenizer_path=tokenizer,
+      extra={'source': 'tips_npz', 'tips_image_npz': str(image_npz),
+             'tips_text_npz': str(text_npz)})

@@ -7,15 +7,12 @@ options live only in the default config, so no field here has a default of its o
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
 
 from tipsito.objective.model import TrainModel
-
-if TYPE_CHECKING:  # recipes.py imports the term names, whose module imports this one
-  from tipsito.objective.recipes import Recipe
 
 
 def masks_student_view(config) -> bool:
@@ -32,10 +29,13 @@ def masks_student_view(config) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class LossContext:
-  """Everything static the loss needs: model, recipe, weights and options (built once from the config).
+  """Everything static the loss needs: model, weights and options (built once from the config and the
+  recipe; the terms read these fields, never the Recipe itself).
 
   Attributes:
-    model, recipe: the run's TrainModel and Recipe.
+    model: the run's TrainModel.
+    frozen_teacher: the recipe's teacher is a frozen distillation teacher (`Recipe.teacher == 'frozen'`):
+      the teacher features and heads come from `frozen`, and `dino_global_crop` applies.
     weights: term -> float, zero weights removed (the active terms).
     masks_student_view: see `masks_student_view`.
     student_temp ... fusion_cls, dino_reduction, view_weighting: `config.loss_opts` of the same names
@@ -49,7 +49,7 @@ class LossContext:
     teacher_model: distillation only, the frozen teacher's VisionTransformer.
   """
   model: TrainModel
-  recipe: Recipe
+  frozen_teacher: bool
   weights: dict
   masks_student_view: bool
   student_temp: float

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from tipsito.models.layers import l2_normalize
 from tipsito.objective.context import LossContext, teacher_temperature
 from tipsito.objective.model import TrainModel
-from tipsito.train import collapse
+from tipsito.objective import collapse
 
 # What a term can need (`Term.features` in tipsito/objective/terms.py).
 CAPTION = "caption"                    # text tower on 'text'
@@ -154,7 +154,7 @@ def teacher_features(ctx: LossContext, f: Features, ema: dict, frozen: dict, ima
   distill: the frozen teacher encoder; full EMA: the EMA image encoder; head-only EMA: the student
   encoder itself, reusing `unmasked_pass` (the student's pass on the unmasked view 1) when there is one.
   """
-  if ctx.recipe.teacher == "frozen":
+  if ctx.frozen_teacher:
     return ctx.teacher_model.apply({"params": frozen["image"]}, image)
   if "image" in ema:
     return f.forward({**f.params, **ema}, image, method=TrainModel.encode_image)

@@ -39,7 +39,7 @@ from tipsito.objective.context import LossContext
 from tipsito.objective.features import (CAPTION, CONTRASTIVE_VIEW, LOCAL_CROPS, STUDENT_MASK,
                                         SYNTHETIC_CAPTION, TEACHER, VIEW2, Features, unit)
 from tipsito.objective.model import TrainModel
-from tipsito.train import collapse
+from tipsito.objective import collapse
 
 CLIP = "clip"
 SIGLIP = "siglip"
@@ -145,7 +145,7 @@ def dino_student_views(ctx: LossContext, num_local: int) -> int:
   there are no local crops."""
   if not num_local:
     return 1
-  return num_local + int(ctx.recipe.teacher == "frozen" and ctx.dino_global_crop)
+  return num_local + int(ctx.frozen_teacher and ctx.dino_global_crop)
 
 
 def dino_term(ctx: LossContext, f: Features, centers: dict) -> TermOutput:
@@ -167,7 +167,7 @@ def dino_term(ctx: LossContext, f: Features, centers: dict) -> TermOutput:
   t_logits = fwd(f.teacher_params, f.teacher["cls"][:, 0], method=TrainModel.dino)[None]  # (1,B,K)
   if f.local_cls is not None:
     s_logits = fwd(f.params, f.local_cls, method=TrainModel.dino)
-    if ctx.recipe.teacher == "frozen" and ctx.dino_global_crop:
+    if ctx.frozen_teacher and ctx.dino_global_crop:
       g = fwd(f.params, f.student_cls, method=TrainModel.dino)[None]
       s_logits = jnp.concatenate([g, s_logits], 0)
   else:

@@ -22,21 +22,13 @@ import ml_collections as mlc
 from absl import app
 from absl import flags
 
+from tipsito.studies import results
+from tipsito.studies.results import write_json_atomic
+
 JOB_FILE = "job.json"
 RESULT_FILE = "result.json"
 LOG_FILE = "log.txt"
 SWEEP_PID_ENV = "TIPSITO_SWEEP_PID"  # set by the sweep for its subprocess jobs
-
-
-def write_json_atomic(path: str, obj: Any) -> None:
-  """Writes JSON to `path` through a temporary file and a rename: readers see all of it or nothing."""
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  tmp = f"{path}.tmp{os.getpid()}"
-  with open(tmp, "w", encoding="utf-8") as f:
-    json.dump(obj, f, indent=1)  # insertion order: the arms stay in study order
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
 
 
 def config_to_json(config: mlc.ConfigDict) -> dict:
@@ -77,7 +69,6 @@ def is_finished(run_dir: str) -> bool:
 def run(run_dir: str) -> dict:
   """Trains and evaluates the job of `run_dir` (resuming from its checkpoints); writes and returns its
   result. Raises `tipsito.train.checkpointing.Preempted` after SIGTERM (checkpoint saved)."""
-  from tipsito.studies import results  # pylint: disable=import-outside-toplevel
   from tipsito.train import loop  # pylint: disable=import-outside-toplevel
   from tipsito.train import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
   job = read_json(os.path.join(run_dir, JOB_FILE))

@@ -14,6 +14,7 @@ seeds, the command and the wall time per arm.
 from __future__ import annotations
 
 import glob
+import json
 import math
 import os
 from typing import Any, Mapping, Sequence
@@ -166,11 +167,21 @@ def markdown(summary: dict) -> str:
   return "\n".join(lines)
 
 
+def write_json_atomic(path: str, obj: Any) -> None:
+  """Writes JSON to `path` through a temporary file and a rename: readers see all of it or nothing."""
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  tmp = f"{path}.tmp{os.getpid()}"
+  with open(tmp, "w", encoding="utf-8") as f:
+    json.dump(obj, f, indent=1)  # insertion order: the arms stay in study order
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, path)
+
+
 def write(summary: dict, sweep_dir: str) -> tuple[str, str]:
   """Writes `<sweep_dir>/results.json` and `results.md` (atomically); returns their paths."""
-  from tipsito.studies import job as job_lib  # pylint: disable=import-outside-toplevel
   js, md = os.path.join(sweep_dir, "results.json"), os.path.join(sweep_dir, "results.md")
-  job_lib.write_json_atomic(js, summary)
+  write_json_atomic(js, summary)
   tmp = f"{md}.tmp{os.getpid()}"
   with open(tmp, "w", encoding="utf-8") as f:
     f.write(markdown(summary))

@@ -21,6 +21,9 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from tipsito import distributed
+from tipsito.train import flag_errors
+
 FLAGS = flags.FLAGS
 
 
@@ -29,7 +32,6 @@ def _define_flags() -> None:
   if "workdir" in FLAGS:
     return
   from ml_collections import config_flags  # pylint: disable=import-outside-toplevel
-  from tipsito import distributed  # pylint: disable=import-outside-toplevel
   config_flags.DEFINE_config_file("config", None, "Experiment config file (configs/*.py[:args]).",
                                   lock_config=True)
   flags.DEFINE_string("workdir", None, "Output directory (resumed automatically if it has checkpoints).")
@@ -45,7 +47,6 @@ def main(argv: Sequence[str]) -> None:
   """Parses flags, sets up JAX, runs the loop."""
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  from tipsito import distributed  # pylint: disable=import-outside-toplevel
   try:
     distributed.initialize_from_flags()
   except ValueError as e:
@@ -53,7 +54,7 @@ def main(argv: Sequence[str]) -> None:
   distributed.configure_jax()
   import jax  # pylint: disable=import-outside-toplevel
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-  from tipsito.train import loop  # pylint: disable=import-outside-toplevel
+  from tipsito.train import loop  # heavy (JAX, TF): after the platform, TF log level
   logging.info("JAX %s: process %d of %d, %d devices (%s)", jax.__version__, jax.process_index(),
                jax.process_count(), jax.device_count(), jax.devices()[0].platform)
   loop.train_and_evaluate(FLAGS.config, FLAGS.workdir)  # raises Preempted (exit 75) after SIGTERM
@@ -62,7 +63,6 @@ def main(argv: Sequence[str]) -> None:
 def run() -> None:
   """Console-script entry point (tipsito-train)."""
   _define_flags()
-  from tipsito.train import flag_errors  # pylint: disable=import-outside-toplevel
   app.run(main, flags_parser=flag_errors.parse_flags)
 
 

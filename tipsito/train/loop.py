@@ -5,8 +5,9 @@ Why this shape: one loop for every recipe (recipes only change the loss), explic
 end. It reads top to bottom in `train_and_evaluate`: check the workdir, build and restore (nothing is
 written before the state is ready: an unreadable latest checkpoint is moved aside only once an older one
 restored), write config.json, the steps, finish. Everything device-related (mesh, shardings, donation)
-comes from `tipsito.train.step.build`; the workdir's config.json is tipsito/train/workdir.py, the data
-checks tipsito/data/prepare.py, the export tipsito/export.py.
+comes from `tipsito.train.step.build` (through tipsito/train/assembly.py, which loads a frozen teacher and
+`config.init_from`); the workdir's config.json is tipsito/train/workdir.py, the data checks
+tipsito/data/prepare.py, the export tipsito/train/exporting.py.
 
 Failure paths: whatever stops the run, `_Resources` closes the TensorBoard writer, the data iterator
 (grain worker processes and their shared memory) and the checkpoint manager (pending saves, Orbax's
@@ -30,12 +31,15 @@ from absl import logging
 from clu import metric_writers
 
 from tipsito import distributed
-from tipsito import export
+from tipsito import evals
 from tipsito import peer_loss
 from tipsito.config import validation as config_validation
 from tipsito import paths
+from tipsito.data import pipeline
 from tipsito.data import prepare as data_prepare
+from tipsito.train import assembly
 from tipsito.train import checkpointing
+from tipsito.train import exporting
 from tipsito.train import nonfinite
 from tipsito.train import observability
 from tipsito.train import resume_guard
@@ -63,7 +67,7 @@ def guard_resume(config: mlc.ConfigDict, workdir: str) -> list:
 def restore_or_init(setup: step_lib.Setup, ckpt: checkpointing.Checkpointer) -> tuple[Any, Any]:
   """(state, this process's data-iterator state or None): the latest readable checkpoint of the workdir
   if any, else config.init_from (params, and with `init_teacher='continue'` its teacher:
-  tipsito/train/workdir.py `init_from_run`; a Tipsv2Model folder gives the towers), else init. Writes
+  tipsito/train/assembly.py `init_from`; a Tipsv2Model folder gives the towers), else init. Writes
   nothing (unreadable steps are only recorded, in `ckpt.unreadable`)."""
   abstract = checkpointing.abstract_with_shardings(setup.state_shapes, setup.state_shardings)
   if ckpt.latest_step() is not None:
@@ -72,17 +76,7 @@ def restore_or_init(setup: step_lib.Setup, ckpt: checkpointing.Checkpointer) -> 
     return state, data_state
   state = setup.init_state()
   if setup.config.init_from:
-    from tipsito.interop import hf_tipsv2  # pylint: disable=import-outside-toplevel
-    if hf_tipsv2.is_tipsv2_folder(setup.config.init_from):  # a Hugging Face Tipsv2Model folder: towers only
-      params = hf_tipsv2.init_train_params(setup.config.init_from, state.params, abstract.params)
-      state = state.replace(params=params, ema={k: params[k] for k in state.ema},
-                            opt_state=jax.jit(setup.tx.init,
-                                              out_shardings=setup.state_shardings.opt_state)(params))
-      logging.info("Initialised params from %s (a Tipsv2Model folder: towers only)", setup.config.init_from)
-    else:
-      state = workdir_lib.init_from_run(setup, state)
-      logging.info("Initialised params from %s (teacher: %s)", setup.config.init_from,
-                   setup.config.init_teacher)
+    state = assembly.init_from(setup, state)
   return state, None
 
 
@@ -192,7 +186,6 @@ def _open_writer(config: mlc.ConfigDict, workdir: str):
 def _open_data(config: mlc.ConfigDict):
   """The grain pipeline of `config.data` / `config.input` for this process (built-in data built first)."""
   data_prepare.ensure_dataset(config)
-  from tipsito.data import pipeline  # pylint: disable=import-outside-toplevel
   return pipeline.make_train_iterator(config, process_index=jax.process_index(),
                                       process_count=jax.process_count())
 
@@ -212,7 +205,6 @@ def _build_run(config: mlc.ConfigDict, workdir: str, writer, setup: step_lib.Set
   observability.log_parameter_summary(setup.state_shapes.params)
   evaluators = {}
   if len(config.evals):
-    from tipsito import evals  # pylint: disable=import-outside-toplevel
     evaluators = evals.make_evaluators(config)
   return _Run(config=config, workdir=workdir, writer=writer, setup=setup, ckpt=ckpt,
               train_step=step_lib.jit_train_step(setup), frozen=setup.frozen(), evaluators=evaluators,
@@ -236,7 +228,7 @@ def train_and_evaluate(config: mlc.ConfigDict, workdir: str, *, data_iter=None,
   workdir = paths.resolve(workdir)
   owns_iter = data_iter is None
   config, history = _check_workdir(config, workdir, check_data=owns_iter)
-  setup = step_lib.build(config)
+  setup = assembly.build(config)
   logging.info("Recipe %s: %s", setup.recipe.name, setup.recipe.doc)
   logging.info("Mesh %s; loss weights %s; EMA %s", dict(setup.mesh.shape), setup.ctx.weights,
                setup.ctx.ema_keys)
@@ -359,17 +351,16 @@ def _finish(run: _Run, state, step: int) -> dict:
     metrics = _run_evals(run, state, step, is_last=True)
   if run.config.export.enabled:
     out = run.config.export.dir or os.path.join(run.workdir, "export")
-    export.write_training_export(run.setup, state.params, out, step=step)
+    exporting.write_training_export(run.setup, state.params, out, step=step)
     logging.info("Exported encoders to %s", out)
   return metrics
 
 
 def _run_evals(run: _Run, state, step: int, *, is_last: bool) -> dict:
   """Periodic / final evaluation hook on an in-memory Encoder of the current student encoders."""
-  from tipsito import evals  # pylint: disable=import-outside-toplevel
   due = [e for e in run.evaluators.values() if e.should_run(step, is_last=is_last)]
   if not due:
     return {}
-  enc = export.training_encoder(run.setup, state.params)  # every process: evals shard over processes
+  enc = exporting.training_encoder(run.setup, state.params)  # every process: evals shard over processes
   return evals.run_evaluators(due, enc, step=step, writer=run.writer,
                               picture_dir=os.path.join(run.workdir, "pictures"), log=logging.info)

@@ -3,6 +3,10 @@
 Why in one place: the loop, `step_bench.py`, `info.py`, `plan.py` and the tests all need exactly the
 same objects (model, optimiser, state shapes and shardings, step function) from a config; building them
 here keeps the train loop thin and guarantees that what `info` reports is what `train` runs.
+
+`build` is a pure builder: it reads no disk. A frozen distillation teacher is passed in (`Teacher`, what
+the step gets of it, is defined here); loading one, restoring a workdir's state and `config.init_from`
+are tipsito/train/assembly.py, the one module above this one that reads runs from disk.
 """
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 
 from tipsito import objective
+from tipsito.data import tokenizer as tok_lib
 from tipsito.objective import LossContext, compute_losses, init_centers
 from tipsito.objective.model import TrainModel
 from tipsito.models.kwargs import module_kwargs
@@ -22,7 +27,6 @@ from tipsito.train import optim as optim_lib
 from tipsito.train import sharding as sharding_lib
 from tipsito.train import state as state_lib
 from tipsito.train.state import TrainState
-from tipsito.train.teacher import Teacher, check_teacher_heads, frozen_tree, load_teacher
 
 
 def image_kwargs(config) -> dict:
@@ -41,8 +45,38 @@ def text_kwargs(config, vocab_size: Optional[int] = None) -> dict:
 
 def tokenizer_vocab_size(config) -> int:
   """Vocabulary of the configured tokenizer (the shipped demo model when None; + SOT/EOT for 'clip')."""
-  from tipsito.data import tokenizer as tok_lib  # pylint: disable=import-outside-toplevel
   return int(tok_lib.from_config(config).vocab_size)
+
+
+@dataclasses.dataclass
+class Teacher:
+  """A frozen distillation teacher: its image tower module, config and params, its own DINO/iBOT heads when
+  it comes from a tipsito training workdir (`heads`: {'dino_head', 'ibot_head'} -> params, with
+  `heads_config` the teacher's `model.heads`), and its text tower (used to initialise the student's text
+  tower when `config.distill.init_text`). Loaded by tipsito/train/teacher.py."""
+  module: Any
+  image_config: dict
+  params: Any
+  text_params: Any = None
+  heads: Optional[dict] = None
+  heads_config: Optional[dict] = None
+  source: str = ""
+
+
+def check_teacher_heads(config, teacher: Teacher) -> None:
+  """The student heads must have the teacher heads' shape (same `model.heads`), since the student's head
+  outputs are compared with the teacher's prototypes."""
+  keys = ("num_prototypes", "hidden_dim", "bottleneck_dim", "num_layers")
+  got = {k: config.model.heads.get(k) for k in keys}
+  want = {k: (teacher.heads_config or {}).get(k) for k in keys}
+  if got != want:
+    raise ValueError(f"config.model.heads {got} differs from the teacher's heads {want} "
+                     f"({teacher.source}); set --config.model.heads.<key> to the teacher's values")
+
+
+def frozen_tree(teacher: Teacher) -> dict:
+  """The frozen step input: {'image': teacher encoder[, 'dino_head', 'ibot_head': the teacher's heads]}."""
+  return {"image": teacher.params, **(teacher.heads or {})}
 
 
 @dataclasses.dataclass
@@ -97,7 +131,8 @@ def make_loss_context(config, recipe, model, ema_keys, teacher=None) -> LossCont
   """Static loss options: `config.loss` (weights, zero terms dropped) and every `config.loss_opts` key."""
   lo = config.loss_opts
   return LossContext(
-      model=model, recipe=recipe, weights={k: float(v) for k, v in config.loss.items() if v},
+      model=model, frozen_teacher=recipe.teacher == "frozen",
+      weights={k: float(v) for k, v in config.loss.items() if v},
       masks_student_view=objective.masks_student_view(config),
       student_temp=float(lo.student_temp), teacher_temp=float(lo.teacher_temp),
       warmup_teacher_temp=float(lo.warmup_teacher_temp),
@@ -119,11 +154,17 @@ def example_inputs(config) -> tuple[jax.Array, jax.Array]:
 
 def build(config, mesh: Optional[Mesh] = None, *, vocab_size: Optional[int] = None,
           teacher: Optional[Teacher] = None) -> Setup:
-  """Builds the Setup for `config` on `mesh` (default: all devices, `config.mesh`)."""
+  """Builds the Setup for `config` on `mesh` (default: all devices, `config.mesh`); reads no disk.
+
+  A recipe with a frozen teacher needs `teacher` (tipsito/train/teacher.py `load_teacher`, or
+  tipsito/train/assembly.py `build`, which loads it from `config.distill`).
+  """
   mesh = mesh or sharding_lib.make_mesh(config.mesh)
   recipe = objective.get_recipe(config.recipe)
   if recipe.teacher == "frozen" and teacher is None:
-    teacher = load_teacher(config, mesh)
+    raise ValueError(f"config.recipe={config.recipe!r} distills from a frozen teacher: build it with "
+                     "tipsito.train.assembly.build(config, mesh), which loads config.distill's teacher, "
+                     "or pass teacher=")
   teacher_width = None if teacher is None else int(teacher.image_config["width"])
   model = build_model(config, recipe, vocab_size=vocab_size, teacher_width=teacher_width)
   ema_keys = state_lib.ema_keys(recipe, config.ema.mode)

@@ -1,35 +1,32 @@
-"""The frozen distillation teacher (recipe `distill`): where it comes from and what the step gets of it.
+"""The frozen distillation teacher (recipe `distill`): where it comes from.
 
 Why its own module: a teacher is loaded from one of four sources (a tipsito training workdir, an export,
 a Hugging Face Tipsv2Model folder, official TIPS weights), each with its own reader, before the student is
-built; the train step only sees the frozen tree `frozen_tree(teacher)`. Keeping the loading here leaves
-tipsito/train/step.py about the student and its step.
+built; the train step only sees the frozen tree `frozen_tree(teacher)`. What the step gets of a teacher
+(`Teacher`, `frozen_tree`, `check_teacher_heads`) is tipsito/train/step.py, whose pure `build` takes one;
+this loader sits above it (a workdir teacher is a pretraining run, rebuilt with `step.build` and restored
+read-only with `checkpointing.restore_latest_state`), and tipsito/train/assembly.py calls it.
 """
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Optional
+from typing import Optional
 
 from absl import logging
 from jax.sharding import Mesh
 
+from tipsito import distributed
+from tipsito import inference
+from tipsito import models
+from tipsito import tips_import
+from tipsito.interop import hf_tipsv2
 from tipsito.models.kwargs import module_kwargs
+from tipsito.objective import recipes as recipes_lib
+from tipsito.train import checkpointing
+from tipsito.train import step as step_lib
 from tipsito.train import workdir as workdir_lib
+from tipsito.train.step import Teacher, check_teacher_heads, frozen_tree
 
-
-@dataclasses.dataclass
-class Teacher:
-  """A frozen distillation teacher: its image tower module, config and params, its own DINO/iBOT heads when
-  it comes from a tipsito training workdir (`heads`: {'dino_head', 'ibot_head'} -> params, with
-  `heads_config` the teacher's `model.heads`), and its text tower (used to initialise the student's text
-  tower when `config.distill.init_text`)."""
-  module: Any
-  image_config: dict
-  params: Any
-  text_params: Any = None
-  heads: Optional[dict] = None
-  heads_config: Optional[dict] = None
-  source: str = ""
+__all__ = ["Teacher", "load_teacher", "check_teacher_heads", "frozen_tree"]
 
 
 def load_teacher(config, mesh: Optional[Mesh] = None) -> Teacher:
@@ -43,7 +40,6 @@ def load_teacher(config, mesh: Optional[Mesh] = None) -> Teacher:
   are then the EMA of the student heads (our inference; logged), as in head-only EMA pretraining.
   """
   d = config.distill
-  from tipsito import models  # pylint: disable=import-outside-toplevel
   heads, heads_cfg = None, None
   if d.teacher_image_npz:
     image_cfg, params = _npz_teacher(d.teacher_image_npz, d.teacher_text_npz)
@@ -52,12 +48,10 @@ def load_teacher(config, mesh: Optional[Mesh] = None) -> Teacher:
     image_cfg, params, heads, heads_cfg = _workdir_teacher(d.teacher, mesh)
     source = f"training workdir {d.teacher}"
   elif _is_tipsv2_folder(d.teacher):
-    from tipsito.interop import hf_tipsv2  # pylint: disable=import-outside-toplevel
     r = hf_tipsv2.read_hf_tipsv2(d.teacher)
     image_cfg, params = r["image_config"], r["params"]
     source = f"Hugging Face Tipsv2 folder {d.teacher}"
   else:
-    from tipsito import inference  # pylint: disable=import-outside-toplevel
     image_cfg, params = _encoder_image_parts(inference.load(d.teacher))
     source = f"export {d.teacher}"
   image_cfg = dict(image_cfg)
@@ -76,14 +70,12 @@ def load_teacher(config, mesh: Optional[Mesh] = None) -> Teacher:
 
 def _is_tipsv2_folder(path) -> bool:
   """A Hugging Face Tipsv2Model folder (tipsito/interop/hf_tipsv2.py)."""
-  from tipsito.interop import hf_tipsv2  # pylint: disable=import-outside-toplevel
   return hf_tipsv2.is_tipsv2_folder(path)
 
 
 def _npz_teacher(image_npz: str, text_npz: Optional[str]) -> tuple[dict, dict]:
   """(image config, params) of official TIPS weights; {'image', 'text'} params when the text file is
   given too (distill.init_text can start the student's text tower from it)."""
-  from tipsito import tips_import  # pylint: disable=import-outside-toplevel
   if text_npz:
     image_cfg, _, params, _ = tips_import.import_tips_npz(image_npz, text_npz)
     return image_cfg, params
@@ -93,12 +85,13 @@ def _npz_teacher(image_npz: str, text_npz: Optional[str]) -> tuple[dict, dict]:
 def _workdir_teacher(workdir: str, mesh: Optional[Mesh]) -> tuple[dict, dict, dict, dict]:
   """(image config, {'image', 'text'} params, teacher heads, heads config) of a training workdir's latest
   checkpoint, rebuilt from its own config.json."""
-  from tipsito.objective import recipes as recipes_lib  # pylint: disable=import-outside-toplevel
-  from tipsito.train import step as step_lib  # pylint: disable=import-outside-toplevel
   tcfg = workdir_lib.load_config(workdir)
   if recipes_lib.get_recipe(tcfg.recipe).teacher == "frozen":
     raise ValueError(f"config.distill.teacher={workdir!r} is a distillation run; use a pretraining workdir")
-  _, state = workdir_lib.restore_latest(workdir, what=f"config.distill.teacher={workdir!r}", mesh=mesh)
+  distributed.configure_jax()
+  setup = step_lib.build(tcfg, mesh)  # a pretraining run: no teacher of its own
+  state = checkpointing.restore_latest_state(workdir, setup.state_shapes, setup.state_shardings,
+                                             what=f"config.distill.teacher={workdir!r}")
   params, ema = state.params, state.ema
   teacher_view = {"image": ema.get("image", params["image"])}
   if "text" in params:
@@ -114,19 +107,3 @@ def _encoder_image_parts(enc) -> tuple[dict, dict]:
   if params is None:
     raise AttributeError("tipsito.inference.Encoder exposes no `params`; cannot use it as a teacher")
   return dict(cfg), params
-
-
-def check_teacher_heads(config, teacher: Teacher) -> None:
-  """The student heads must have the teacher heads' shape (same `model.heads`), since the student's head
-  outputs are compared with the teacher's prototypes."""
-  keys = ("num_prototypes", "hidden_dim", "bottleneck_dim", "num_layers")
-  got = {k: config.model.heads.get(k) for k in keys}
-  want = {k: (teacher.heads_config or {}).get(k) for k in keys}
-  if got != want:
-    raise ValueError(f"config.model.heads {got} differs from the teacher's heads {want} "
-                     f"({teacher.source}); set --config.model.heads.<key> to the teacher's values")
-
-
-def frozen_tree(teacher: Teacher) -> dict:
-  """The frozen step input: {'image': teacher encoder[, 'dino_head', 'ibot_head': the teacher's heads]}."""
-  return {"image": teacher.params, **(teacher.heads or {})}

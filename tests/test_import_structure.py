@@ -1,0 +1,396 @@
+"""The package's import structure, read from its own source with `ast`: no circle between files or between
+subpackages, no function-local import of a tipsito module without a reason on its line, and no library
+module importing a `python -m` command-line module.
+
+Why a test: function-local imports and imports under `if TYPE_CHECKING:` hide a dependency from a reader
+but not from the structure; every import of a tipsito module counts here, wherever it is written.
+
+`python tests/test_import_structure.py [ROOT] [--step]` prints the figures of the tree at ROOT (default:
+this checkout): files, import edges, circles, function-local imports with their reasons, library modules
+importing command-line modules; `--step` adds the files one training step runs code in (`step_files`).
+
+What is not fixed yet lives in `PENDING`, each entry with the reason it is still there: the tests fail on
+anything new, and on an entry that no longer exists (so the list only shrinks).
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import pathlib
+import sys
+from typing import Iterable, Optional
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PACKAGE = "tipsito"
+
+# What the structure still has, outside the modules of the one-way assembly (issue 19 items 1-3, 5), with
+# the reason each is still there. Remove an entry when it is fixed (the tests say so).
+_CONFIG_SCHEMA = ("config/validation.py (and config/paper.py) read the enumerations of train/optim.py, "
+                  "train/sharding.py and train/workdir.py; the one config schema (issue 19 item 4) declares "
+                  "them")
+PENDING = {
+    # subpackage circles, as the set of subpackages in the knot
+    "subpackage_circles": {frozenset({"config", "train"}): _CONFIG_SCHEMA},
+    # (library module, the `python -m` module it imports)
+    "library_imports_of_cli": {
+        ("tipsito.data.eval_input", "tipsito.data.convert"): "builds a missing built-in eval split",
+        ("tipsito.data.prepare", "tipsito.data.convert"): "builds a missing built-in dataset",
+        ("tipsito.studies.results", "tipsito.info"): "state sizes from info.compute_info (info.py: schema)",
+        ("tipsito.studies.runner", "tipsito.studies.job"): "job.py is both the run library and its CLI",
+    },
+    # module -> function-local imports of tipsito modules without a reason on their line
+    "unexplained_local_imports": {
+        "tipsito": 1, "tipsito.config.validation": 2, "tipsito.data.builders._common": 3,
+        "tipsito.data.convert": 2, "tipsito.data.convert_bench": 1, "tipsito.data.eval_input": 1,
+        "tipsito.data.pipeline": 2, "tipsito.data.pipeline_bench": 1, "tipsito.data.prepare": 2,
+        "tipsito.data.train_tokenizer": 3, "tipsito.distributed": 1, "tipsito.evals.evaluator": 2,
+        "tipsito.evals.runner": 1, "tipsito.export_format": 1, "tipsito.inference": 6,
+        "tipsito.inference_tools": 5, "tipsito.info": 10, "tipsito.interop.hf_tipsv2": 9,
+        "tipsito.interop.tips_npz": 1, "tipsito.studies.arms": 1, "tipsito.studies.job": 4,
+        "tipsito.studies.results": 1, "tipsito.studies.runner": 7, "tipsito.sweep": 2,
+        "tipsito.tips_import": 3,
+    },
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Import:
+  """One import of a tipsito module: who imports what, where, and whether inside a function."""
+  source: str  # importing module, dotted
+  target: str  # imported tipsito module, dotted (a file of the package)
+  line: int
+  local: bool  # inside a function body
+  comment: str  # the comment on the import's line ('' when none)
+
+
+def module_files(root: pathlib.Path = ROOT) -> dict[str, pathlib.Path]:
+  """Dotted module name -> file, for every .py file of the package."""
+  out = {}
+  for f in sorted((root / PACKAGE).rglob("*.py")):
+    parts = list(f.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+      parts = parts[:-1]
+    out[".".join(parts)] = f
+  return out
+
+
+def _is_package(name: str, files: dict[str, pathlib.Path]) -> bool:
+  return files[name].name == "__init__.py"
+
+
+def _resolve(name: str, files: dict[str, pathlib.Path]) -> Optional[str]:
+  """The package file a dotted name lives in: the longest prefix that is a module of the package."""
+  parts = name.split(".")
+  for n in range(len(parts), 0, -1):
+    cand = ".".join(parts[:n])
+    if cand in files:
+      return cand
+  return None
+
+
+def _comment(lines: list[str], lineno: int) -> str:
+  line = lines[lineno - 1]
+  return line.split("#", 1)[1].strip() if "#" in line else ""
+
+
+def imports_of(module: str, files: dict[str, pathlib.Path]) -> list[Import]:
+  """Every import of a tipsito module in `module`'s file (module level, in functions, relative too)."""
+  text = files[module].read_text()
+  lines = text.splitlines()
+  tree = ast.parse(text)
+  out: list[Import] = []
+  package = module if _is_package(module, files) else module.rpartition(".")[0]
+
+  def visit(node: ast.AST, local: bool) -> None:
+    for child in ast.iter_child_nodes(node):
+      in_fn = local or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+      if isinstance(child, ast.Import):
+        for a in child.names:
+          if a.name == PACKAGE or a.name.startswith(PACKAGE + "."):
+            add(_resolve(a.name, files), child, local)
+      elif isinstance(child, ast.ImportFrom):
+        if child.level:
+          base = package.split(".")
+          base = base[:len(base) - (child.level - 1)]
+          mod = ".".join(base + ([child.module] if child.module else []))
+        else:
+          mod = child.module or ""
+        if not (mod == PACKAGE or mod.startswith(PACKAGE + ".")):
+          continue
+        for a in child.names:
+          sub = f"{mod}.{a.name}"
+          add(sub if sub in files else _resolve(mod, files), child, local)
+      visit(child, in_fn)
+
+  def add(target: Optional[str], node: ast.stmt, local: bool) -> None:
+    if target is not None and target != module:
+      out.append(Import(module, target, node.lineno, local, _comment(lines, node.lineno)))
+
+  visit(tree, False)
+  return out
+
+
+def all_imports(files: Optional[dict[str, pathlib.Path]] = None) -> list[Import]:
+  files = files or module_files()
+  return [imp for m in files for imp in imports_of(m, files)]
+
+
+def subpackage(module: str) -> str:
+  """`tipsito.train.step` -> 'train'; a top-level module is its own node (`tipsito.export` -> 'export')."""
+  parts = module.split(".")
+  return parts[1] if len(parts) > 1 else PACKAGE
+
+
+def _graph(edges: Iterable[tuple[str, str]]) -> dict[str, set[str]]:
+  graph: dict[str, set[str]] = {}
+  for a, b in edges:
+    if a != b:
+      graph.setdefault(a, set()).add(b)
+      graph.setdefault(b, set())
+  return graph
+
+
+def knots(edges: Iterable[tuple[str, str]]) -> list[frozenset]:
+  """The strongly connected components with more than one node (Tarjan): each holds one or more circles."""
+  graph = _graph(edges)
+  index, low, stack, on_stack, comps = {}, {}, [], set(), []
+  counter = [0]
+
+  def strongconnect(v: str) -> None:
+    index[v] = low[v] = counter[0]
+    counter[0] += 1
+    stack.append(v)
+    on_stack.add(v)
+    for w in sorted(graph[v]):
+      if w not in index:
+        strongconnect(w)
+        low[v] = min(low[v], low[w])
+      elif w in on_stack:
+        low[v] = min(low[v], index[w])
+    if low[v] == index[v]:
+      comp = []
+      while True:
+        w = stack.pop()
+        on_stack.discard(w)
+        comp.append(w)
+        if w == v:
+          break
+      if len(comp) > 1:
+        comps.append(frozenset(comp))
+
+  sys.setrecursionlimit(max(10000, sys.getrecursionlimit()))
+  for v in sorted(graph):
+    if v not in index:
+      strongconnect(v)
+  return comps
+
+
+def circles(edges: Iterable[tuple[str, str]]) -> list[list[str]]:
+  """One circle (a -> ... -> a) per knot (`knots`), in the same order."""
+  edges = set(edges)
+  graph = _graph(edges)
+  return [_one_circle(graph, set(k)) for k in knots(edges)]
+
+
+def _one_circle(graph: dict[str, set[str]], comp: set[str]) -> list[str]:
+  """A shortest circle through the component's smallest node (breadth-first inside the component)."""
+  start = min(comp)
+  prev = {start: None}
+  queue = [start]
+  while queue:
+    v = queue.pop(0)
+    for w in sorted(graph[v] & comp):
+      if w == start:
+        path = [v]
+        while prev[path[-1]] is not None:
+          path.append(prev[path[-1]])
+        return list(reversed(path)) + [start]
+      if w not in prev:
+        prev[w] = v
+        queue.append(w)
+  return sorted(comp)
+
+
+def is_cli(path: pathlib.Path) -> bool:
+  """A `python -m` module: `if __name__ == "__main__":` or an absl `app.run(...)` call at module level, or
+  the `__init__.py` of a package run with `python -m` (it has a `__main__.py`)."""
+  if path.name == "__init__.py" and (path.parent / "__main__.py").is_file():
+    return True
+  tree = ast.parse(path.read_text())
+  for node in tree.body:
+    if isinstance(node, ast.If) and isinstance(node.test, ast.Compare):
+      names = [n.id for n in ast.walk(node.test) if isinstance(n, ast.Name)]
+      consts = [n.value for n in ast.walk(node.test) if isinstance(n, ast.Constant)]
+      if "__name__" in names and "__main__" in consts:
+        return True
+    if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
+      f = node.value.func
+      if isinstance(f, ast.Attribute) and f.attr == "run" and getattr(f.value, "id", None) == "app":
+        return True
+  return False
+
+
+def _reason(comment: str) -> str:
+  """The reason a comment gives; a bare linter pragma (`pylint: disable=...`, `noqa`) is no reason."""
+  parts = [p.strip() for p in comment.split("#")]
+  return " ".join(p for p in parts if p and not p.startswith(("pylint:", "noqa", "type:")))
+
+
+@functools.lru_cache(maxsize=None)
+def figures(root: pathlib.Path = ROOT) -> dict:
+  """The structure in numbers, from the code's own imports."""
+  files = module_files(root)
+  imps = all_imports(files)
+  file_edges = {(i.source, i.target) for i in imps}
+  sub_edges = {(subpackage(a), subpackage(b)) for a, b in file_edges if subpackage(a) != subpackage(b)}
+  local = [i for i in imps if i.local]
+  clis = sorted(m for m, f in files.items() if is_cli(f))
+  lib_to_cli = sorted({(i.source, i.target) for i in imps if i.target in clis and i.source not in clis})
+  unexplained: dict[str, int] = {}
+  for i in local:
+    if not _reason(i.comment):
+      unexplained[i.source] = unexplained.get(i.source, 0) + 1
+  return {"files": len(files), "import_edges": len(file_edges), "subpackage_edges": len(sub_edges),
+          "file_circles": circles(file_edges), "file_knots": knots(file_edges),
+          "subpackage_circles": circles(sub_edges), "subpackage_knots": knots(sub_edges),
+          "local_imports": local, "unexplained_local_imports": unexplained,
+          "cli_modules": clis, "library_imports_of_cli": lib_to_cli}
+
+
+# --------------------------------------------------------------------------------------------------------
+# The tests
+# --------------------------------------------------------------------------------------------------------
+
+def _fmt(circle: list[str]) -> str:
+  return " -> ".join(circle)
+
+
+def test_no_import_circle_between_files():
+  f = figures()
+  found = f["file_circles"]
+  assert not found, "import circles between files:\n  " + "\n  ".join(map(_fmt, found))
+
+
+def test_no_import_circle_between_subpackages():
+  f = figures()
+  new = [f"{_fmt(c)}   (knot: {', '.join(sorted(k))})"
+         for c, k in zip(f["subpackage_circles"], f["subpackage_knots"])
+         if k not in PENDING["subpackage_circles"]]
+  assert not new, "import circles between subpackages:\n  " + "\n  ".join(new)
+  stale = set(PENDING["subpackage_circles"]) - set(f["subpackage_knots"])
+  assert not stale, f"fixed, remove from PENDING['subpackage_circles']: {[sorted(k) for k in stale]}"
+
+
+def test_function_local_imports_of_tipsito_give_a_reason():
+  bad = [i for i in all_imports() if i.local and not _reason(i.comment)]
+  counts: dict[str, int] = {}
+  for i in bad:
+    counts[i.source] = counts.get(i.source, 0) + 1
+  pending = PENDING["unexplained_local_imports"]
+  new = [i for i in bad if counts[i.source] > pending.get(i.source, 0)]
+  assert not new, ("function-local imports of tipsito modules without a reason in a comment on the same "
+                   "line (import at module level, or say why not):\n  "
+                   + "\n  ".join(f"{i.source}:{i.line} imports {i.target}" for i in new))
+  fewer = {m: (n, counts.get(m, 0)) for m, n in pending.items() if counts.get(m, 0) < n}
+  assert not fewer, f"fewer unexplained imports than PENDING says (lower the counts): {fewer}"
+
+
+def test_no_library_module_imports_a_cli_module():
+  found = set(figures()["library_imports_of_cli"])
+  pending = set(PENDING["library_imports_of_cli"])
+  assert not found - pending, ("library modules importing `python -m` modules (move the code they need into "
+                               "a library module):\n  " + "\n  ".join(f"{s} imports {t}"
+                                                                    for s, t in sorted(found - pending)))
+  assert not pending - found, ("fixed, remove from PENDING['library_imports_of_cli']: "
+                               f"{sorted(pending - found)}")
+
+
+def test_the_checks_see_a_circle(tmp_path):
+  """The circle finder on a package written for the purpose: a -> b -> a, function-local and relative."""
+  pkg = tmp_path / PACKAGE
+  (pkg / "sub").mkdir(parents=True)
+  (pkg / "__init__.py").write_text("")
+  (pkg / "sub" / "__init__.py").write_text("")
+  (pkg / "a.py").write_text("from tipsito.sub import b\n")
+  (pkg / "sub" / "b.py").write_text("def f():\n  from .. import a\n  return a\n")
+  files = module_files(tmp_path)
+  imps = all_imports(files)
+  assert [(i.source, i.target, i.local) for i in imps] == [("tipsito.a", "tipsito.sub.b", False),
+                                                            ("tipsito.sub.b", "tipsito.a", True)]
+  assert circles({(i.source, i.target) for i in imps}) == [["tipsito.a", "tipsito.sub.b", "tipsito.a"]]
+  assert circles({(subpackage(i.source), subpackage(i.target)) for i in imps}) == [["a", "sub", "a"]]
+
+
+# --------------------------------------------------------------------------------------------------------
+# The files one training step runs code in (a figure, not a test: it compiles nothing but builds a model)
+# --------------------------------------------------------------------------------------------------------
+
+def step_files(recipe: str = "tipsito") -> dict[str, list[str]]:
+  """The package files whose Python code runs for one training step of a tiny `recipe` config: from the
+  config to the loss values (`step.build`, then tracing the jitted step: no compilation), and from the
+  jitted step down (the tracing alone). Measured with `sys.setprofile` on the tree on `sys.path`."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from tipsito.config import defaults  # pylint: disable=import-outside-toplevel
+  from tipsito.train import step as step_lib  # pylint: disable=import-outside-toplevel
+  try:
+    from tipsito.data.synthetic import synthetic_batch  # pylint: disable=import-outside-toplevel
+  except ImportError:  # before tipsito/data/synthetic.py
+    from tipsito.step_bench import synthetic_batch  # pylint: disable=import-outside-toplevel
+  from tipsito.train import sharding  # pylint: disable=import-outside-toplevel
+  config = defaults.tiny_config(recipe)
+  pkg = str(pathlib.Path(step_lib.__file__).resolve().parent.parent)
+  seen: list[set] = [set()]
+
+  def prof(frame, event, arg):
+    del arg
+    if event == "call":
+      f = frame.f_code.co_filename
+      if f.startswith(pkg):
+        seen[-1].add(str(pathlib.Path(f).resolve().relative_to(pathlib.Path(pkg).parent)))
+
+  sys.setprofile(prof)
+  try:
+    setup = step_lib.build(config, vocab_size=100)
+    batch = sharding.global_batch(synthetic_batch(config, seed=1, vocab_size=100), setup.mesh)
+    fn = step_lib.jit_train_step(setup)
+    seen.append(set())
+    fn.trace(setup.state_shapes, batch, setup.frozen())
+  finally:
+    sys.setprofile(None)
+  del jax
+  skip = ("tipsito/data/synthetic.py", "tipsito/step_bench.py", "tipsito/train/sharding.py")
+  build_files = {f for f in seen[0] if f not in skip[:2]}
+  return {"config_to_loss": sorted(build_files | seen[1]), "jitted_step_down": sorted(seen[1])}
+
+
+def main(argv: list[str]) -> None:
+  root = pathlib.Path(next((a for a in argv if not a.startswith("--")), ROOT)).resolve()
+  f = figures(root)
+  print(f"files: {f['files']}")
+  print(f"import edges between files: {f['import_edges']} (between subpackages: {f['subpackage_edges']})")
+  print(f"circles between files: {len(f['file_circles'])}")
+  for c, k in zip(f["file_circles"], f["file_knots"]):
+    print(f"  {_fmt(c)}   (knot of {len(k)} files)")
+  print(f"circles between subpackages: {len(f['subpackage_circles'])}")
+  for c, k in zip(f["subpackage_circles"], f["subpackage_knots"]):
+    print(f"  {_fmt(c)}   (knot: {', '.join(sorted(k))})")
+  n_unexplained = sum(f["unexplained_local_imports"].values())
+  print(f"function-local imports of tipsito modules: {len(f['local_imports'])} "
+        f"(without a reason: {n_unexplained})")
+  for i in f["local_imports"]:
+    print(f"  {i.source}:{i.line} -> {i.target}  # {_reason(i.comment) or '(no reason)'}")
+  print(f"python -m modules: {len(f['cli_modules'])}: {', '.join(f['cli_modules'])}")
+  print(f"library modules importing a python -m module: {len(f['library_imports_of_cli'])}")
+  for s, t in f["library_imports_of_cli"]:
+    print(f"  {s} -> {t}")
+  if "--step" in argv:
+    sf = step_files()
+    print(f"files one training step runs code in, config to loss values: {len(sf['config_to_loss'])}; "
+          f"from the jitted step down: {len(sf['jitted_step_down'])}")
+    for k in ("config_to_loss", "jitted_step_down"):
+      print(f"  {k}: {' '.join(sf[k])}")
+
+
+if __name__ == "__main__":
+  main(sys.argv[1:])
