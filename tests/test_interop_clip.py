@@ -24,9 +24,9 @@ pytest.importorskip("safetensors")
 import tipsito  # noqa: E402
 from interop_workdir import make_trained_workdir  # noqa: E402
 from test_models_openclip import ref_image, ref_text, to_state_dicts  # noqa: E402
-from tipsito import export  # noqa: E402
 from tipsito.interop import clip  # noqa: E402
 from tipsito.interop import sources  # noqa: E402
+from tipsito.train import exporting  # noqa: E402
 from tipsito.interop.tips_npz import NotRepresentableError  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -56,8 +56,8 @@ def ito(tmp_path_factory):
   hf, oc = root / "hf", root / "oc"
   _cli(f"--workdir={wd}", "--format=hf_clip", f"--output={hf}")
   _cli(f"--workdir={wd}", "--format=open_clip", f"--output={oc}")
-  enc = tipsito.load(export.export_from_workdir(str(wd), str(root / "e")))
-  return wd, enc, sources.from_workdir(str(wd)), hf, oc
+  enc = tipsito.load(exporting.export_from_workdir(str(wd), str(root / "e")))
+  return wd, enc, exporting.model_from_workdir(str(wd)), hf, oc
 
 
 def _images(n=3, size=32, seed=0):
@@ -250,7 +250,7 @@ def test_siglip_workdir_carries_its_bias(tmp_path):
   ckpt = checkpointing.Checkpointer(str(tmp_path / "checkpoints"), every_steps=1, keep=1, async_save=False)
   ckpt.save(1, state, force=True)
   ckpt.close()
-  m = sources.from_workdir(str(tmp_path))
+  m = exporting.model_from_workdir(str(tmp_path))
   assert m.extra["recipe"] == "siglip" and m.extra["logit_bias"] == pytest.approx(-10.0)
 
 

@@ -33,7 +33,10 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
-from tipsito.interop.tips_npz import NotRepresentableError
+from tipsito import export_format
+from tipsito.data import tokenizer as tok_lib
+from tipsito.interop.hf_tipsv2 import _safetensors_numpy
+from tipsito.interop.tips_npz import NotRepresentableError, _flat
 
 HF_WEIGHTS_FILE = 'model.safetensors'
 OPEN_CLIP_WEIGHTS_FILE = 'open_clip_model.safetensors'
@@ -143,7 +146,6 @@ class _Flat:
   """'/'-joined params; records which ones were taken, so that none is left over."""
 
   def __init__(self, tree):
-    from tipsito.interop.tips_npz import _flat  # pylint: disable=g-import-not-at-top
     self.flat = _flat(tree)
     self.used = set()
 
@@ -259,7 +261,6 @@ def to_open_clip_state(image_config, text_config, params, temperature: float,
 def _eot_id(text_config, tokenizer_path) -> int:
   """The clip tokenizer's EOT id (SentencePiece size + 1); without a tokenizer file, the largest id."""
   if tokenizer_path:
-    from tipsito.data import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
     return int(tok_lib.Tokenizer(tokenizer_path, max_len=2, flavour='clip').eot_id)
   return int(text_config['vocab_size']) - 1
 
@@ -344,7 +345,6 @@ def open_clip_config(image_config, text_config, temperature: float, tokenizer_pa
 
 def _write(out_dir, files: dict[str, bytes], tokenizer_path) -> str:
   from etils import epath  # pylint: disable=g-import-not-at-top
-  from tipsito import export_format  # pylint: disable=g-import-not-at-top
   out = export_format.as_path(out_dir)
   out.mkdir(parents=True, exist_ok=True)
   for name, data in files.items():
@@ -366,7 +366,6 @@ def write_hf_clip(output_dir, *, image_config, text_config, params, temperature:
   takes without `interpolate_pos_encoding` (and the one OpenCLIP's preprocessing uses); the CLIP-style
   recipes train there (224 px for ViT-B/16's 14 x 14 grid).
   """
-  from tipsito.interop.hf_tipsv2 import _safetensors_numpy  # pylint: disable=g-import-not-at-top
   st = _safetensors_numpy()
   check_clip_style(image_config, text_config, params, 'hf_clip', extra)
   cfg = hf_clip_config(image_config, text_config, temperature, tokenizer_path)
@@ -381,7 +380,6 @@ def write_open_clip(output_dir, *, image_config, text_config, params, temperatur
                     tokenizer_path=None, extra=None) -> str:
   """Writes `open_clip_model.safetensors` + `open_clip_config.json` for
   `open_clip.create_model('local-dir:' + output_dir)`."""
-  from tipsito.interop.hf_tipsv2 import _safetensors_numpy  # pylint: disable=g-import-not-at-top
   st = _safetensors_numpy()
   check_clip_style(image_config, text_config, params, 'open_clip', extra)
   bias = (extra or {}).get('logit_bias') if is_siglip(extra) else None
