@@ -64,6 +64,11 @@ class Range:
     return f"{'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}{')' if self.hi_open else ']'}"
 
 
+def _in(r: Range) -> str:
+  s = str(r)
+  return f"in {s}" if s[0] in "[(" else s
+
+
 def ge(x: float) -> Range:
   return Range(lo=x)
 
@@ -158,9 +163,9 @@ class Key:
     elif self.type is tuple:
       n = f"{self.length} " if self.length else ""
       what = "a pair (lo, hi) with lo <= hi" if self.pair else f"a tuple of {n}values"
-      parts.append(what + (f", each {self.range}" if self.range else ""))
+      parts.append(what + (f", each {_in(self.range)}" if self.range else ""))
     elif self.range is not None:
-      parts.append(f"{'an integer' if self.type is int else 'a number'} {self.range}")
+      parts.append(f"{'an integer' if self.type is int else 'a number'} {_in(self.range)}")
     else:
       parts.append({bool: "True or False", str: "a string", dict: "a dict", object: "a Python literal",
                     int: "an integer", float: "a number"}[self.type])
