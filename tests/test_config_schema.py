@@ -156,6 +156,8 @@ def _set(c, path, value):
     ("model.image.dropout", 1.0, ["config.model.image.dropout=1.0", "in [0, 1)"]),
     ("input.batch_size", "32", ["config.input.batch_size='32'", "has type str"]),
     ("input.shuffle", 1, ["config.input.shuffle=1", "[False, True]"]),
+    ("model.image.num_cls_tokens", True, ["config.model.image.num_cls_tokens=True", "[1, 2]"]),
+    ("input.views", "multicrops", ["config.input.views='multicrops'", "'multicrop_two_views'"]),
 ])
 def test_out_of_range_value_names_key_and_range(path, value, words):
   c = demo()

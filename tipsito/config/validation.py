@@ -94,7 +94,7 @@ def check_value(key: schema.Key, value: Any, path: str | None = None) -> None:
     raise _schema_error(key, path, value, "is not allowed (the key is not optional)")
   choices = key.allowed_choices()
   if choices is not None:
-    if key.type is bool and not isinstance(value, bool) or value not in choices:
+    if (key.type is bool) != isinstance(value, bool) or value not in choices:
       raise _schema_error(key, path, value, "is not allowed")
     return
   typ = key.type
