@@ -49,13 +49,15 @@ probe of the same tiny towers on two-colour data, 800 steps; zero-shot shape acc
 from tipsito.config import args
 from tipsito.config import defaults
 from tipsito.models import presets
+from tipsito.objective import recipes
 
 
 def get_config(arg=None):
   """Demo config; see the module docstring for args."""
   a = args.parse_arg(arg, steps=800, batch=32, size=64, recipe="tipsito", evals=True, optim="adamw",
                        pixels="clip")
-  args.check_choice("recipe", a.recipe, ("clip", "siglip", "ito", "tips", "tipsv2", "tipsito"))
+  # Every recipe that trains without a teacher on disk (distill needs one).
+  args.check_choice("recipe", a.recipe, [n for n, r in recipes.RECIPES.items() if r.teacher != "frozen"])
   args.check_choice("optim", a.optim, ("adamw", "adafactor"))
   args.check_choice("pixels", a.pixels, ("clip", "tips"))
   c = defaults.base_config(a.recipe, "tiny/16", total_steps=a.steps, batch_size=a.batch)

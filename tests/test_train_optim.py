@@ -16,7 +16,7 @@ from tipsito.train import optim, state as state_lib
 def cfg(**kw):
   o = dict(name="adafactor", lr=1.0, warmup_steps=10, schedule="cosine", min_lr_ratio=0.1,
            weight_decay=0.0, clip_norm=None, momentum=None, momentum_dtype="float32", decay_rate=0.8,
-           min_dim_size_to_factor=4, eps=1e-30, clip_block_rms=None, b1=0.9, b2=0.98, lr_mults={},
+           beta2_cap=0.999, min_dim_size_to_factor=4, eps=1e-30, clip_block_rms=None, b1=0.9, b2=0.98, lr_mults={},
            frozen=())
   o.update(kw)
   return mlc.ConfigDict(dict(optim=o, total_steps=110))

@@ -1,5 +1,7 @@
 """`python -m tipsito.info --config F[:args] [--json] [--sharding [--devices N --processes P]]`: what a
-config costs, without memory. `--sharding` lists every parameter's PartitionSpec on the mesh the config
+config costs, without memory. `python -m tipsito.info [--config F] --schema` lists every config key with
+its type, default, allowed values or range, whether it is safe to change on resume and its description
+(tipsito/config/schema.py), and with --config each key's value there. `--sharding` lists every parameter's PartitionSpec on the mesh the config
 resolves to for N devices (an abstract mesh: plan a 256-chip pod on a laptop), the parameter bytes per
 device, and what each of the P processes (hosts) does.
 
@@ -18,6 +20,9 @@ import numpy as np
 from absl import app
 from absl import flags
 
+from tipsito.config import schema
+from tipsito.objective import recipes
+
 FLAGS = flags.FLAGS
 PAPER_SAVING_B = 0.42  # TIPSv2 §3.4: "on ViT-B, this method reduces training parameters by 42%".
 
@@ -31,6 +36,8 @@ def _define_flags() -> None:
   flags.DEFINE_bool("sharding", False, "Also list the sharding of every parameter (on --devices).")
   flags.DEFINE_integer("devices", 0, "With --sharding: devices of the target job (0 = this machine's).")
   flags.DEFINE_integer("processes", 1, "With --sharding: JAX processes (hosts) of the target job.")
+  flags.DEFINE_bool("schema", False, "Print every config key (type, default, allowed values or range, "
+                    "safe on resume, description) and exit; with --config, also each key's value there.")
 
 
 def _count(tree) -> int:
@@ -60,7 +67,7 @@ def _setup(config, mesh, ema_mode: Optional[str] = None):
   if ema_mode is not None:
     c.ema.mode = ema_mode
   teacher = None
-  if c.recipe == "distill":
+  if recipes.get_recipe(c.recipe).teacher == "frozen":
     try:
       teacher = teacher_lib.load_teacher(c)
     except Exception:  # pylint: disable=broad-except  # teacher not on this machine: shapes only.
@@ -107,19 +114,66 @@ def sharding_plan(config, setup, devices: int, processes: int = 1) -> dict[str, 
 
 def optimizer_convention(o) -> str:
   """One line saying what `config.optim` computes (see tipsito/train/optim.py: make_optimizer)."""
-  mom = o.get("momentum")
+  mom = o.momentum
   if o.name == "adafactor":
-    return (f"big_vision Adafactor: p -= sched(t) * ({o.lr:g} * adafactor(clip_{o.get('clip_norm')}(g)) + "
-            f"{o.get('weight_decay') or 0:g} * p[kernels]); sched = warmup {o.warmup_steps} + {o.schedule} "
+    return (f"big_vision Adafactor: p -= sched(t) * ({o.lr:g} * adafactor(clip_{o.clip_norm}(g)) + "
+            f"{o.weight_decay or 0:g} * p[kernels]); sched = warmup {o.warmup_steps} + {o.schedule} "
             f"with peak 1 (weight decay not multiplied by lr); factored 2nd moments, decay "
-            f"min({o.get('beta2_cap', 0.999)}, 1 - t^-{o.get('decay_rate', 0.8)}); momentum "
-            + (f"EMA {mom} (no debias) in {o.get('momentum_dtype', 'float32')}" if mom else "off"))
+            f"min({o.beta2_cap}, 1 - t^-{o.decay_rate}); momentum "
+            + (f"EMA {mom} (no debias) in {o.momentum_dtype}" if mom else "off"))
   if o.name == "adamw":
-    return (f"optax.adamw: p -= lr(t) * (adam(clip_{o.get('clip_norm')}(g)) + {o.get('weight_decay') or 0:g} "
+    return (f"optax.adamw: p -= lr(t) * (adam(clip_{o.clip_norm}(g)) + {o.weight_decay or 0:g} "
             f"* p[kernels]), lr(t) = warmup {o.warmup_steps} + {o.schedule} to {o.lr:g} (decoupled decay "
             f"multiplied by lr)")
-  return (f"sgd: p -= lr(t) * (trace_{mom}(clip_{o.get('clip_norm')}(g)) + {o.get('weight_decay') or 0:g} * "
+  return (f"sgd: p -= lr(t) * (trace_{mom}(clip_{o.clip_norm}(g)) + {o.weight_decay or 0:g} * "
           f"p[kernels])")
+
+
+def _default_text(key: schema.Key) -> str:
+  """A key's default for the schema listing: the value, or what it depends on."""
+  if key.default is schema.ABSENT:
+    return "(absent)"
+  if not callable(key.default):
+    return repr(key.default)
+  values = {}
+  for name, r in recipes.RECIPES.items():
+    if key.when is None or key.when(r):
+      ctx = schema.Ctx(recipe=r, variant="B/16", text_variant="B/16", total_steps=1000, batch_size=1024)
+      values.setdefault(repr(key.default_for(ctx)), []).append(name)
+  if len(values) == 1:
+    return next(iter(values)) + " (B/16, 1000 steps, batch 1024)"
+  return "per recipe: " + ", ".join(f"{'/'.join(v)} {k}" for k, v in values.items())
+
+
+def schema_rows(config=None) -> list[dict[str, Any]]:
+  """Every declared key (and user-named sub-dict) of tipsito/config/schema.py as a row: key, type, default,
+  allowed, safe (on resume), doc; with `config`, also its `value` there ('(absent)' when it has none)."""
+  rows = []
+  for k in schema.KEYS:
+    row = {"key": k.path, "type": k.type.__name__ + (" | None" if k.optional else ""),
+           "default": _default_text(k), "allowed": k.allowed(), "safe": k.safe, "doc": k.doc}
+    if config is not None and "*" not in k.path:
+      node = config
+      for part in k.path.split("."):
+        node = node[part] if hasattr(node, "keys") and part in node else schema.ABSENT
+        if node is schema.ABSENT:
+          break
+      row["value"] = "(absent)" if node is schema.ABSENT else repr(node)
+    rows.append(row)
+  for t in schema.TREES:
+    rows.append({"key": t.path + ".*", "type": "dict", "default": "{}" if t.free_form else "(see keys)",
+                 "allowed": "user-named entries" if t.free_form else "the declared keys / module fields",
+                 "safe": t.safe, "doc": t.doc})
+  return rows
+
+
+def schema_table(rows: list[dict[str, Any]]) -> str:
+  lines = []
+  for r in rows:
+    value = f"  value {r['value']}" if "value" in r else ""
+    lines.append(f"{r['key']}  ({r['type']}; {'safe' if r['safe'] else 'unsafe'} on resume){value}\n"
+                 f"    default {r['default']}; allowed: {r['allowed']}\n    {r['doc']}")
+  return "\n".join(lines)
 
 
 def _ema_comparison(config, mesh, towers: dict, parts: dict, student: int) -> dict[str, Any]:
@@ -210,7 +264,7 @@ def effective_weights(config, ctx) -> list[dict[str, Any]]:
   """
   from tipsito.objective import terms as t  # pylint: disable=import-outside-toplevel
   w = ctx.weights
-  two_cls = int(config.model.image.get("num_cls_tokens", 1)) > 1
+  two_cls = int(config.model.image.num_cls_tokens) > 1
   rows: list[dict[str, Any]] = []
 
   def row(pair: str, weight: float, note: str = "") -> None:
@@ -328,6 +382,11 @@ def _table(info: dict) -> str:
 def main(argv: Sequence[str]) -> None:
   """Prints the info table or JSON."""
   del argv
+  if FLAGS.schema:
+    rows = schema_rows(FLAGS.config)
+    print(json.dumps(rows) if FLAGS.json else schema_table(rows))
+    sys.stdout.flush()
+    return
   from tipsito import distributed  # pylint: disable=import-outside-toplevel
   distributed.configure_jax()
   info = compute_info(FLAGS.config, with_sharding=FLAGS.sharding, devices=FLAGS.devices,

@@ -17,7 +17,7 @@ def resolve_data_dirs(config: mlc.ConfigDict, workdir: str) -> mlc.ConfigDict:
   """`data.data_dir=None` with `data.build_if_missing` means `<workdir>/data` (demo: no setup at all);
   evals without their own data_dir then read the same folder. Returns a copy."""
   config = mlc.ConfigDict(config.to_dict())
-  if config.data.get("build_if_missing") and not config.data.data_dir:
+  if config.data.build_if_missing and not config.data.data_dir:
     config.data.data_dir = paths.join(workdir, "data")
     for ev in config.evals.values():
       if isinstance(ev, mlc.ConfigDict) and not ev.get("data_dir"):
@@ -29,7 +29,7 @@ def check_data_available(config: mlc.ConfigDict) -> None:
   """Fails before anything is written when the training dataset is not prepared, naming where it was
   looked for and the convert command that builds it (datasets built on first use are skipped)."""
   d = config.data
-  if d.get("build_if_missing"):
+  if d.build_if_missing:
     return
   from tipsito.data import sources  # pylint: disable=import-outside-toplevel
   data_dir = d.data_dir or sources.default_data_dir()
@@ -45,10 +45,10 @@ def ensure_dataset(config: mlc.ConfigDict) -> None:
 
   Call on every process: process 0 builds, the others wait for it."""
   d = config.data
-  if not d.get("build_if_missing"):
+  if not d.build_if_missing:
     return
   from tipsito.data import convert  # pylint: disable=import-outside-toplevel
-  kw = dict(d.get("build_options", {}) or {})
+  kw = dict(d.build_options or {})
   if jax.process_index() == 0:
     convert.convert(d.name, d.data_dir, verbose=True, **kw)
   if jax.process_count() > 1:

@@ -7,6 +7,7 @@ look recipes up by name, and a recipe never forks the loop; it only names parts,
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from tipsito.objective.terms import CLIP, CLIP_VIEW2, DINO, FEATURE, FUSION, IBOT, KOLEO, SIGLIP
 
@@ -32,6 +33,10 @@ class Recipe:
     view_weighting: default `config.loss_opts.view_weighting`, how the alt-text InfoNCE of ITO's two views
       combine ('mean' | 'sum', see `tipsito.objective.terms.contrastive_pair_weights`); only matters
       when both `clip` and `clip_view2` are on.
+    ibot_all_patches: default `config.loss_opts.ibot_all_patches` (iBOT++ on every patch; False: iBOT on
+      the masked tokens only, TIPS v1).
+    logit_scale_init: default `config.model.logit_scale_init`, the log of the initial contrastive logit
+      scale (CLIP's 1/0.07; SigLIP's 10).
   """
   name: str
   doc: str
@@ -45,6 +50,8 @@ class Recipe:
   pixel: str = "clip"
   teacher: str = "ema"
   view_weighting: str = "sum"
+  ibot_all_patches: bool = True
+  logit_scale_init: float = math.log(1 / 0.07)
 
   @property
   def terms(self) -> tuple[str, ...]:
@@ -67,7 +74,7 @@ SIGLIP_RECIPE = Recipe(
     name="siglip", doc="SigLIP: sigmoid image-text loss with learned scale and bias.",
     parts=("image", "text", "image_proj", "logit_scale", "logit_bias"),
     loss={SIGLIP: 1.0}, views="single", num_cls=1, ema_mode="none", mask_ratio=0.0,
-    optimizer="adamw", pixel="clip")
+    optimizer="adamw", pixel="clip", logit_scale_init=math.log(10.0))
 
 # ITO: L = L_align + lambda * L_fusion with L_align the mean over the two views, i.e. weights
 # clip = clip_view2 = 0.5 and fusion = lambda = 2. The weights already write L_align's mean, so the view
@@ -85,7 +92,7 @@ TIPS_RECIPE = Recipe(
     name="tips", doc="TIPS: 2-CLS CLIP + DINO + iBOT (masked tokens), full EMA teacher, Adafactor.",
     parts=_TIPS_PARTS,
     loss={CLIP: 1.0, DINO: 1.0, IBOT: 2.0, KOLEO: 0.0}, views="multicrop", num_cls=2,
-    ema_mode="full", mask_ratio=0.75, optimizer="adafactor", pixel="tips")
+    ema_mode="full", mask_ratio=0.75, optimizer="adafactor", pixel="tips", ibot_all_patches=False)
 
 # TIPSv2: L = L_CLIP + 1.0 L_DINO + 2.0 L_iBOT++ with head-only EMA, two CLS tokens (CLS1 <-> alt-text
 # 'text', CLS2 <-> sampled synthetic caption 'text2'). iBOT++ is iBOT with `loss_opts.ibot_all_patches`.

@@ -332,12 +332,12 @@ class StepMonitor:
     self.batch_size = int(config.input.batch_size)
     self.log = log
     self.num_devices = jax.device_count()
-    self.peak, self.peak_source = peak_tflops_per_device(float(config.get("peak_tflops", 0.0) or 0.0))
+    self.peak, self.peak_source = peak_tflops_per_device(float(config.peak_tflops))
     self.flops: Optional[float] = None
     self._t0: Optional[float] = None
     self._t0_step = start_step
     self._wait = 0.0
-    n = int(config.get("profile_steps", 0) or 0)
+    n = int(config.profile_steps)
     # Trace the n steps after the compiling first step of this run: steps start+2 .. start+1+n.
     self._profile = (start_step + 2, start_step + 1 + n) if n > 0 else None
     self._profiling = False

@@ -31,9 +31,9 @@ def make_schedule(optim_cfg, total_steps: int, *, base: float | None = None
   """
   lr = float(optim_cfg.lr) if base is None else float(base)
   warmup = int(optim_cfg.warmup_steps)
-  min_ratio = float(optim_cfg.get("min_lr_ratio", 0.0))
+  min_ratio = float(optim_cfg.min_lr_ratio)
   decay_steps = max(int(total_steps) - warmup, 1)
-  kind = optim_cfg.get("schedule", "cosine")
+  kind = optim_cfg.schedule
   if kind == "cosine":
     decay = optax.cosine_decay_schedule(lr, decay_steps, alpha=min_ratio)
   elif kind == "linear":
@@ -64,8 +64,8 @@ def lr_multipliers(params: Any, optim_cfg) -> Any:
 
   The first matching regex wins (re.search on the '/'-joined path); unmatched leaves get 1.0.
   """
-  mults = [(re.compile(k), float(v)) for k, v in dict(optim_cfg.get("lr_mults", {}) or {}).items()]
-  frozen = [re.compile(r) for r in (optim_cfg.get("frozen", ()) or ())]
+  mults = [(re.compile(k), float(v)) for k, v in dict(optim_cfg.lr_mults or {}).items()]
+  frozen = [re.compile(r) for r in (optim_cfg.frozen or ())]
 
   def mult(path, _):
     if any(r.search(path) for r in frozen):
@@ -105,21 +105,21 @@ def scale_by_adafactor(o) -> optax.GradientTransformation:
   `momentum_dtype`. Why an EMA and not `optax.trace`: a heavy-ball trace (m <- u + 0.9 m) settles at 10x
   the update, which is a different optimiser from the paper's at the same learning rate.
   """
-  cap = float(o.get("beta2_cap", 0.999))
+  cap = float(o.beta2_cap)
 
   def decay_rate_fn(step, exponent):
     t = jnp.asarray(step, jnp.float32) + 1.0
     return jnp.minimum(cap, 1.0 - t ** (-exponent))
 
   parts = [optax.scale_by_factored_rms(
-      factored=True, decay_rate=float(o.get("decay_rate", 0.8)),
-      min_dim_size_to_factor=int(o.get("min_dim_size_to_factor", 32)), epsilon=float(o.get("eps", 1e-30)),
+      factored=True, decay_rate=float(o.decay_rate),
+      min_dim_size_to_factor=int(o.min_dim_size_to_factor), epsilon=float(o.eps),
       decay_rate_fn=decay_rate_fn)]
-  if o.get("clip_block_rms"):
+  if o.clip_block_rms:
     parts.append(optax.clip_by_block_rms(float(o.clip_block_rms)))
-  if o.get("momentum"):
+  if o.momentum:
     parts.append(optax.ema(float(o.momentum), debias=False,
-                           accumulator_dtype=jnp.dtype(o.get("momentum_dtype", "float32"))))
+                           accumulator_dtype=jnp.dtype(o.momentum_dtype)))
   return optax.chain(*parts)
 
 
@@ -148,20 +148,20 @@ def make_optimizer(config, params_shape: Any) -> tuple[optax.GradientTransformat
   scale_mults = ([_scale_by_mults(lambda tree: lr_multipliers(tree, o))]
                  if any(m != 1.0 for m in jax.tree.leaves(mults)) else [])
   parts = []
-  if o.get("clip_norm"):
+  if o.clip_norm:
     parts.append(optax.clip_by_global_norm(float(o.clip_norm)))
   if name == "adafactor":
     parts += [scale_by_adafactor(o), optax.scale(float(o.lr)), *scale_mults]
-    if o.get("weight_decay"):
+    if o.weight_decay:
       parts.append(optax.add_decayed_weights(float(o.weight_decay), mask=kernel_mask))
     parts += [optax.scale_by_schedule(make_schedule(o, config.total_steps, base=1.0)), optax.scale(-1.0)]
   elif name in ("adamw", "sgd"):
     if name == "adamw":
       parts.append(optax.scale_by_adam(b1=float(o.b1), b2=float(o.b2), eps=float(o.eps),
-                                       mu_dtype=jnp.dtype(o.get("momentum_dtype", "float32"))))
-    elif o.get("momentum"):
+                                       mu_dtype=jnp.dtype(o.momentum_dtype)))
+    elif o.momentum:
       parts.append(optax.trace(decay=float(o.momentum)))
-    if o.get("weight_decay"):
+    if o.weight_decay:
       # Decoupled (AdamW-style) decay: added after the adaptive scaling, then multiplied by the lr schedule.
       parts.append(optax.add_decayed_weights(float(o.weight_decay), mask=kernel_mask))
     parts += [optax.scale_by_learning_rate(sched), *scale_mults]

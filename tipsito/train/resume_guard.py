@@ -18,17 +18,14 @@ import datetime
 import json
 from typing import Any, Iterable
 
+from tipsito.config import schema
+
 # config.json key holding the accepted changes of earlier resumes (a list of {time, changes}).
 HISTORY_KEY = "config_history"
 
-# Keys (or key prefixes, ending in '.') whose change cannot make a checkpoint inconsistent.
-SAFE_KEYS = (
-    "evals.", "log_every_steps", "ckpt.every_steps", "ckpt.keep", "ckpt.async_save", "export.",
-    "input.prefetch", "input.read_threads", "data.data_dir", "data.max_skip_fraction",
-    "data.min_records_for_skip_check", "mesh.", "sharding.", "nonfinite.",
-    "profile_steps", "peak_tflops",  # observability only (tipsito/train/observability.py)
-    "init_from", "init_teacher",  # ignored once the workdir has its own checkpoints
-)
+# Keys (or key prefixes, ending in '.') whose change cannot make a checkpoint inconsistent: the keys
+# declared `safe=True` in the config schema (tipsito/config/schema.py).
+SAFE_KEYS = schema.safe_keys()
 
 
 class ResumeConfigError(ValueError):

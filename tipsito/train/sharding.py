@@ -43,7 +43,7 @@ def path_str(path) -> str:
 
 def mesh_shape(mesh_cfg, num_devices: int) -> tuple[int, int, int]:
   """Resolves `config.mesh` {data, fsdp, model} (one of them may be -1 = all remaining devices)."""
-  sizes = [int(mesh_cfg.get(a, 1)) for a in MESH_AXES]
+  sizes = [int(mesh_cfg[a]) for a in MESH_AXES]
   if sizes.count(-1) > 1:
     raise ValueError(f"config.mesh: at most one axis may be -1, got {dict(zip(MESH_AXES, sizes))}")
   known = int(np.prod([s for s in sizes if s != -1]))

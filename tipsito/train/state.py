@@ -70,7 +70,7 @@ def ema_momentum(ema_cfg, step, total_steps: int) -> jax.Array:
   default stays constant.
   """
   m0 = jnp.float32(ema_cfg.momentum)
-  if ema_cfg.get("schedule", "constant") == "constant":
+  if ema_cfg.schedule == "constant":
     return m0
   frac = jnp.clip(jnp.asarray(step, jnp.float32) / max(int(total_steps), 1), 0.0, 1.0)
   return 1.0 - (1.0 - m0) * (jnp.cos(jnp.pi * frac) + 1.0) / 2.0
