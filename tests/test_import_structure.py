@@ -26,12 +26,9 @@ PACKAGE = "tipsito"
 
 # What the structure still has, outside the modules of the one-way assembly (issue 19 items 1-3, 5), with
 # the reason each is still there. Remove an entry when it is fixed (the tests say so).
-_CONFIG_SCHEMA = ("config/validation.py (and config/paper.py) read the enumerations of train/optim.py, "
-                  "train/sharding.py and train/workdir.py; the one config schema (issue 19 item 4) declares "
-                  "them")
 PENDING = {
     # subpackage circles, as the set of subpackages in the knot
-    "subpackage_circles": {frozenset({"config", "train"}): _CONFIG_SCHEMA},
+    "subpackage_circles": {},
     # (library module, the `python -m` module it imports)
     "library_imports_of_cli": {
         ("tipsito.data.eval_input", "tipsito.data.convert"): "builds a missing built-in eval split",
@@ -41,7 +38,7 @@ PENDING = {
     },
     # module -> function-local imports of tipsito modules without a reason on their line
     "unexplained_local_imports": {
-        "tipsito": 1, "tipsito.config.validation": 2, "tipsito.data.builders._common": 3,
+        "tipsito": 1, "tipsito.data.builders._common": 3,
         "tipsito.data.convert": 2, "tipsito.data.convert_bench": 1, "tipsito.data.eval_input": 1,
         "tipsito.data.pipeline": 2, "tipsito.data.pipeline_bench": 1, "tipsito.data.prepare": 2,
         "tipsito.data.train_tokenizer": 3, "tipsito.distributed": 1, "tipsito.evals.evaluator": 2,

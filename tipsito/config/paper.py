@@ -12,7 +12,7 @@ import ml_collections as mlc
 
 from tipsito.config import args
 from tipsito.config import defaults
-from tipsito.train import workdir as workdir_lib
+from tipsito.config import schema
 
 TIPSV2_VARIANTS = ("g/14", "So400m/14", "L/14", "B/14", "S/14")
 TIPSV2_EMA_MODES = ("head", "full")
@@ -89,7 +89,7 @@ def high_resolution_stage(c: mlc.ConfigDict, *, init: str, init_teacher: str = "
   temperature stays at its final value, no second warmup); `c.ema.mode` must then be stage 1's, which
   validation checks against stage 1's config.json. 'reset' starts a new teacher from the stage-1 params.
   """
-  args.check_choice("init_teacher", init_teacher, workdir_lib.INIT_TEACHER)
+  args.check_choice("init_teacher", init_teacher, schema.INIT_TEACHER)
   c.input.update(dict(global_size=448, local_size=140))
   c.optim.update(dict(lr=2e-4, warmup_steps=500))
   c.loss_opts.teacher_temp_warmup_steps = 0

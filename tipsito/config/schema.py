@@ -26,10 +26,15 @@ from tipsito.models.text import FLAVOURS
 from tipsito.objective import recipes as recipes_lib
 from tipsito.objective.recipes import EMA_MODES
 from tipsito.objective.terms import TERMS, VIEW_WEIGHTINGS
-from tipsito.train.optim import OPTIMIZERS, SCHEDULES
 
 # Enumerations no other module names as a constant (the modules reading these keys branch on the values).
 DTYPES = ("float32", "bfloat16", "float16")
+# Declared here, not in the modules that implement them: the config layer sits below tipsito/train/
+# (tipsito/train/optim.py and tipsito/train/assembly.py read these tables).
+OPTIMIZERS = ("adafactor", "adamw", "sgd")
+SCHEDULES = ("cosine", "linear", "constant")
+# `config.init_teacher`: what a run started with `config.init_from` does with the init run's teacher.
+INIT_TEACHER = ("continue", "reset")
 EMA_SCHEDULES = ("constant", "cosine")
 TOKEN_NORMS = ("masked", "patches")
 FFNS = ("mlp", "swiglu")
@@ -209,12 +214,6 @@ def _text_structure(k: str) -> Callable[[Ctx], Any]:
   return lambda ctx: presets.TEXT_STRUCTURE[ctx.structure][k]
 
 
-def _init_teacher_choices() -> tuple:
-  # Resolved when checked: tipsito.train.workdir imports the resume guard, which reads this table.
-  from tipsito.train import workdir  # pylint: disable=import-outside-toplevel
-  return workdir.INIT_TEACHER
-
-
 _C = ("the TFDS config names of tipsito.data.builders; see DATA_PRESETS in tipsito/config/defaults.py")
 
 TREES: tuple[Tree, ...] = (
@@ -249,7 +248,7 @@ KEYS: tuple[Key, ...] = (
     K("init_from", str, None, "workdir or export to initialise the params from (stage 2)", optional=True,
       safe=True),
     K("init_teacher", str, "continue", "with init_from: 'continue' the init run's teacher or 'reset' it",
-      choices=_init_teacher_choices, safe=True),
+      choices=INIT_TEACHER, safe=True),
     # --- model ---
     K("model.embed_dim", int, lambda ctx: ctx.image_preset["width"] if ctx.clip_style else None,
       "joint embedding width of the projections (None: TIPS, shared width, no projection)",

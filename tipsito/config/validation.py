@@ -15,11 +15,13 @@ from typing import Any, Iterable
 import ml_collections as mlc
 
 from tipsito import models
+from tipsito.config import mesh as mesh_lib
+from tipsito.config import run_file
 from tipsito.config import schema
+from tipsito.data import tokenizer as tok_lib
+from tipsito.evals import segmentation
 from tipsito.objective import recipes as recipes_lib
 from tipsito.objective.terms import TERMS
-from tipsito.train import sharding
-from tipsito.train import workdir as workdir_lib
 
 # Enumerations no other module names as a constant (declared with the schema).
 DTYPES = schema.DTYPES
@@ -232,7 +234,6 @@ def check_text_vocab(config: mlc.ConfigDict) -> None:
   vocab = config.model.text.vocab_size
   if "text" not in recipe.parts:
     return
-  from tipsito.data import tokenizer as tok_lib  # pylint: disable=import-outside-toplevel
   try:
     tok = tok_lib.from_config(config)  # the text flavour's special tokens count ('clip': SOT/EOT)
   except FileNotFoundError as e:
@@ -277,7 +278,6 @@ def validate(config: mlc.ConfigDict, *, num_devices: int | None = None, process_
 
 def _check_evals(config: mlc.ConfigDict) -> None:
   """Enabled segmentation evals: keys and values (benchmark, protocol, resize; tipsito/evals/segmentation.py)."""
-  from tipsito.evals import segmentation  # pylint: disable=g-import-not-at-top
   for name, ev in config.evals.items():
     ev = ev.to_dict() if hasattr(ev, "to_dict") else dict(ev)
     if ev.get("type") != "segmentation" or ev.get("enabled", True) is False:
@@ -351,7 +351,7 @@ def _check_init(config: mlc.ConfigDict) -> None:
   than silently following the init run, keeps the config the one source of what the run does."""
   if not config.init_from or config.init_teacher != "continue":
     return
-  saved = workdir_lib.init_run_config(config.init_from)
+  saved = run_file.init_run_config(config.init_from)
   if saved is None:  # not a workdir (or not readable yet): the restore names what is missing
     return
   was = (saved.get("ema") or {}).get("mode")
@@ -367,7 +367,7 @@ def _check_init(config: mlc.ConfigDict) -> None:
 def _check_batch_split(config: mlc.ConfigDict, num_devices: int, process_count: int) -> None:
   """The mesh fits `num_devices` and the global batch splits over (data, fsdp) and over the hosts."""
   try:
-    shape = sharding.mesh_shape(config.mesh, num_devices)
+    shape = mesh_lib.mesh_shape(config.mesh, num_devices)
   except ValueError as e:
     raise ConfigError(str(e)) from None
   split = shape[0] * shape[1]

@@ -15,10 +15,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from tipsito.config.schema import OPTIMIZERS, SCHEDULES  # declared with their config keys
 from tipsito.train import sharding as sharding_lib
 
-OPTIMIZERS = ("adafactor", "adamw", "sgd")
-SCHEDULES = ("cosine", "linear", "constant")
 
 
 def make_schedule(optim_cfg, total_steps: int, *, base: float | None = None

@@ -19,9 +19,7 @@ import json
 from typing import Any, Iterable
 
 from tipsito.config import schema
-
-# config.json key holding the accepted changes of earlier resumes (a list of {time, changes}).
-HISTORY_KEY = "config_history"
+from tipsito.config.run_file import HISTORY_KEY  # the accepted changes of earlier resumes in config.json
 
 # Keys (or key prefixes, ending in '.') whose change cannot make a checkpoint inconsistent: the keys
 # declared `safe=True` in the config schema (tipsito/config/schema.py).

@@ -17,9 +17,9 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from tipsito.config.mesh import MESH_AXES, mesh_shape  # noqa: F401  (pure arithmetic on config.mesh)
 from tipsito.models.activation_sharding import BATCH_AXES  # the towers constrain activations the same way
 
-MESH_AXES = ("data", "fsdp", "model")
 # Spec keywords usable in config.sharding.rules besides explicit tuples of axis names / None.
 SPEC_KEYWORDS = ("fsdp", "replicate")
 
@@ -39,23 +39,6 @@ def path_str(path) -> str:
     else:
       parts.append(str(k))
   return "/".join(parts)
-
-
-def mesh_shape(mesh_cfg, num_devices: int) -> tuple[int, int, int]:
-  """Resolves `config.mesh` {data, fsdp, model} (one of them may be -1 = all remaining devices)."""
-  sizes = [int(mesh_cfg[a]) for a in MESH_AXES]
-  if sizes.count(-1) > 1:
-    raise ValueError(f"config.mesh: at most one axis may be -1, got {dict(zip(MESH_AXES, sizes))}")
-  known = int(np.prod([s for s in sizes if s != -1]))
-  if -1 in sizes:
-    if num_devices % known:
-      raise ValueError(f"config.mesh={dict(zip(MESH_AXES, sizes))}: {num_devices} devices not divisible "
-                       f"by {known}")
-    sizes[sizes.index(-1)] = num_devices // known
-  if int(np.prod(sizes)) != num_devices:
-    raise ValueError(f"config.mesh={dict(zip(MESH_AXES, sizes))} uses {int(np.prod(sizes))} devices but "
-                     f"{num_devices} are available; set one axis to -1")
-  return tuple(sizes)
 
 
 def make_mesh(mesh_cfg, devices: Sequence[jax.Device] | None = None) -> Mesh:

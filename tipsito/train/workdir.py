@@ -16,11 +16,9 @@ import jax
 import ml_collections as mlc
 
 from tipsito import paths
-from tipsito.train import resume_guard
-
-CONFIG_FILE = "config.json"
-# `config.init_teacher`: what a run started with `config.init_from` does with the init run's teacher.
-INIT_TEACHER = ("continue", "reset")
+# The file's name and readers live in tipsito/config/run_file.py (validation reads them below train/);
+# they are this module's names too, for its callers.
+from tipsito.config.run_file import CONFIG_FILE, HISTORY_KEY, init_run_config, read_config_json  # noqa: F401
 
 
 def is_training_workdir(path: Optional[str]) -> bool:
@@ -33,23 +31,14 @@ def is_training_workdir(path: Optional[str]) -> bool:
 
 def save_config(config: mlc.ConfigDict, workdir: str, history: list | None = None) -> None:
   """Writes `<workdir>/config.json` (export, evaluate and humans read it), with the history of accepted
-  resume changes under `resume_guard.HISTORY_KEY`. Process 0 only."""
+  resume changes under `HISTORY_KEY`. Process 0 only."""
   if jax.process_index() == 0:
     d = paths.as_path(workdir)
     d.mkdir(parents=True, exist_ok=True)
     out = json.loads(config.to_json_best_effort())
     if history:
-      out[resume_guard.HISTORY_KEY] = history
+      out[HISTORY_KEY] = history
     (d / CONFIG_FILE).write_text(json.dumps(out, indent=2, sort_keys=True))
-
-
-def read_config_json(workdir: str) -> tuple[Optional[dict], list]:
-  """(saved training config as a dict, accepted-change history) of a workdir; (None, []) if none."""
-  f = paths.as_path(workdir) / CONFIG_FILE
-  if not f.is_file():
-    return None, []
-  saved = json.loads(f.read_text())
-  return saved, list(saved.pop(resume_guard.HISTORY_KEY, []) or [])
 
 
 def load_config(workdir: str) -> mlc.ConfigDict:
@@ -73,16 +62,3 @@ def latest_checkpoint_step(workdir: str) -> Optional[int]:
   d = paths.as_path(workdir) / "checkpoints"
   steps = ocp.utils.checkpoint_steps(d) if d.is_dir() else []
   return max(steps) if steps else None
-
-
-def init_run_config(path: Optional[str]) -> Optional[dict]:
-  """The saved config.json of the run an `init_from` path points at (the workdir, its `checkpoints/`
-  folder or a step folder in it), or None when there is none to read."""
-  if not path:
-    return None
-  p = paths.as_path(path)
-  for d in (p, p.parent, p.parent.parent):
-    if (d / CONFIG_FILE).is_file():
-      saved, _ = read_config_json(str(d))
-      return saved
-  return None
