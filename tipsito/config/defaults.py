@@ -205,7 +205,9 @@ def _optim_config(name: str, total_steps: int) -> mlc.ConfigDict:
 def _input_config(r: recipes.Recipe, batch_size: int) -> mlc.ConfigDict:
   """`config.input`: views, crop sizes, masking and augmentation of the recipe; loader settings."""
   return mlc.ConfigDict(dict(
-      batch_size=batch_size, views=r.views, global_size=224, local_size=98,
+      # microbatches: the step processes the global batch in K equal micro-batches with the same update
+      # (exact gradient accumulation, tipsito/objective/accumulate.py): less memory, one extra forward.
+      batch_size=batch_size, microbatches=1, views=r.views, global_size=224, local_size=98,
       num_local=6 if "multicrop" in r.views else 0, mask_ratio=r.mask_ratio, mask_type="random",
       mask_prob=1.0, augment="tips" if r.pixel == "tips" else "ito",
       # multicrop_two_views (tipsito): ITO's photometric augmentation on the second view, which ITO credits

@@ -113,6 +113,9 @@ def _check_geometry(config: mlc.ConfigDict, recipe) -> None:
                "the teacher never sees; only evaluation inputs are zero-padded")
   for k, lo in (("num_workers", 0), ("prefetch", 0), ("batch_size", 1)):
     _int_at_least(f"input.{k}", inp[k], lo)
+  _int_at_least("input.microbatches", inp.get("microbatches", 1), 1)
+  _divisible("input.batch_size", inp.batch_size, "input.microbatches", inp.get("microbatches", 1),
+             "the step processes the global batch in that many equal micro-batches")
   _int_at_least("input.read_threads", inp.get("read_threads"), 1, optional=True)
   _int_at_least("input.num_epochs", inp.get("num_epochs"), 1, optional=True)
   _int_at_least("ckpt.keep", config.ckpt.keep, 1)
@@ -364,3 +367,7 @@ def _check_batch_split(config: mlc.ConfigDict, num_devices: int, process_count: 
   if batch_size % split or batch_size % process_count:
     raise ConfigError(f"config.input.batch_size={batch_size} must be divisible by mesh data*fsdp="
                       f"{split} and the process count {process_count}")
+  k = int(config.input.get("microbatches", 1))
+  if (batch_size // k) % split:
+    raise ConfigError(f"config.input.batch_size={batch_size} / config.input.microbatches={k} = "
+                      f"{batch_size // k} per micro-batch must be divisible by mesh data*fsdp={split}")

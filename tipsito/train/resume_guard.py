@@ -28,7 +28,12 @@ SAFE_KEYS = (
     "data.min_records_for_skip_check", "mesh.", "sharding.", "nonfinite.",
     "profile_steps", "peak_tflops",  # observability only (tipsito/train/observability.py)
     "init_from", "init_teacher",  # ignored once the workdir has its own checkpoints
+    "input.microbatches",  # exact accumulation: the same objective and update, only memory/time change
 )
+
+# Why a safe change is safe, where it is not obvious (logged with the change on resume).
+SAFE_NOTES = {"input.microbatches": "the objective is the same: micro-batches accumulate the gradient of "
+                                    "the whole global batch exactly (tipsito/objective/accumulate.py)"}
 
 
 class ResumeConfigError(ValueError):
