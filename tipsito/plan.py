@@ -177,7 +177,8 @@ def plan_train(config, devices: list, *, topology: str = "", teacher_variant: st
   batch = abstract_batch(config, mesh)
   frozen = {} if teacher is None else _abstract({"image": teacher.params}, setup.frozen_shardings)
   t0 = time.perf_counter()
-  lowered = step_lib.jit_train_step(setup).lower(state, batch, frozen)
+  traced = step_lib.jit_train_step(setup).trace(state, batch, frozen)
+  lowered = traced.lower()
   compiled, oom = _compile(lowered)
   compile_s = time.perf_counter() - t0
   if compiled is not None:
@@ -205,8 +206,12 @@ def plan_train(config, devices: list, *, topology: str = "", teacher_variant: st
   report.update(_analyses(compiled) if compiled is not None else _oom_analyses(oom, report))
   # XLA's cost analysis counts a while-loop body once: with scanned towers the FLOPs (and the estimated
   # time) leave out depth-1 of the blocks. Memory analysis is not affected.
-  report["flops_count_scan_body_once"] = any(bool(config.model[t].get("scan")) for t in ("image", "text")
-                                             if t in config.model and config.model[t])
+  # Micro-batches are a scan too. `matmul_flops_per_chip` counts every iteration (matmuls and convolutions
+  # from the jaxpr, tipsito/train/observability.py), so rows with different K or scan compare on it.
+  report["flops_count_scan_body_once"] = step_lib.microbatches(config) > 1 or any(
+      bool(config.model[t].get("scan")) for t in ("image", "text") if t in config.model and config.model[t])
+  from tipsito.train import observability  # pylint: disable=import-outside-toplevel
+  report["matmul_flops_per_chip"] = observability.matmul_flops(traced.jaxpr)[0] / n
   if topology:
     report["hbm_bytes"] = int(hbm_gib(topology) * GiB)
     report["fits"] = compiled is not None and report["total_bytes"] <= report["hbm_bytes"]
@@ -437,6 +442,9 @@ def format_report(r: dict) -> str:
   lines.append(f"  total           {g('total_bytes')}{fits}")
   lines.append(f"  FLOPs per chip  {(r['flops'] or 0) / 1e12:9.3f} TFLOP per step"
                + ("  (scanned blocks counted once)" if r.get("flops_count_scan_body_once") else ""))
+  if r.get("matmul_flops_per_chip"):
+    lines.append(f"  matmul FLOPs    {r['matmul_flops_per_chip'] / 1e12:9.3f} TFLOP per step per chip, every "
+                 "scan iteration counted")
   if r.get("compile_error"):
     lines.append(f"  compiler        {r['compile_error']}")
   lines.append("  estimated step  " + (f"{r['estimated_step_s']:9.4f} s" if r["estimated_step_s"]
