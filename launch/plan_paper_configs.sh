@@ -29,5 +29,5 @@ for row in "${@:-${ORDER[@]}}"; do
   # shellcheck disable=SC2086  # $rest and $SCAN are flag lists
   python -m tipsito.plan --config "$cfg" $rest $SCAN --noevals --table_row "$row" \
     >"workdirs/plan/$row.txt" 2>"workdirs/plan/$row.log"
-  grep "^| $row " "workdirs/plan/$row.txt"  # one row per K with --microbatches
+  grep "^| $row " "workdirs/plan/$row.txt" || true  # one row per K with --microbatches
 done
