@@ -16,8 +16,12 @@ declare -A ROWS=(
   [distill_So400m]="configs/tipsv2_distill.py:student=So400m --topology v5p:8x8x8"
   [ito_b16]="configs/ito_b16.py --topology v5p:4x4x8"
   [tipsito_b16]="configs/tipsito_b16.py --topology v5p:4x4x8"
+  # The paper batch on small slices with exact gradient accumulation (input.microbatches): K = 1 and K.
+  [tipsv2_b14_v5e16]="configs/tipsv2_g14.py:variant=B/14 --topology v5e:4x4 --microbatches 4"
+  [ito_b16_v5e8]="configs/ito_b16.py --topology v5e:2x4 --config.model.image.remat=True --config.model.text.remat=True --microbatches 8"
 )
-ORDER=(tipsv2_g14 tipsv2_g14_fsdp tipsv2_g14_full_ema tipsv2_g14_hires distill_B distill_L distill_So400m ito_b16 tipsito_b16)
+ORDER=(tipsv2_g14 tipsv2_g14_fsdp tipsv2_g14_full_ema tipsv2_g14_hires distill_B distill_L distill_So400m ito_b16 tipsito_b16
+       tipsv2_b14_v5e16 ito_b16_v5e8)
 SCAN="--config.model.image.scan=True --config.model.text.scan=True"
 python -c "from tipsito import plan; print(plan.TABLE_HEADER)"
 for row in "${@:-${ORDER[@]}}"; do
@@ -25,5 +29,5 @@ for row in "${@:-${ORDER[@]}}"; do
   # shellcheck disable=SC2086  # $rest and $SCAN are flag lists
   python -m tipsito.plan --config "$cfg" $rest $SCAN --noevals --table_row "$row" \
     >"workdirs/plan/$row.txt" 2>"workdirs/plan/$row.log"
-  tail -n 1 "workdirs/plan/$row.txt"
+  grep "^| $row " "workdirs/plan/$row.txt" || true  # one row per K with --microbatches
 done

@@ -6,8 +6,10 @@ abstractly (shapes and shardings only, no parameter is materialised), compiles t
 per chip what XLA's compiled memory analysis and cost analysis say: parameters, optimizer state, EMA,
 batch, temporaries, the total against the chip's HBM, FLOPs per step, the cost model's estimated step time
 (where it reports one) and the compile time. The evals' forward passes are compiled the same way.
-`--search` tries remat policy x scan x mesh split x per-chip batch and prints the fastest configuration
-that fits with `--headroom`, as `--config.k=v` overrides to paste.
+`--search` tries remat policy x scan x mesh split x per-chip batch, then micro-batches (exact gradient
+accumulation, `input.microbatches`) when nothing smaller fits, and prints the fastest configuration that
+fits with `--headroom`, as `--config.k=v` overrides to paste. `--microbatches K` also compiles K = 1 and
+reports both (memory, FLOPs, estimated time per chip).
 
 Why: whether ViT-g/14 at batch 8192 fits 512 v5p chips, what head-only EMA saves in bytes per chip, and
 whether the sharding rules partition as intended must be known before renting the pod. JAX compiles for
@@ -174,7 +176,8 @@ def plan_train(config, devices: list, *, topology: str = "", teacher_variant: st
   batch = abstract_batch(config, mesh)
   frozen = {} if teacher is None else _abstract({"image": teacher.params}, setup.frozen_shardings)
   t0 = time.perf_counter()
-  lowered = step_lib.jit_train_step(setup).lower(state, batch, frozen)
+  traced = step_lib.jit_train_step(setup).trace(state, batch, frozen)
+  lowered = traced.lower()
   compiled, oom = _compile(lowered)
   compile_s = time.perf_counter() - t0
   if compiled is not None:
@@ -188,6 +191,7 @@ def plan_train(config, devices: list, *, topology: str = "", teacher_variant: st
   report = {
       "what": "train_step", "recipe": config.recipe, "topology": topology, "chips": n,
       "mesh": dict(mesh.shape), "global_batch": b, "batch_per_chip": b / n,
+      "microbatches": step_lib.microbatches(config),
       "ema": config.ema.mode, "ema_keys": list(setup.ctx.ema_keys),
       "image": _tower_desc(config.model.image), "text": _tower_desc(config.model.text),
       "params_bytes": per_chip_bytes(state.params), "opt_state_bytes": per_chip_bytes(state.opt_state),
@@ -201,8 +205,12 @@ def plan_train(config, devices: list, *, topology: str = "", teacher_variant: st
   report.update(_analyses(compiled) if compiled is not None else _oom_analyses(oom, report))
   # XLA's cost analysis counts a while-loop body once: with scanned towers the FLOPs (and the estimated
   # time) leave out depth-1 of the blocks. Memory analysis is not affected.
-  report["flops_count_scan_body_once"] = any(bool(config.model[t].get("scan")) for t in ("image", "text")
-                                             if t in config.model and config.model[t])
+  # Micro-batches are a scan too. `matmul_flops_per_chip` counts every iteration (matmuls and convolutions
+  # from the jaxpr, tipsito/train/observability.py), so rows with different K or scan compare on it.
+  report["flops_count_scan_body_once"] = step_lib.microbatches(config) > 1 or any(
+      bool(config.model[t].get("scan")) for t in ("image", "text") if t in config.model and config.model[t])
+  from tipsito.train import observability  # pylint: disable=import-outside-toplevel
+  report["matmul_flops_per_chip"] = observability.matmul_flops(traced.jaxpr)[0] / n
   if topology:
     report["hbm_bytes"] = int(hbm_gib(topology) * GiB)
     report["fits"] = compiled is not None and report["total_bytes"] <= report["hbm_bytes"]
@@ -304,6 +312,7 @@ class Candidate:
   scan: bool
   mesh: tuple[int, int, int]  # (data, fsdp, model)
   batch_per_chip: int
+  microbatches: int = 1  # input.microbatches (exact accumulation: less memory, one extra forward)
 
   def overrides(self, chips: int) -> dict[str, Any]:
     """The config keys this candidate sets, as {dotted key: value}."""
@@ -315,7 +324,8 @@ class Candidate:
       if self.remat != "none":
         out[f"model.{tower}.remat_policy"] = self.remat
     out.update({"mesh.data": d, "mesh.fsdp": f, "mesh.model": m,
-                "input.batch_size": self.batch_per_chip * chips // m})
+                "input.batch_size": self.batch_per_chip * chips // m,
+                "input.microbatches": self.microbatches})
     return out
 
 
@@ -354,12 +364,14 @@ def search(config, devices: list, *, topology: str, headroom: float = 0.1,
            remats: Sequence[str] = SEARCH_REMAT, scans: Sequence[bool] = (True,),
            meshes: Optional[Sequence[tuple[int, int, int]]] = None,
            batches_per_chip: Optional[Sequence[int]] = None, teacher_variant: str = "g/14",
-           log=print) -> dict:
+           microbatches: Sequence[int] = (1,), log=print) -> dict:
   """Compiles every candidate; returns {'rows': [...], 'best': row or None}.
 
   Fits: total bytes per chip <= (1 - headroom) x HBM. Fastest: the cost model's estimated time per
   example where it reports one, else FLOPs per example per chip. Within one (scan, mesh, batch), remat
-  settings are tried cheapest-first and the rest skipped once one fits (more remat only costs FLOPs).
+  settings are tried cheapest-first, then each of them again with the next number of micro-batches
+  (`microbatches`, ascending), and the rest skipped once one fits (more remat or more micro-batches only
+  cost FLOPs and time).
   """
   chips = len(devices)
   meshes = list(meshes or mesh_splits(chips))
@@ -369,8 +381,8 @@ def search(config, devices: list, *, topology: str, headroom: float = 0.1,
   budget = (1.0 - float(headroom)) * hbm_gib(topology) * GiB
   rows = []
   for scan, mesh, bpc in itertools.product(scans, meshes, batches_per_chip):
-    for remat in remats:
-      cand = Candidate(remat, bool(scan), tuple(mesh), int(bpc))
+    for k, remat in itertools.product(sorted(int(x) for x in microbatches), remats):
+      cand = Candidate(remat, bool(scan), tuple(mesh), int(bpc), k)
       ov = cand.overrides(chips)
       try:
         r = plan_train(apply_overrides(config, ov), devices, topology=topology,
@@ -393,7 +405,8 @@ def search(config, devices: list, *, topology: str, headroom: float = 0.1,
 def _short(r: dict) -> str:
   """One log line of a train-step report."""
   est = f", est {r['estimated_step_s']:.3f} s" if r.get("estimated_step_s") else ""
-  return (f"{r['image']} mesh={r['mesh']} batch/chip={r['batch_per_chip']:g}: "
+  return (f"{r['image']} mesh={r['mesh']} batch/chip={r['batch_per_chip']:g} "
+          f"microbatches={r.get('microbatches', 1)}: "
           f"{r['total_bytes'] / GiB:.2f} GiB/chip{'' if not r.get('hbm_bytes') else ' of %.0f' % (r['hbm_bytes'] / GiB)}"
           f", {(r['flops'] or 0) / 1e12:.2f} TFLOP/chip{est}, compile {r['compile_s']} s")
 
@@ -402,7 +415,8 @@ def format_report(r: dict) -> str:
   """Human-readable per-chip table of one report."""
   g = lambda k: f"{r[k] / GiB:9.3f} GiB"  # noqa: E731
   lines = [f"{r['what']} ({r.get('recipe', '')}) on {r['topology']}: {r['chips']} chips, mesh "
-           f"{r.get('mesh', '')}, global batch {r['global_batch']}"]
+           f"{r.get('mesh', '')}, global batch {r['global_batch']}"
+           + (f" in {r['microbatches']} micro-batches" if r.get("microbatches", 1) > 1 else "")]
   if r["what"] == "train_step":
     lines.append(f"  towers: image {r['image']}, text {r['text']}; EMA {r['ema']} {r['ema_keys']}")
     lines.append(f"  parameters      {g('params_bytes')}  ({r['num_params'] / 1e6:.1f}M params, "
@@ -425,6 +439,9 @@ def format_report(r: dict) -> str:
   lines.append(f"  total           {g('total_bytes')}{fits}")
   lines.append(f"  FLOPs per chip  {(r['flops'] or 0) / 1e12:9.3f} TFLOP per step"
                + ("  (scanned blocks counted once)" if r.get("flops_count_scan_body_once") else ""))
+  if r.get("matmul_flops_per_chip"):
+    lines.append(f"  matmul FLOPs    {r['matmul_flops_per_chip'] / 1e12:9.3f} TFLOP per step per chip, every "
+                 "scan iteration counted")
   if r.get("compile_error"):
     lines.append(f"  compiler        {r['compile_error']}")
   lines.append("  estimated step  " + (f"{r['estimated_step_s']:9.4f} s" if r["estimated_step_s"]
@@ -433,15 +450,16 @@ def format_report(r: dict) -> str:
   return "\n".join(lines)
 
 
-TABLE_HEADER = ("| row | topology | towers (image) | global batch | params | optimizer | EMA | temporaries "
+TABLE_HEADER = ("| row | topology | towers (image) | global batch | K | params | optimizer | EMA | temporaries "
                 "| total / HBM per chip | fits | TFLOP/chip/step | compile |\n"
-                "|---|---|---|---|---|---|---|---|---|---|---|---|")
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def table_row(name: str, r: dict) -> str:
   """One markdown row of the README plan table (per-chip GiB; `launch/plan_paper_configs.sh`)."""
   gib = lambda k: f"{r[k] / GiB:.2f}"  # noqa: E731
   return (f"| {name} | {r['topology']} ({r['chips']} chips) | {r['image']} | {r['global_batch']} | "
+          f"{r.get('microbatches', 1)} | "
           f"{gib('params_bytes')} | {gib('opt_state_bytes')} | {gib('ema_bytes')} | {gib('temp_bytes')} | "
           f"{gib('total_bytes')} / {r['hbm_bytes'] / GiB:.0f} GiB | {'yes' if r['fits'] else '**no**'} | "
           f"{'-' if not r['flops'] else '%.1f%s' % (r['flops'] / 1e12, '*' if r.get('flops_count_scan_body_once') else '')}"
@@ -470,6 +488,10 @@ def _define_flags() -> None:
   flags.DEFINE_list("search_data", ["1", "0"], "Search: sizes of the 'data' mesh axis (0 = all chips: pure "
                     "data parallel; 1 = pure FSDP).")
   flags.DEFINE_list("search_batch_per_chip", [], "Search: per-chip batches (default: the config's).")
+  flags.DEFINE_list("search_microbatches", ["1", "2", "4", "8"], "Search: numbers of micro-batches "
+                    "(input.microbatches), tried after every remat setting of the one before.")
+  flags.DEFINE_integer("microbatches", 0, "Plan the train step with this many micro-batches "
+                       "(input.microbatches) and with 1, and report both (0 = the config's).")
   flags.DEFINE_string("teacher_variant", "g/14", "Distillation recipes: the teacher's image preset.")
   flags.DEFINE_string("table_row", None, "Also print the train step as one README table row named so.")
 
@@ -497,7 +519,8 @@ def main(argv: Sequence[str]) -> None:
                  meshes=mesh_splits(len(devices), [int(x) for x in f.search_model],
                                     [int(x) for x in f.search_data]),
                  batches_per_chip=[int(x) for x in f.search_batch_per_chip] or None,
-                 teacher_variant=f.teacher_variant)
+                 teacher_variant=f.teacher_variant,
+                 microbatches=[int(x) for x in f.search_microbatches])
     best = res["best"]
     if best is None:
       print(f"search: nothing fits {topo} with {100 * f.headroom:.0f}% headroom")
@@ -509,13 +532,19 @@ def main(argv: Sequence[str]) -> None:
       print(json.dumps({"plan_search": res}, default=str))
     sys.stdout.flush()
     return
-  reports = [plan_train(config, devices, topology=topo, teacher_variant=f.teacher_variant)]
+  ks = [f.microbatches] if f.microbatches else [int(config.input.get("microbatches", 1))]
+  if ks[0] > 1:
+    ks = [1] + ks  # K = 1 first: what the micro-batches save and cost
+  reports = [plan_train(apply_overrides(config, {"input.microbatches": k}), devices, topology=topo,
+                        teacher_variant=f.teacher_variant) for k in ks]
   if f.evals:
     reports += plan_evals(config, devices, topology=topo)
   for r in reports:
     print(format_report(r))
   if f.table_row:
-    print(table_row(f.table_row, reports[0]))
+    for r in reports:
+      if r["what"] == "train_step":
+        print(table_row(f.table_row, r))
   if f.json:
     print(json.dumps({"plan": reports}, default=str))
   sys.stdout.flush()

@@ -1,5 +1,5 @@
 """Train-step benchmark: `python -m tipsito.step_bench --config F[:args] [--recipes a,b] [--steps N]
-[--batch B]` (console script `tipsito-bench`); the input pipeline has its own, tipsito/data/pipeline_bench.py.
+[--batch B] [--microbatches 1,4]` (console script `tipsito-bench`); the input pipeline has its own, tipsito/data/pipeline_bench.py.
 
 Why: the cost of a recipe (e.g. tipsito's extra view + fusion over TIPSv2, or head-only vs full EMA) is
 measured, not guessed: the same config is built per recipe in one process, on synthetic batches (no data
@@ -41,6 +41,8 @@ def _define_flags() -> None:
   flags.DEFINE_list("ema", [], "EMA modes to compare for self-distillation recipes (head,full).")
   flags.DEFINE_integer("steps", 5, "Timed steps per entry (after one compile+warmup step).")
   flags.DEFINE_integer("batch", 0, "Global batch override (0 = config).")
+  flags.DEFINE_list("microbatches", [], "Micro-batch counts to compare (input.microbatches, exact "
+                    "gradient accumulation), e.g. 1,2,4 (default: the config's).")
   flags.DEFINE_float("peak_tflops", 0.0, "Peak TFLOP/s of all devices (for utilisation); 0 = "
                      "config.peak_tflops or the platform table (tipsito/train/observability.py).")
   distributed.define_flags()  # --distributed: one process per host, the step runs on the global mesh
@@ -76,7 +78,8 @@ def bench_one(config, *, steps: int = 5, peak_tflops: float = 0.0) -> dict[str, 
     times.append(time.perf_counter() - t)
   step_s = float(np.median(times))
   b = int(config.input.batch_size)
-  out = {"recipe": config.recipe, "ema": config.ema.mode, "batch": b, "compile_s": round(compile_s, 2),
+  out = {"recipe": config.recipe, "ema": config.ema.mode, "batch": b,
+         "microbatches": step_lib.microbatches(config), "compile_s": round(compile_s, 2),
          "step_s": round(step_s, 4), "images_per_s": round(b / step_s, 1),
          "step_tflop": None if flops is None else float(f"{flops / 1e12:.4g}")}
   out.update(mem)
@@ -108,8 +111,9 @@ def _compiled_memory(compiled) -> dict[str, float]:
 
 
 def run_bench(config, recipes: Sequence[str] = (), ema_modes: Sequence[str] = (), *, steps: int = 5,
-              batch: int = 0, peak_tflops: float = 0.0) -> list[dict]:
-  """Benchmarks the config for each requested recipe x EMA mode; adds ratios to the first entry."""
+              batch: int = 0, peak_tflops: float = 0.0, microbatches: Sequence[int] = ()) -> list[dict]:
+  """Benchmarks the config for each requested recipe x EMA mode x micro-batch count; adds ratios to the
+  first entry."""
   import ml_collections as mlc  # pylint: disable=import-outside-toplevel
   rows = []
   for r in (recipes or [config.recipe]):
@@ -135,7 +139,11 @@ def run_bench(config, recipes: Sequence[str] = (), ema_modes: Sequence[str] = ()
         c.ema.mode = e
       if batch:
         c.input.batch_size = batch
-      rows.append(bench_one(c, steps=steps, peak_tflops=peak_tflops))
+      for k in (microbatches or [None]):
+        ck = mlc.ConfigDict(c.to_dict())
+        if k is not None:
+          ck.input.microbatches = int(k)
+        rows.append(bench_one(ck, steps=steps, peak_tflops=peak_tflops))
   if rows:
     base = rows[0]["step_s"]
     base_flop = rows[0].get("step_tflop")
@@ -157,7 +165,7 @@ def main(argv: Sequence[str]) -> None:
   except ValueError as e:
     raise app.UsageError(str(e)) from None
   rows = run_bench(FLAGS.config, FLAGS.recipes, FLAGS.ema, steps=FLAGS.steps, batch=FLAGS.batch,
-                   peak_tflops=FLAGS.peak_tflops)
+                   peak_tflops=FLAGS.peak_tflops, microbatches=[int(k) for k in FLAGS.microbatches])
   keys = list(dict.fromkeys(k for r in rows for k in r))
   print(" | ".join(keys))
   for r in rows:

@@ -421,6 +421,9 @@ KEYS: tuple[Key, ...] = (
       length=3, range=Range(0, 255)),
     # --- input pipeline ---
     K("input.batch_size", int, lambda ctx: ctx.batch_size, "global batch size", range=_POS_INT),
+    K("input.microbatches", int, 1, "micro-batches per step: the same update as the whole batch at once "
+      "(exact accumulation, tipsito/objective/accumulate.py), less memory, one extra forward",
+      range=_POS_INT, safe=True),
     K("input.views", str, lambda ctx: ctx.recipe.views, "views per example (recipe)", choices=VIEWS),
     K("input.global_size", int, 224, "global crop / view 1 and 2 size in px (whole patches)", range=_POS_INT),
     K("input.local_size", int, 98, "local crop size in px (whole patches)", range=_POS_INT),

@@ -208,6 +208,8 @@ def _check_geometry(config: mlc.ConfigDict, recipe) -> None:
   if 0 in sizes.values() or list(sizes.values()).count(-1) > 1:
     raise ConfigError(f"config.mesh={sizes} is not allowed; valid values: axis sizes >= 1, at most one of "
                       f"them -1 (= the remaining devices)")
+  _divisible("input.batch_size", inp.batch_size, "input.microbatches", inp.microbatches,
+             "the step processes the global batch in that many equal micro-batches")
 
 
 def _check_keys(key: str, got: Any, allowed: Iterable[str]) -> None:
@@ -375,3 +377,7 @@ def _check_batch_split(config: mlc.ConfigDict, num_devices: int, process_count: 
   if batch_size % split or batch_size % process_count:
     raise ConfigError(f"config.input.batch_size={batch_size} must be divisible by mesh data*fsdp="
                       f"{split} and the process count {process_count}")
+  k = int(config.input.microbatches)
+  if (batch_size // k) % split:
+    raise ConfigError(f"config.input.batch_size={batch_size} / config.input.microbatches={k} = "
+                      f"{batch_size // k} per micro-batch must be divisible by mesh data*fsdp={split}")

@@ -33,3 +33,16 @@ def constrain_batch(x: jax.Array) -> jax.Array:
   if n == 1 or x.ndim == 0 or x.shape[0] % n:
     return x
   return jax.lax.with_sharding_constraint(x, P(BATCH_AXES))
+
+
+def constrain_microbatches(x: jax.Array) -> jax.Array:
+  """`x` of shape (K, B/K, ...) (K micro-batches, tipsito/objective/accumulate.py) with its second
+  dimension pinned to BATCH_AXES, so every micro-batch stays split over all the batch devices; same
+  conditions as `constrain_batch`."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or not set(BATCH_AXES) <= set(mesh.axis_names):
+    return x
+  n = math.prod(mesh.shape[a] for a in BATCH_AXES)
+  if n == 1 or x.ndim < 2 or x.shape[1] % n:
+    return x
+  return jax.lax.with_sharding_constraint(x, P(None, BATCH_AXES))

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from tipsito.objective.context import LossContext
-from tipsito.objective.features import compute_features
+from tipsito.objective.features import Features, compute_features
 from tipsito.objective.terms import TERMS, Term
 
 
@@ -21,16 +21,19 @@ def active_terms(ctx: LossContext) -> dict[str, Term]:
   return {name: term for name, term in TERMS.items() if name in ctx.weights}
 
 
-def compute_losses(ctx: LossContext, params: dict, ema: dict, centers: dict, frozen: dict,
-                   batch: dict, step, rng) -> tuple[jax.Array, tuple[dict, dict]]:
-  """Forward of the active terms on the GLOBAL batch; returns (total, (metrics, new_centers))."""
+def needed_features(ctx: LossContext, batch: dict) -> tuple[dict[str, Term], frozenset]:
+  """(the active terms, the union of the features they read); raises when the batch lacks a field."""
   terms = active_terms(ctx)
   for name, term in terms.items():
     missing = [k for k in term.fields if k not in batch]
     if missing:
       raise KeyError(f"loss term {name!r} needs batch fields {missing}; the batch has {sorted(batch)}")
-  needs = frozenset().union(*(term.features for term in terms.values()))
-  features = compute_features(ctx, needs, params, ema, frozen, batch, step, rng)
+  return terms, frozenset().union(*(term.features for term in terms.values()))
+
+
+def evaluate_terms(ctx: LossContext, terms: dict[str, Term], features: Features,
+                   centers: dict) -> tuple[jax.Array, tuple[dict, dict]]:
+  """The table of terms on one `Features` record: (total, (metrics, new_centers))."""
   losses, metrics, new_centers = {}, dict(features.metrics), dict(centers)
   for name, term in terms.items():
     out = term.fn(ctx, features, centers)
@@ -41,6 +44,14 @@ def compute_losses(ctx: LossContext, params: dict, ema: dict, centers: dict, fro
   metrics.update({f"loss/{t}": v for t, v in losses.items()})
   metrics["loss/total"] = total
   return total, (metrics, new_centers)
+
+
+def compute_losses(ctx: LossContext, params: dict, ema: dict, centers: dict, frozen: dict,
+                   batch: dict, step, rng) -> tuple[jax.Array, tuple[dict, dict]]:
+  """Forward of the active terms on the GLOBAL batch; returns (total, (metrics, new_centers))."""
+  terms, needs = needed_features(ctx, batch)
+  features = compute_features(ctx, needs, params, ema, frozen, batch, step, rng)
+  return evaluate_terms(ctx, terms, features, centers)
 
 
 def init_centers(ctx: LossContext) -> dict:

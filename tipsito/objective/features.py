@@ -17,7 +17,7 @@ Passes, as the terms need them:
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -91,33 +91,81 @@ class Features:
 
 def compute_features(ctx: LossContext, needs: frozenset, params: dict, ema: dict, frozen: dict,
                      batch: dict, step, rng) -> Features:
-  """The features `needs` asks for (a union of the active terms' `Term.features`)."""
-  fwd = Forward(ctx.model, rng)
+  """The features `needs` asks for (a union of the active terms' `Term.features`): the tower passes
+  (`encode`), then everything built on them (`features_from_encodings`)."""
+  enc = encode(ctx, needs, params, ema, frozen, batch, rng)
+  return features_from_encodings(ctx, needs, params, ema, frozen, enc, batch, step, rng)
+
+
+def _student_mask(ctx: LossContext, needs: frozenset, batch: dict):
+  """(the student's iBOT mask or None, whether view 1 also runs unmasked for the contrastive terms)."""
   mask = batch.get("mask") if (ctx.masks_student_view and STUDENT_MASK in needs) else None
-  unmasked_v1 = mask is not None and CONTRASTIVE_VIEW in needs and ctx.contrastive_view == "unmasked"
+  return mask, mask is not None and CONTRASTIVE_VIEW in needs and ctx.contrastive_view == "unmasked"
+
+
+def encode(ctx: LossContext, needs: frozenset, params: dict, ema: dict, frozen: dict, batch: dict, rng,
+           *, teacher: bool = True) -> dict:
+  """The tower passes only: a dict of per-example arrays (leading batch axis), nothing batch-coupled.
+
+  Keys, as `needs` asks: 'student', 'contrastive' (only when it is a separate unmasked chunk), 'view2'
+  (image features), 'caption' (text tower on 'text'), 'synthetic_pooled' (pooled 'text2'), 'teacher'
+  (stop-gradient; skipped with `teacher=False`), 'local_cls' (B, M, D) the local crops' CLS1 at the
+  tower's width. Why separate from `features_from_encodings`: exact gradient accumulation
+  (tipsito/objective/accumulate.py) runs this per micro-batch and the rest once on the whole batch.
+  """
+  fwd = Forward(ctx.model, rng)
+  mask, unmasked_v1 = _student_mask(ctx, needs, batch)
   student, contrastive, view2 = _student_pass(fwd, params, batch, mask, unmasked_v1, VIEW2 in needs)
+  enc = {"student": student}
+  if unmasked_v1:
+    enc["contrastive"] = contrastive
+  if view2 is not None:
+    enc["view2"] = view2
+  if CAPTION in needs:
+    _encode_captions(enc, fwd, params, batch, SYNTHETIC_CAPTION in needs)
+  if TEACHER in needs and teacher:
+    # With head-only EMA the teacher's input is the student encoder on the unmasked view 1: the
+    # student pass itself when nothing is masked, else its unmasked contrastive chunk if there is one.
+    unmasked_pass = student if mask is None else (contrastive if unmasked_v1 else None)
+    towers = _Towers(fwd, params)
+    enc["teacher"] = jax.lax.stop_gradient(
+        teacher_features(ctx, towers, ema, frozen, batch["image"], unmasked_pass))
+  if LOCAL_CROPS in needs and "local_crops" in batch:
+    loc = batch["local_crops"]
+    b, m = loc.shape[:2]
+    l_out = fwd(params, loc.reshape((b * m,) + loc.shape[2:]), train=True, method=TrainModel.encode_image)
+    enc["local_cls"] = l_out["cls"][:, 0].reshape(b, m, -1)
+  return enc
+
+
+def features_from_encodings(ctx: LossContext, needs: frozenset, params: dict, ema: dict, frozen: dict,
+                            enc: dict, batch: dict, step, rng) -> Features:
+  """`Features` from `encode`'s output (of the whole batch) and the params of the small parts (scale,
+  projection to the heads' width); the heads, projections and fusion are applied by the terms."""
+  fwd = Forward(ctx.model, rng)
+  mask, _ = _student_mask(ctx, needs, batch)
+  student = enc["student"]
+  contrastive = enc.get("contrastive", student)
   # One CLS1 slice shared by the terms that read it (clip, siglip, koleo): their gradients add up there,
   # in term order, before reaching the encoder, so the step's numbers do not depend on the table's layout.
   f = Features(forward=fwd, params=params, batch_size=batch["image"].shape[0], student=student,
-               contrastive=contrastive, contrastive_cls1=contrastive["cls"][:, 0], view2=view2, mask=mask)
+               contrastive=contrastive, contrastive_cls1=contrastive["cls"][:, 0], view2=enc.get("view2"),
+               mask=mask)
   if "logit_scale" in params:
     log_s = params["logit_scale"]
     if ctx.logit_scale_max is not None:
       log_s = jnp.minimum(log_s, ctx.logit_scale_max)
     f.scale = jnp.exp(log_s.astype(jnp.float32))
     f.metrics["logit_scale"] = f.scale
-  if CAPTION in needs:
-    _encode_captions(f, batch, SYNTHETIC_CAPTION in needs)
+  if "caption" in enc:
+    f.caption = enc["caption"]
+    f.caption_emb = unit(f.caption["pooled"])
+    if "synthetic_pooled" in enc:
+      f.synthetic_caption_emb = unit(enc["synthetic_pooled"])
   if TEACHER in needs:
-    # With head-only EMA the teacher's input is the student encoder on the unmasked view 1: the
-    # student pass itself when nothing is masked, else its unmasked contrastive chunk if there is one.
-    unmasked_pass = student if mask is None else (contrastive if unmasked_v1 else None)
-    _self_distillation(ctx, f, ema, frozen, batch["image"], step, unmasked_pass)
-  if LOCAL_CROPS in needs and "local_crops" in batch:
-    loc = batch["local_crops"]
-    b, m = loc.shape[:2]
-    l_out = fwd(params, loc.reshape((b * m,) + loc.shape[2:]), train=True, method=TrainModel.encode_image)
-    f.local_cls = f.to_heads_width(l_out["cls"][:, 0].reshape(b, m, -1).swapaxes(0, 1))
+    _self_distillation(ctx, f, ema, frozen, enc["teacher"], step)
+  if "local_cls" in enc:
+    f.local_cls = f.to_heads_width(enc["local_cls"].swapaxes(0, 1))
   return f
 
 
@@ -135,24 +183,30 @@ def _student_pass(fwd: Forward, params: dict, batch: dict, mask, unmasked_v1: bo
   return chunks[0], (chunks[1] if unmasked_v1 else chunks[0]), (chunks[-1] if with_view2 else None)
 
 
-def _encode_captions(f: Features, batch: dict, synthetic: bool) -> None:
+def _encode_captions(enc: dict, fwd: Forward, params: dict, batch: dict, synthetic: bool) -> None:
   """Text tower on 'text' (and 'text2' in the same call when CLS2 has a synthetic caption to match)."""
-  b = f.batch_size
-  two_cls = synthetic and f.student["cls"].shape[1] > 1 and "text2" in batch
+  b = batch["text"].shape[0]
+  two_cls = synthetic and enc["student"]["cls"].shape[1] > 1 and "text2" in batch
   ids = jnp.concatenate([batch["text"], batch["text2"]], 0) if two_cls else batch["text"]
-  txt_all = f.forward(f.params, ids, train=True, method=TrainModel.encode_text)
-  f.caption = jax.tree.map(lambda x: x[:b], txt_all)
-  f.caption_emb = unit(f.caption["pooled"])
+  txt_all = fwd(params, ids, train=True, method=TrainModel.encode_text)
+  enc["caption"] = jax.tree.map(lambda x: x[:b], txt_all)
   if two_cls:
-    f.synthetic_caption_emb = unit(txt_all["pooled"][b:])
+    enc["synthetic_pooled"] = txt_all["pooled"][b:]
 
 
-def teacher_features(ctx: LossContext, f: Features, ema: dict, frozen: dict, image: jax.Array,
+class _Towers(NamedTuple):
+  """What `teacher_features` reads of a step: the forward and the student params."""
+  forward: Forward
+  params: dict
+
+
+def teacher_features(ctx: LossContext, f, ema: dict, frozen: dict, image: jax.Array,
                      unmasked_pass: Optional[dict]) -> dict:
   """The teacher's features of the unmasked view 1 (the caller stops their gradient).
 
   distill: the frozen teacher encoder; full EMA: the EMA image encoder; head-only EMA: the student
   encoder itself, reusing `unmasked_pass` (the student's pass on the unmasked view 1) when there is one.
+  `f`: anything with the step's `forward` and `params` (`Features`, or the towers of `encode`).
   """
   if ctx.frozen_teacher:
     return ctx.teacher_model.apply({"params": frozen["image"]}, image)
@@ -163,14 +217,14 @@ def teacher_features(ctx: LossContext, f: Features, ema: dict, frozen: dict, ima
   return f.forward(f.params, image, method=TrainModel.encode_image)
 
 
-def _self_distillation(ctx: LossContext, f: Features, ema: dict, frozen: dict, image: jax.Array, step,
-                       unmasked_pass: Optional[dict]) -> None:
-  """Teacher features, teacher head params and temperature, and the student's view-1 tokens at the
-  heads' width. Teacher heads: the frozen teacher's own (distillation from a training workdir), else
-  `state.ema` (an EMA of the student heads)."""
+def _self_distillation(ctx: LossContext, f: Features, ema: dict, frozen: dict, teacher: dict,
+                       step) -> None:
+  """Teacher features (from `encode`, stop-gradient), teacher head params and temperature, and the
+  student's view-1 tokens at the heads' width. Teacher heads: the frozen teacher's own (distillation from
+  a training workdir), else `state.ema` (an EMA of the student heads)."""
   f.teacher_temp = teacher_temperature(ctx, step)
   f.metrics["teacher_temp"] = f.teacher_temp
-  f.teacher = jax.lax.stop_gradient(teacher_features(ctx, f, ema, frozen, image, unmasked_pass))
+  f.teacher = teacher
   t_heads = {k: frozen[k] for k in ("dino_head", "ibot_head") if k in frozen}
   f.teacher_params = jax.lax.stop_gradient({**f.params, **ema, **t_heads})
   s_cls = f.student["cls"][:, 0]

@@ -58,8 +58,8 @@ def guard_resume(config: mlc.ConfigDict, workdir: str) -> list:
   changes = resume_guard.check(saved, config, workdir)
   if changes:
     for k, (old, new) in changes.items():
-      logging.warning("Resume: config.%s changed %r -> %r (allowed: does not affect the checkpoint)",
-                      k, old, new)
+      logging.warning("Resume: config.%s changed %r -> %r (allowed: %s)", k, old, new,
+                      resume_guard.SAFE_NOTES.get(k, "does not affect the checkpoint"))
     history = history + [resume_guard.history_entry(changes, step)]
   return history
 

@@ -25,6 +25,10 @@ from tipsito.config.run_file import HISTORY_KEY  # the accepted changes of earli
 # declared `safe=True` in the config schema (tipsito/config/schema.py).
 SAFE_KEYS = schema.safe_keys()
 
+# Why a safe change is safe, where it is not obvious (logged with the change on resume).
+SAFE_NOTES = {"input.microbatches": "the objective is the same: micro-batches accumulate the gradient of "
+                                    "the whole global batch exactly (tipsito/objective/accumulate.py)"}
+
 
 class ResumeConfigError(ValueError):
   """The config differs from the workdir's in keys that would make its checkpoints inconsistent."""

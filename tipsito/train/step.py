@@ -21,6 +21,7 @@ from jax.sharding import Mesh, NamedSharding
 from tipsito import objective
 from tipsito.data import tokenizer as tok_lib
 from tipsito.objective import LossContext, compute_losses, init_centers
+from tipsito.objective import accumulate
 from tipsito.objective.model import TrainModel
 from tipsito.models.kwargs import module_kwargs
 from tipsito.train import optim as optim_lib
@@ -226,8 +227,24 @@ def _teacher_image_init(student: dict, teacher: dict) -> dict:
   return out
 
 
+def microbatches(config) -> int:
+  """`config.input.microbatches` (1 for configs saved before the key existed)."""
+  return int(config.input.get("microbatches", 1))
+
+
 def loss_and_grads(setup: Setup, state: TrainState, batch: dict, frozen: dict):
-  """(total, metrics, new_centers, grads) of one step, without applying it (tests, benchmarks)."""
+  """(total, metrics, new_centers, grads) of one step, without applying it (tests, benchmarks).
+
+  With `config.input.microbatches` K > 1 the same numbers come from K micro-batches (exact gradient
+  accumulation, tipsito/objective/accumulate.py); K = 1 is the one whole-batch pass.
+  """
+  k = microbatches(setup.config)
+  if k > 1:
+    shardings = setup.state_shardings.params
+    total, (metrics, centers), grads = accumulate.loss_and_grads(
+        setup.ctx, k, state.params, state.ema, state.centers, frozen, batch, state.step, state.step_key(),
+        constrain_grads=lambda g: jax.lax.with_sharding_constraint(g, shardings))
+    return total, metrics, centers, grads
 
   def loss_fn(params):
     return compute_losses(setup.ctx, params, state.ema, state.centers, frozen, batch, state.step,
