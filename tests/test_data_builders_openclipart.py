@@ -159,7 +159,7 @@ def _alpha(rel):
 def test_images_and_segmentation_from_alpha(built):
   """RGB on white, max side MAX_SIDE, masks = label + 1 where alpha >= 128, 0 elsewhere."""
   records = built[3]
-  for rid, r in records.items():
+  for r in records.values():
     img = np.asarray(Image.open(io.BytesIO(r["image"])))
     seg = np.asarray(Image.open(io.BytesIO(r["segmentation"])))
     assert img.ndim == 3 and img.shape[2] == 3 and max(img.shape[:2]) <= MAX_SIDE

@@ -231,7 +231,7 @@ def test_segmentation_random_is_poor_and_ignore_label():
 def test_segmentation_from_alpha():
   rng = np.random.default_rng(0)
   recs = []
-  for i in range(5):
+  for _ in range(5):
     label = int(rng.integers(3))
     rgba = np.zeros((32, 32, 4), np.uint8)
     rgba[..., 3] = 0

@@ -190,7 +190,7 @@ def _openclip_blocks(sd, prefix, depth):
   """Per-block weights from OpenCLIP names (in_proj split into q, k, v as nn.MultiheadAttention does)."""
   out = []
   for i in range(depth):
-    g = lambda n: sd[f'{prefix}{i}.{n}']  # noqa: E731
+    g = lambda n, i=i: sd[f'{prefix}{i}.{n}']  # noqa: E731
     w, bias = np.split(g('attn.in_proj_weight'), 3), np.split(g('attn.in_proj_bias'), 3)
     out.append(dict(ln1_w=g('ln_1.weight'), ln1_b=g('ln_1.bias'), q_w=w[0], k_w=w[1], v_w=w[2],
                     q_b=bias[0], k_b=bias[1], v_b=bias[2], o_w=g('attn.out_proj.weight'),
@@ -204,7 +204,7 @@ def _hf_blocks(sd, prefix, depth):
   """Per-block weights from Hugging Face CLIPEncoderLayer names."""
   out = []
   for i in range(depth):
-    g = lambda n: sd[f'{prefix}{i}.{n}']  # noqa: E731
+    g = lambda n, i=i: sd[f'{prefix}{i}.{n}']  # noqa: E731
     p = dict(ln1_w=g('layer_norm1.weight'), ln1_b=g('layer_norm1.bias'),
              o_w=g('self_attn.out_proj.weight'), o_b=g('self_attn.out_proj.bias'),
              ln2_w=g('layer_norm2.weight'), ln2_b=g('layer_norm2.bias'),

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from interop_workdir import trained_workdir  # noqa: F401  (session fixture)
+from tipsito import export
 from tipsito.train import exporting
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent

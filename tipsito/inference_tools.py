@@ -24,7 +24,7 @@ def _is_single(x: Any) -> bool:
   from PIL import Image  # pylint: disable=g-import-not-at-top
   if isinstance(x, (str, os.PathLike, bytes, bytearray, Image.Image)):
     return True
-  return hasattr(x, 'ndim') and getattr(x, 'ndim') in (2, 3)
+  return hasattr(x, 'ndim') and x.ndim in (2, 3)
 
 
 def _decode(item: Any, size: int, resize: str) -> np.ndarray:

@@ -118,7 +118,7 @@ def topology_mesh(mesh_cfg, devices: list) -> jax.sharding.Mesh:
 def _teacher(config, variant: str):
   """An abstract distillation teacher (the `variant` preset, e.g. g/14; no weights are read)."""
   img = presets.vit_config(variant, num_cls_tokens=2, posemb_grid=32, use_mask_token=False,
-                           dtype=str(config.model.image.dtype), scan=bool(config.model.image.get("scan")))
+                           dtype=str(config.model.image.dtype), scan=bool(config.model.image.scan))
   module = models.VisionTransformer(**module_kwargs(img))
   s = int(config.input.global_size)
   params = jax.eval_shape(lambda k: module.init(k, jnp.zeros((1, s, s, 3), jnp.uint8)),
@@ -208,7 +208,7 @@ def plan_train(config, devices: list, *, topology: str = "", teacher_variant: st
   # Micro-batches are a scan too. `matmul_flops_per_chip` counts every iteration (matmuls and convolutions
   # from the jaxpr, tipsito/train/observability.py), so rows with different K or scan compare on it.
   report["flops_count_scan_body_once"] = step_lib.microbatches(config) > 1 or any(
-      bool(config.model[t].get("scan")) for t in ("image", "text") if t in config.model and config.model[t])
+      bool(config.model[t].scan) for t in ("image", "text") if t in config.model and config.model[t])
   from tipsito.train import observability  # pylint: disable=import-outside-toplevel
   report["matmul_flops_per_chip"] = observability.matmul_flops(traced.jaxpr)[0] / n
   if topology:
@@ -507,7 +507,7 @@ def main(argv: Sequence[str]) -> None:
   try:
     devices = topology_devices(f.topology, f.num_slices)
   except PlanError as e:
-    raise app.UsageError(str(e))
+    raise app.UsageError(str(e)) from None
   config = f.config
   config.lock()
   config = mlc.ConfigDict(config.to_dict())
@@ -532,7 +532,7 @@ def main(argv: Sequence[str]) -> None:
       print(json.dumps({"plan_search": res}, default=str))
     sys.stdout.flush()
     return
-  ks = [f.microbatches] if f.microbatches else [int(config.input.get("microbatches", 1))]
+  ks = [f.microbatches] if f.microbatches else [int(config.input.microbatches)]
   if ks[0] > 1:
     ks = [1] + ks  # K = 1 first: what the micro-batches save and cost
   reports = [plan_train(apply_overrides(config, {"input.microbatches": k}), devices, topology=topo,

@@ -65,7 +65,7 @@ def bench_one(config, *, steps: int = 5, peak_tflops: float = 0.0) -> dict[str, 
   # Global-batch FLOPs with scan iterations counted, as the train loop logs them (observability.py).
   flops = observability.step_flops(fn, (state, batch, frozen))["flops"]
   if not peak_tflops:  # config.peak_tflops or the per-platform table, times the devices
-    peak, _ = observability.peak_tflops_per_device(float(config.get("peak_tflops", 0.0) or 0.0))
+    peak, _ = observability.peak_tflops_per_device(float(config.peak_tflops))
     peak_tflops = peak * jax.device_count() if peak else 0.0
   mem = _compiled_memory(compiled)
   state, m = compiled(state, batch, frozen)

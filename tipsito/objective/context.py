@@ -24,7 +24,7 @@ def masks_student_view(config) -> bool:
   context carries it to the feature pass, which applies the batch's mask only when it is true and the
   `ibot` term is on; nothing else re-derives it.
   """
-  return bool(config.model.image.get("use_mask_token")) and float(config.input.mask_ratio) > 0
+  return bool(config.model.image.use_mask_token) and float(config.input.mask_ratio) > 0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,7 +18,7 @@ MISSING = ("plots need matplotlib, which is not installed: pip install -e \".[st
 def check_available() -> None:
   """Fails with the install command when matplotlib is missing (the sweep calls this before running)."""
   try:
-    import matplotlib  # pylint: disable=import-outside-toplevel,unused-import
+    import matplotlib  # noqa: F401  # pylint: disable=import-outside-toplevel,unused-import
   except ImportError:
     raise ImportError(MISSING) from None
 

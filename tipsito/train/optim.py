@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from tipsito.config.schema import OPTIMIZERS, SCHEDULES  # declared with their config keys
+from tipsito.config.schema import OPTIMIZERS  # declared with its config key
 from tipsito.train import sharding as sharding_lib
 
 

@@ -184,6 +184,7 @@ def build(config, mesh: Optional[Mesh] = None, *, vocab_size: Optional[int] = No
   def init_fn(rng) -> TrainState:
     p_rng, s_rng = jax.random.split(rng)
     params = init_params(p_rng)
+    # .get: a workdir's config.json saved before these keys existed is rebuilt here (export, evaluate).
     if config.distill.get("init_text") and teacher is not None and teacher.text_params is not None:
       want = jax.tree.map(lambda x: x.shape, params["text"])
       got = jax.tree.map(lambda x: tuple(x.shape), teacher.text_params)
@@ -228,7 +229,8 @@ def _teacher_image_init(student: dict, teacher: dict) -> dict:
 
 
 def microbatches(config) -> int:
-  """`config.input.microbatches` (1 for configs saved before the key existed)."""
+  """`config.input.microbatches` (1 for a workdir's config.json saved before the key existed: export and
+  evaluate rebuild the Setup from it)."""
   return int(config.input.get("microbatches", 1))
 
 

@@ -1,5 +1,7 @@
 """Snapshot of today's default configs (for tests/test_config_schema.py)."""
-import json, sys, importlib
+import importlib
+import json
+import sys
 import ml_collections as mlc
 from ml_collections import config_dict
 from tipsito.config import defaults
@@ -23,7 +25,8 @@ snap = {}
 for r in recipes.RECIPES:
   snap[f"base_config/{r}/tiny/16"] = leaves(defaults.base_config(r, "tiny/16"))
   snap[f"base_config/{r}/B/16/90000/4096/L"] = leaves(defaults.base_config(r, "B/16", text_variant="L", total_steps=90000, batch_size=4096))
-  if r == "tipsv2": snap[f"base_config/{r}/g/14/50/64"] = leaves(defaults.base_config(r, "g/14", total_steps=50, batch_size=64))
+  if r == "tipsv2":
+    snap[f"base_config/{r}/g/14/50/64"] = leaves(defaults.base_config(r, "g/14", total_steps=50, batch_size=64))
   snap[f"tiny_config/{r}"] = leaves(defaults.tiny_config(r))
 for r in ("clip", "siglip", "ito", "tips", "tipsv2", "tipsito"):
   for extra in ("", ",optim=adafactor,pixels=tips"):
