@@ -9,6 +9,6 @@ need configs or data code.
 def __getattr__(name):
   """Lazy attributes: `load` -> tipsito.inference.load."""
   if name == 'load':
-    from tipsito.inference import load  # pylint: disable=g-import-not-at-top
+    from tipsito.inference import load  # lazy: `import tipsito` must not import JAX/Orbax (docstring)
     return load
   raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

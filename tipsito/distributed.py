@@ -27,6 +27,8 @@ from typing import Optional
 
 from absl import flags
 
+from tipsito import peer_loss
+
 FLAGS = flags.FLAGS
 FLAG_NAMES = ("distributed", "coordinator_address", "num_processes", "process_id")
 # Environment variables that only a TPU host (Cloud TPU VM, GKE TPU node) or a TPU job sets.
@@ -130,7 +132,6 @@ def initialize(coordinator_address: Optional[str] = None, num_processes: Optiona
 
 def _start_peer_watch() -> None:
   """tipsito/peer_loss.py's watch of the other processes, over JAX's distributed client."""
-  from tipsito import peer_loss  # pylint: disable=import-outside-toplevel
   try:  # the joined job as JAX recorded it (asking jax.process_count() would start the backend now)
     from jax._src import distributed as jax_distributed  # pylint: disable=import-outside-toplevel
     state = jax_distributed.global_state

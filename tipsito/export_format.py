@@ -25,6 +25,8 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
+from tipsito import paths
+
 FORMAT_VERSION = 1
 ALLOWED_EXPORT_KEYS = ('image', 'text', 'image_proj')
 # Path components that identify training-only parameters.
@@ -156,7 +158,6 @@ def write_export(output_dir, *, image_config: dict, text_config: dict,
 
 def as_path(path):
   """epath.Path of a local path (made absolute, ~ expanded) or a URL such as gs://bucket/dir."""
-  from tipsito import paths  # pylint: disable=g-import-not-at-top
   return paths.as_path(path)
 
 

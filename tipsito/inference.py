@@ -17,6 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tipsito import export_format
+from tipsito import inference_tools
 from tipsito.models.kwargs import module_kwargs
 from tipsito.models.text import TextEncoder
 from tipsito.models.vit import VisionTransformer
@@ -49,7 +51,7 @@ def _make_tokenizer(path: Optional[str], text_cfg: dict):
   the 'clip' flavour had them) is refused the same way.
   """
   try:
-    from tipsito.data.tokenizer import Tokenizer  # pylint: disable=g-import-not-at-top
+    from tipsito.data.tokenizer import Tokenizer  # optional: only strings need it (the except below)
   except ImportError as e:
     return None, (f'cannot tokenize strings: tipsito.data.tokenizer is not '
                   f'available ({e}); pass int32 token ids instead')
@@ -97,8 +99,7 @@ def _jitted_text_fn(kwargs_json: str):
 
 def _key(cfg: dict, cls) -> str:
   """Hashable, canonical form of the module kwargs (dtypes by name)."""
-  from tipsito.export_format import jsonable  # pylint: disable=g-import-not-at-top
-  return json.dumps(jsonable(_inference_kwargs(cfg, cls)), sort_keys=True)
+  return json.dumps(export_format.jsonable(_inference_kwargs(cfg, cls)), sort_keys=True)
 
 
 class Encoder:
@@ -155,7 +156,6 @@ class Encoder:
   def _image_batch(self, images, size: Optional[int]):
     """Arrays (B,H,W,3) / one (H,W,3) as given (uint8 or [0,1] floats); files, bytes, PIL images, lists,
     or any input with `size`: decoded and resized (tipsito/inference_tools.py: to_unit_batch)."""
-    from tipsito import inference_tools  # pylint: disable=g-import-not-at-top
     if size is None and hasattr(images, 'ndim') and images.ndim in (3, 4):
       x = jnp.asarray(images)
       return x[None] if x.ndim == 3 else x
@@ -170,7 +170,6 @@ class Encoder:
     pixel statistics applied and centre zero-padded to whole patches, e.g. `pixel_values` for
     transformers' Tipsv2Model after `.transpose(0, 3, 1, 2)`.
     """
-    from tipsito import inference_tools  # pylint: disable=g-import-not-at-top
     x = inference_tools.to_unit_batch(images, size or self.image_size, resize)
     return inference_tools.model_input(self.image_model, x) if normalize else x
 
@@ -179,7 +178,6 @@ class Encoder:
     """Zero-shot probabilities (B, C) over `class_names`: the `zeroshot` eval's protocol (prompts from
     `templates`, a template-set name or list; default CLIP's 80 ImageNet templates, as the eval), logits
     = cos(CLS `cls_index`, class embedding) / temperature. Images as for `embed_images`."""
-    from tipsito import inference_tools  # pylint: disable=g-import-not-at-top
     return inference_tools.classify(self, images, class_names, templates, size=size,
                                     cls_index=cls_index, project=project)
 
@@ -227,7 +225,6 @@ class Encoder:
 
 def load(path) -> Encoder:
   """Loads an exported checkpoint directory (tipsito.export_format.write_export)."""
-  from tipsito import export_format  # pylint: disable=g-import-not-at-top
   cfg, params = export_format.read_export(path)
   tok, err = None, None
   if cfg.get('tokenizer'):

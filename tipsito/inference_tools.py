@@ -16,6 +16,10 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from tipsito.data import transforms as T
+from tipsito.evals import metrics
+from tipsito.evals import templates as templates_lib
+
 TEXT_CHUNK = 64  # prompts per text call (fixed, so that one shape compiles; the last chunk is padded)
 
 
@@ -29,7 +33,6 @@ def _is_single(x: Any) -> bool:
 
 def _decode(item: Any, size: int, resize: str) -> np.ndarray:
   """One image of any accepted kind -> (size, size, 3) uint8 through the eval decoder and resize."""
-  from tipsito.data import transforms as T  # pylint: disable=g-import-not-at-top
   value = item
   if isinstance(item, (str, os.PathLike)):
     from etils import epath  # pylint: disable=g-import-not-at-top
@@ -67,7 +70,6 @@ def model_input(image_model, x: np.ndarray) -> np.ndarray:
 
 def class_embeddings(encoder, class_names: Sequence[str], templates: Sequence[str]) -> np.ndarray:
   """(C, D) class embeddings of the zero-shot protocol (tipsito/evals/evaluator.py: class_text_embeddings)."""
-  from tipsito.evals import metrics, templates as templates_lib  # pylint: disable=g-import-not-at-top
   prompts = templates_lib.fill(templates, class_names)
   out = []
   for start in range(0, len(prompts), TEXT_CHUNK):
@@ -82,7 +84,6 @@ def class_embeddings(encoder, class_names: Sequence[str], templates: Sequence[st
 def classify(encoder, images: Any, class_names: Sequence[str], templates=None, *,
              size: Optional[int] = None, cls_index: int = 0, project: Optional[bool] = None) -> np.ndarray:
   """Zero-shot class probabilities (B, C): softmax over classes of cos(CLS, class embedding) / T."""
-  from tipsito.evals import metrics, templates as templates_lib  # pylint: disable=g-import-not-at-top
   if isinstance(class_names, str):
     raise TypeError('class_names must be a list of names, not one string')
   templates = templates_lib.get_templates(templates)

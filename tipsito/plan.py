@@ -43,6 +43,7 @@ from tipsito.data.synthetic import synthetic_batch  # noqa: E402
 from tipsito.models import presets  # noqa: E402
 from tipsito.models.kwargs import module_kwargs  # noqa: E402
 from tipsito.objective import recipes as recipes_lib  # noqa: E402
+from tipsito.train import observability  # noqa: E402
 from tipsito.train import sharding  # noqa: E402
 from tipsito.train import step as step_lib  # noqa: E402
 
@@ -209,7 +210,6 @@ def plan_train(config, devices: list, *, topology: str = "", teacher_variant: st
   # from the jaxpr, tipsito/train/observability.py), so rows with different K or scan compare on it.
   report["flops_count_scan_body_once"] = step_lib.microbatches(config) > 1 or any(
       bool(config.model[t].scan) for t in ("image", "text") if t in config.model and config.model[t])
-  from tipsito.train import observability  # pylint: disable=import-outside-toplevel
   report["matmul_flops_per_chip"] = observability.matmul_flops(traced.jaxpr)[0] / n
   if topology:
     report["hbm_bytes"] = int(hbm_gib(topology) * GiB)

@@ -50,8 +50,8 @@ def main(argv: Sequence[str]) -> None:
   """Parses flags, runs the sweep, exits with its status."""
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  from tipsito.studies import arms  # pylint: disable=import-outside-toplevel
-  from tipsito.studies import runner  # pylint: disable=import-outside-toplevel
+  from tipsito.studies import arms  # heavy (JAX, the trainer's modules): after flag parsing, so --help stays light
+  from tipsito.studies import runner  # heavy: as above
   command = " ".join(["python -m tipsito.sweep"] + [shlex.quote(a) for a in sys.argv[1:]])
   try:
     code = runner.run_sweep(FLAGS.config, seeds=list(range(FLAGS.seeds)), workdir=FLAGS.workdir,

@@ -17,6 +17,11 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
+from tipsito.models import presets
+from tipsito.models.text import TextEncoder
+from tipsito.models.vit import VisionTransformer
+
+
 class CheckpointFormatError(ValueError):
   """A checkpoint whose keys or shapes do not match what is expected."""
 
@@ -81,7 +86,6 @@ def _block_ids(flat: Mapping[str, Any], prefix: str) -> list[int]:
 
 def _mlp_dim_for_swiglu(hidden: int, width: int) -> int:
   """An mlp_dim whose SwiGLU hidden size is `hidden` (preset values first)."""
-  from tipsito.models import presets
   cands = [p['mlp_dim'] for p in presets.VIT_PRESETS.values()
            if p['width'] == width]
   cands += [4 * width, round(hidden * 3 / 2)]
@@ -212,7 +216,6 @@ def _convert_strict(flat: Mapping[str, np.ndarray], expected: Mapping[str, tuple
 def import_tips_vision(image_npz) -> tuple[dict[str, Any], dict[str, Any]]:
   """(VisionTransformer kwargs, params) from an official TIPS vision .npz."""
   import jax.numpy as jnp
-  from tipsito.models.vit import VisionTransformer
   flat = _load_flat(image_npz)
   cfg = infer_vision_config(flat)
   p = cfg['patch_size']
@@ -226,7 +229,6 @@ def import_tips_vision(image_npz) -> tuple[dict[str, Any], dict[str, Any]]:
 def import_tips_text(text_npz) -> tuple[dict[str, Any], dict[str, Any], float]:
   """(TextEncoder kwargs, params, temperature) from an official text .npz."""
   import jax.numpy as jnp
-  from tipsito.models.text import TextEncoder
   flat = _load_flat(text_npz)
   if _TEMPERATURE_KEY not in flat:
     raise CheckpointFormatError(

@@ -46,7 +46,7 @@ import os
 import pickle
 import shlex
 import uuid
-from typing import Any, Sequence
+from typing import Sequence
 from unittest import mock
 
 from etils import epath

@@ -35,6 +35,7 @@ import tempfile
 import time
 from typing import Sequence
 
+from tipsito.data import conversion
 from tipsito.data.builders import _common
 from tipsito.data.synthetic import synthetic_source
 
@@ -82,11 +83,10 @@ def _validate_rate(fmt: str, size: int, seconds: float) -> tuple[float, float]:
 
 def _convert_once(tars_dir: str, data_dir: str, n: int, **kwargs) -> tuple[float, float]:
   """(wall seconds, CPU seconds) of one conversion of the tars in `tars_dir` (n samples)."""
-  from tipsito.data import convert  # pylint: disable=g-import-not-at-top
   shutil.rmtree(data_dir, ignore_errors=True)
   c0, t0 = _cpu_seconds(), time.perf_counter()
-  result = convert.convert("webdataset", data_dir, input_path=tars_dir, caption_columns=["paligemma", "gemini"],
-                           verbose=False, **kwargs)
+  result = conversion.convert("webdataset", data_dir, input_path=tars_dir, caption_columns=["paligemma", "gemini"],
+                              verbose=False, **kwargs)
   wall, cpu = time.perf_counter() - t0, _cpu_seconds() - c0
   assert result.split_sizes["train"] == n and result.report.written == n, (result.split_sizes, n)
   shutil.rmtree(data_dir, ignore_errors=True)

@@ -32,6 +32,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 from PIL import Image
 
+from tipsito.data import conversion
 from tipsito.data import sources
 from tipsito.data import transforms as T
 
@@ -72,8 +73,7 @@ def open_records(dataset: str, split: str, data_dir: str | None = None, prepare:
     except FileNotFoundError:
       named_config = '/' in dataset.split(':')[0]  # e.g. 'shapes/tiny': built by the user, not here
       if attempt == 0 and prepare and builtin and not named_config:
-        from tipsito.data import convert  # pylint: disable=g-import-not-at-top
-        convert.convert(sources.base_name(dataset), data_dir, verbose=True)  # no downloads (see convert)
+        conversion.convert(sources.base_name(dataset), data_dir, verbose=True)  # no downloads (see convert)
         continue
       if builtin:
         raise

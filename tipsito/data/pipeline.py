@@ -37,6 +37,8 @@ from grain import experimental as grain_exp
 import numpy as np
 
 from tipsito.data import masking
+from tipsito.data import sources
+from tipsito.data import tokenizer as tok_lib
 from tipsito.data import transforms as T
 
 __all__ = [
@@ -89,7 +91,6 @@ def open_source(data_config, split: str | None = None):
   Returns (source, key overrides): that reader renames the configured fields to fixed keys
   ('image', 'alt_text', 'label', 'segmentation'; captions keep their names, and caption_keys=()
   there means every 'caption_*' field), so the spec must read those keys."""
-  from tipsito.data import sources  # pylint: disable=g-import-not-at-top
   src, info = sources.open_source(data_config, split=split)
   keys = dict(image_key='image', alt_text_key='alt_text',
               caption_keys=tuple(getattr(info, 'caption_keys', ()) or ()),
@@ -209,7 +210,6 @@ class _Tokenizer:
   def get(self):
     """The tokenizer, constructed on first use in this process."""
     if self._tok is None:
-      from tipsito.data import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
       self._tok = tok_lib.Tokenizer(self.path, max_len=self.max_len, flavour=self.flavour)
     return self._tok
 

@@ -24,6 +24,7 @@ from typing import Sequence
 import numpy as np
 
 from tipsito.data import pipeline
+from tipsito.data import tokenizer as tok_lib
 from tipsito.data.synthetic import synthetic_source
 from tipsito.data import transforms as T
 
@@ -109,7 +110,6 @@ class _WordTokenizer:
 def _tokenizer():
   """The shipped SentencePiece model when available, else the word stub."""
   try:
-    from tipsito.data import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
     return tok_lib.Tokenizer(None, max_len=64), 'sentencepiece'
   except Exception:  # pylint: disable=broad-except
     return _WordTokenizer(), 'word-stub'

@@ -11,6 +11,8 @@ import jax
 import ml_collections as mlc
 
 from tipsito import paths
+from tipsito.data import conversion
+from tipsito.data import sources
 
 
 def resolve_data_dirs(config: mlc.ConfigDict, workdir: str) -> mlc.ConfigDict:
@@ -31,7 +33,6 @@ def check_data_available(config: mlc.ConfigDict) -> None:
   d = config.data
   if d.build_if_missing:
     return
-  from tipsito.data import sources  # pylint: disable=import-outside-toplevel
   data_dir = d.data_dir or sources.default_data_dir()
   try:
     sources.resolve_dataset_dir(d.name, data_dir)
@@ -47,10 +48,9 @@ def ensure_dataset(config: mlc.ConfigDict) -> None:
   d = config.data
   if not d.build_if_missing:
     return
-  from tipsito.data import convert  # pylint: disable=import-outside-toplevel
   kw = dict(d.build_options or {})
   if jax.process_index() == 0:
-    convert.convert(d.name, d.data_dir, verbose=True, **kw)
+    conversion.convert(d.name, d.data_dir, verbose=True, **kw)
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
     multihost_utils.sync_global_devices("dataset_built")

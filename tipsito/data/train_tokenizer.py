@@ -14,6 +14,9 @@ import os
 import sys
 import tempfile
 
+from tipsito.data.builders import fashion_mnist
+from tipsito.data.builders import shapes_gen
+from tipsito.data.builders import tuxpaint
 from tipsito.data.tokenizer import DEFAULT_TOKENIZER
 
 _PROMPTS = [
@@ -25,9 +28,6 @@ _PROMPTS = [
 
 def demo_corpus(num_shapes: int = 3000) -> list[str]:
   """Lower-cased caption sentences of the demo datasets (deterministic)."""
-  from tipsito.data.builders import fashion_mnist  # pylint: disable=g-import-not-at-top
-  from tipsito.data.builders import shapes_gen  # pylint: disable=g-import-not-at-top
-
   lines = []
   for i in range(num_shapes):
     ex = shapes_gen.generate(i, split="train", image_size=32)
@@ -36,9 +36,8 @@ def demo_corpus(num_shapes: int = 3000) -> list[str]:
     lines += list(fashion_mnist.captions_for(label).values())
   names = list(shapes_gen.SHAPE_CLASSES) + list(fashion_mnist.CLASS_NAMES)
   try:
-    from tipsito.data.builders import tuxpaint  # pylint: disable=g-import-not-at-top
     stamps = tuxpaint.find_stamps()
-    for png, category in stamps:
+    for png, _category in stamps:
       cap = tuxpaint.read_caption(png[:-4] + ".txt")
       if cap:
         lines.append(cap)

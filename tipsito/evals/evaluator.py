@@ -37,7 +37,9 @@ import numpy as np
 
 from tipsito.data import eval_input
 from tipsito.data import sources
+from tipsito.data.tokenizer import Tokenizer
 from tipsito.evals import metrics as metrics_lib
+from tipsito.evals import pictures as pictures_lib
 from tipsito.evals import templates as templates_lib
 
 COMMON_DEFAULTS: dict[str, Any] = dict(
@@ -278,7 +280,6 @@ class Evaluator:
     if getattr(encoder, "tokenizer", "n/a") is not None:
       return texts
     if self._tokenizer is None:
-      from tipsito.data.tokenizer import Tokenizer  # pylint: disable=g-import-not-at-top
       text_cfg = getattr(encoder, "text_config", None) or {}
       self._tokenizer = Tokenizer(self.cfg.get("tokenizer"), max_len=int(text_cfg.get("max_len", 64)),
                                   flavour=text_cfg.get("flavour") or "tips")
@@ -305,7 +306,6 @@ class Evaluator:
     n = int(self.cfg.get("num_pictures") or 0)
     if n <= 0 or f"{self.name}/pca" in self.pictures:
       return
-    from tipsito.evals import pictures as pictures_lib  # pylint: disable=g-import-not-at-top
     k = int(min(n, int(np.sum(batch["_valid"]))))
     if k == 0 or "patches" not in out:
       return

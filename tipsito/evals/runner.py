@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 
+from tipsito.evals import pictures as pictures_lib
 from tipsito.evals.evaluator import Evaluator
 
 
@@ -53,7 +54,6 @@ def run_evaluators(evaluators: Mapping[str, Evaluator] | Sequence[Evaluator], en
   if writer is not None and results:
     writer.write_scalars(step, {k: v for k, v in results.items() if np.isfinite(v)})
   if pics:
-    from tipsito.evals import pictures as pictures_lib  # pylint: disable=g-import-not-at-top
     import jax  # pylint: disable=g-import-not-at-top
     # Every process computes the same pictures; only process 0 writes PNGs (shared file systems).
     pictures_lib.write_pictures(pics, step=step, writer=writer,

@@ -40,7 +40,14 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
-from tipsito.interop.tips_npz import NotRepresentableError, check_tips_style
+from tipsito import export_format
+from tipsito import paths
+from tipsito import tips_import
+from tipsito.interop.tips_npz import NotRepresentableError, _flat, check_tips_style
+from tipsito.models import layer_stack
+from tipsito.models import presets
+from tipsito.models.text import TextEncoder
+from tipsito.models.vit import VisionTransformer
 
 WEIGHTS_FILE = 'model.safetensors'
 INDEX_FILE = 'model.safetensors.index.json'
@@ -125,7 +132,6 @@ def _c(x) -> np.ndarray:
 def to_hub_state(image_config: Mapping[str, Any], text_config: Mapping[str, Any],
                  params: Mapping[str, Any]) -> dict[str, np.ndarray]:
   """tipsito {'image', 'text'} params -> {hub key: array} (transposes, reshapes and concatenations only)."""
-  from tipsito.interop.tips_npz import _flat  # pylint: disable=g-import-not-at-top
   img, txt = _flat(params['image']), _flat(params['text'])
   used_img, used_txt = set(), set()
 
@@ -223,7 +229,6 @@ def write_hf_tipsv2(output_dir, *, image_config: Mapping[str, Any], text_config:
   does not interpolate). Refuses models Tipsv2 cannot hold (CLIP-style towers, non-square grids).
   """
   from etils import epath  # pylint: disable=g-import-not-at-top
-  from tipsito import export_format  # pylint: disable=g-import-not-at-top
   st = _safetensors_numpy()
   check_tips_style(image_config, text_config, params, 'hf_tipsv2')
   cfg = hf_config(image_config, text_config, temperature)
@@ -250,7 +255,6 @@ def is_tipsv2_folder(path) -> bool:
   """A folder whose config.json says model_type 'tipsv2' (weights are checked when read)."""
   if not path:
     return False
-  from tipsito import paths  # pylint: disable=g-import-not-at-top
   cfg = paths.as_path(path) / 'config.json'
   if not cfg.is_file():
     return False
@@ -451,7 +455,6 @@ class _Taker:
 def _from_hub(take: _Taker, icfg: Mapping[str, Any], tcfg: Mapping[str, Any]) -> dict:
   """Hub tensors -> tipsito {'image', 'text'} params (the inverse of `to_hub_state`, layer scale folded)."""
   from flax import traverse_util  # pylint: disable=g-import-not-at-top
-  from tipsito.models import presets  # pylint: disable=g-import-not-at-top
   d, p, g = icfg['width'], icfg['patch_size'], icfg['posemb_grid']
   heads, nreg = icfg['num_heads'], icfg['num_cls_tokens'] - 1
   img: dict[str, np.ndarray] = {}
@@ -523,9 +526,6 @@ def _check_against_modules(icfg: Mapping[str, Any], tcfg: Mapping[str, Any],
   """Every param of the tipsito towers is filled, with its shape (the importer's strictness)."""
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from flax import traverse_util  # pylint: disable=g-import-not-at-top
-  from tipsito import tips_import  # pylint: disable=g-import-not-at-top
-  from tipsito.models.text import TextEncoder  # pylint: disable=g-import-not-at-top
-  from tipsito.models.vit import VisionTransformer  # pylint: disable=g-import-not-at-top
   p = icfg['patch_size']
   for what, module, dummy, tree in (
       ('image', VisionTransformer(**icfg), jnp.zeros((1, p, p, 3), jnp.float32), params['image']),
@@ -543,7 +543,6 @@ def read_hf_tipsv2(path) -> dict[str, Any]:
   Returns {'image_config', 'text_config', 'params' ({'image', 'text'}, numpy), 'temperature',
   'tokenizer_path' (or None), 'image_size' (preprocessor size or None), 'layout', 'notes'}.
   """
-  from tipsito import paths  # pylint: disable=g-import-not-at-top
   folder = paths.as_path(path)
   if not (folder / 'config.json').is_file():
     raise CheckpointFormatError(f'{os.fspath(folder)}: no config.json (not a Hugging Face model folder)')
@@ -587,7 +586,6 @@ def init_train_params(path, init_params: Mapping[str, Any], abstract_params: Map
   shardings of `abstract_params`, every process building only its own shards.
   """
   from flax import traverse_util  # pylint: disable=g-import-not-at-top
-  from tipsito.models import layer_stack  # pylint: disable=g-import-not-at-top
   r = read_hf_tipsv2(path)
   scan = {k: layer_stack.is_stacked(abstract_params[k]) for k in ('image', 'text') if k in abstract_params}
   loaded = layer_stack.to_layout(r['params'], scan)

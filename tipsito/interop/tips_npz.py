@@ -21,6 +21,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from tipsito import tips_import
+from tipsito import export_format
 
 VISION_FILE = 'vision.npz'
 TEXT_FILE = 'text.npz'
@@ -101,7 +102,6 @@ def write_tips_npz(output_dir, *, image_config: Mapping[str, Any], text_config: 
                    params: Mapping[str, Any], temperature: float, tokenizer_path=None) -> str:
   """Writes `vision.npz` + `text.npz` (+ `tokenizer.model`) that tipsito/tips_import.py reads back to the
   same params, bit for bit (checked here before anything is written)."""
-  from tipsito import export_format  # pylint: disable=g-import-not-at-top
   check_tips_style(image_config, text_config, params, 'tips_npz')
   mean = [float(x) for x in image_config.get('pixel_mean', (0.0, 0.0, 0.0))]
   std = [float(x) for x in image_config.get('pixel_std', (1.0, 1.0, 1.0))]

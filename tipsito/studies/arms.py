@@ -22,6 +22,7 @@ from typing import Any, Mapping, Sequence
 import ml_collections as mlc
 
 from tipsito.config import validation as config_validation
+from tipsito.data import prepare as data_prepare
 
 PLACEHOLDER = re.compile(r"\{workdir:([^{}]*)\}")
 ARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_+-]*$")  # a directory name
@@ -127,7 +128,6 @@ def apply_override(config: mlc.ConfigDict, key: str, value: Any, *, arm: str) ->
 def arm_config(study: mlc.ConfigDict, arm: Arm, seed: int, sweep_dir: str) -> mlc.ConfigDict:
   """The complete training config of (arm, seed): base + overrides + seed, data folders resolved (built-in
   datasets are built once into `<sweep_dir>/data`, shared by every run)."""
-  from tipsito.data import prepare as data_prepare  # pylint: disable=import-outside-toplevel
   config = copy.deepcopy(study.bases[arm.base])  # ConfigDict(c) would share c's field references
   for key, value in arm.overrides.items():
     apply_override(config, key, _resolve(value, sweep_dir, seed), arm=arm.name)

@@ -46,9 +46,9 @@ def loss_curves(run_dir: str) -> dict[str, list[list[float]]]:
 
 
 def state_metrics(config) -> dict[str, float]:
-  """Train-state size and parameter counts of `config` (tipsito/info.py's `compute_info`)."""
-  from tipsito import info  # pylint: disable=import-outside-toplevel
-  i = info.compute_info(config)
+  """Train-state size and parameter counts of `config` (tipsito/config_info.py's `compute_info`)."""
+  from tipsito import config_info  # lazy: builds the trainer's models; a --parallel/--dry_run sweep process never calls this
+  i = config_info.compute_info(config)
   return {"state/train_state_MiB": i["train_state_bytes"] / 2 ** 20,
           "state/params_M": i["student_params"] / 1e6,
           "state/ema_params_M": i["ema_params"] / 1e6,

@@ -5,7 +5,7 @@ finished, build the data once, run what is not finished, write results.json / re
 (tipsito/studies/results.py) after every finished run and the plots (tipsito/studies/plots.py) at the end.
 
 Resume: a run is finished when its `result.json` exists (written atomically after its final evals,
-tipsito/studies/job.py); finished runs are never rerun. Any other run trains in its run directory
+tipsito/studies/jobs.py); finished runs are never rerun. Any other run trains in its run directory
 `W/<arm>/seed_<s>`, so the training loop resumes it from its latest checkpoint. Killing the sweep at any
 moment and running the same command again therefore redoes at most the steps since each interrupted
 run's last checkpoint.
@@ -33,9 +33,15 @@ import time
 import traceback
 from typing import Callable, Optional, Sequence
 
+import tipsito
+from tipsito import distributed
+from tipsito.data import prepare as data_prepare
 from tipsito.studies import arms as arms_lib
-from tipsito.studies import job as job_lib
+from tipsito.studies import jobs as job_lib
+from tipsito.studies import plots as plots_lib
 from tipsito.studies import results as results_lib
+from tipsito.train import checkpointing
+from tipsito.train import workdir as workdir_lib
 
 PREEMPTED_EXIT_CODE = 75  # = tipsito.train.checkpointing.PREEMPTED_EXIT_CODE (EX_TEMPFAIL): rerun to resume
 PLOTS_DIR = "plots"
@@ -49,7 +55,6 @@ def _duration(seconds: float) -> str:
 
 
 def _latest_step(run_dir: str) -> Optional[int]:
-  from tipsito.train import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
   return workdir_lib.latest_checkpoint_step(run_dir) if os.path.isdir(run_dir) else None
 
 
@@ -108,10 +113,9 @@ def _dep_failed(job: arms_lib.Job, given_up: set) -> bool:
 
 
 def _run_in_process(todo, sweep_dir, progress, on_finished) -> bool:
-  """One job after the other, in this process (tipsito.studies.job.run). Returns whether a signal
+  """One job after the other, in this process (tipsito.studies.jobs.run). Returns whether a signal
   stopped the sweep."""
   from absl import logging  # pylint: disable=import-outside-toplevel
-  from tipsito.train import checkpointing  # pylint: disable=import-outside-toplevel
   for job in todo:
     if not _deps_finished(job, sweep_dir):  # arms come after their dependencies: one that failed
       progress.out(f"[sweep] {job.label}: skipped (depends on {list(job.arm.depends_on)}, not finished)")
@@ -139,7 +143,6 @@ def _run_in_process(todo, sweep_dir, progress, on_finished) -> bool:
 
 def _job_env(sweep_dir: str) -> dict:
   """The children import the same tipsito as the sweep, and share its compilation cache."""
-  import tipsito  # pylint: disable=import-outside-toplevel
   env = dict(os.environ)
   root = os.path.dirname(os.path.dirname(os.path.abspath(tipsito.__file__)))
   env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
@@ -247,7 +250,6 @@ def run_sweep(study, *, seeds: Sequence[int], workdir: str, parallel: int = 1,
     raise ValueError(f"--parallel={parallel}: must be >= 1")
   jobs = arms_lib.plan(study, seeds, sweep_dir, only)  # every config checked before anything runs
   if plots and not dry_run:
-    from tipsito.studies import plots as plots_lib  # pylint: disable=import-outside-toplevel
     plots_lib.check_available()
   out(f"[sweep] study {study.study}: {len({j.arm.name for j in jobs})} arms x {len(seeds)} seeds = "
       f"{len(jobs)} runs in {sweep_dir}")
@@ -287,7 +289,6 @@ def run_sweep(study, *, seeds: Sequence[int], workdir: str, parallel: int = 1,
   js, md = results_lib.write(summary, sweep_dir)
   written = [js, md]
   if plots:
-    from tipsito.studies import plots as plots_lib  # pylint: disable=import-outside-toplevel
     written += plots_lib.write_plots(summary, os.path.join(sweep_dir, PLOTS_DIR))
   unfinished = [j for j in jobs if not job_lib.is_finished(j.run_dir)]
   out(f"[sweep] {len(jobs) - len(unfinished)}/{len(jobs)} runs finished ({_duration(time.time() - t0)} "
@@ -303,7 +304,6 @@ def run_sweep(study, *, seeds: Sequence[int], workdir: str, parallel: int = 1,
 def _configure_in_process(sweep_dir: str) -> None:
   """JAX settings of the training programs, and the compilation cache shared by the runs."""
   import jax  # pylint: disable=import-outside-toplevel
-  from tipsito import distributed  # pylint: disable=import-outside-toplevel
   distributed.configure_jax()
   if not jax.config.jax_compilation_cache_dir:
     jax.config.update("jax_compilation_cache_dir", os.path.join(sweep_dir, "jax_cache"))
@@ -311,7 +311,6 @@ def _configure_in_process(sweep_dir: str) -> None:
 
 def _build_datasets(jobs: Sequence[arms_lib.Job]) -> None:
   """Built-in datasets (e.g. `shapes`) are built once, into the sweep's data folder, before any run."""
-  from tipsito.data import prepare as data_prepare  # pylint: disable=import-outside-toplevel
   done = set()
   for job in jobs:
     d = job.config.data

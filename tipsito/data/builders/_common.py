@@ -22,6 +22,8 @@ import sys
 import numpy as np
 from PIL import Image
 
+from tipsito import paths
+
 
 def _install_importlib_resources_shim() -> None:
   """Private shim: tfds 4.9.10 touches `importlib_resources.abc` whenever it builds a dataset from
@@ -196,7 +198,6 @@ class SkipReport:
 
   def write(self, directory: str | os.PathLike) -> str:
     """Writes `conversion_report.json` in `directory`; returns its path."""
-    from tipsito import paths  # pylint: disable=g-import-not-at-top
     path = paths.join(directory, REPORT_FILENAME) if paths.is_url(directory) else os.path.join(
         os.fspath(directory), REPORT_FILENAME)
     paths.as_path(path).write_text(json.dumps(self.to_dict(), indent=2, ensure_ascii=False), encoding="utf-8")
@@ -261,7 +262,6 @@ def _read_image_file(path: str) -> bytes:
       raise SkipInput(SKIP_MISSING_IMAGE, path)
     with open(path, "rb") as f:
       return f.read()
-  from tipsito import paths  # pylint: disable=g-import-not-at-top
   try:
     with paths.open_binary(path) as f:
       return f.read()
@@ -337,5 +337,5 @@ class SingleInputSplit:
 
   def _example_writer(self):
     """TFDS's record writer, also for a gs:// data_dir (tipsito/data/builders/_storage.py)."""
-    from tipsito.data.builders import _storage  # pylint: disable=g-import-not-at-top
+    from tipsito.data.builders import _storage  # lazy: imports TFDS; workers and sources import this module without it
     return _storage.ExampleWriter(file_format=self.info.file_format)
