@@ -27,6 +27,7 @@ STUDY_STEPS steps; docs/results.md says how this budget was chosen.
 The open choices of the fidelity review (the global view's crop scale, `loss_opts.dino_reduction`) are
 arms of the `ibot` study.
 """
+
 import importlib.util
 import pathlib
 
@@ -65,8 +66,9 @@ def _data_and_evals(c: mlc.ConfigDict, a: mlc.ConfigDict) -> mlc.ConfigDict:
   """
   args_lib.check_choice("data", a.data, ("openclipart", "shapes"))
   if a.data == "shapes":
-    c.data.build_options = dict(c.data.build_options, image_size=a.size,
-                                split_sizes={"train": a.train_images, "test": a.test_images})
+    c.data.build_options = dict(
+      c.data.build_options, image_size=a.size, split_sizes={"train": a.train_images, "test": a.test_images}
+    )
     eval_batch = min(50, a.test_images)
   else:
     c.data = defaults.data_config("openclipart", build_if_missing=True, label_key="label")
@@ -76,9 +78,15 @@ def _data_and_evals(c: mlc.ConfigDict, a: mlc.ConfigDict) -> mlc.ConfigDict:
   types = tuple(t for t in a.evals.split("+") if t)
   for t in types:
     args_lib.check_choice("evals", t, EVAL_TYPES)
-  suite = registry.builtin_evals(a.data, types=types, data_dir=a.data_dir or None, image_size=a.size,
-                                 batch_size=eval_batch, max_examples=a.eval_examples or None,
-                                 num_pictures=0)
+  suite = registry.builtin_evals(
+    a.data,
+    types=types,
+    data_dir=a.data_dir or None,
+    image_size=a.size,
+    batch_size=eval_batch,
+    max_examples=a.eval_examples or None,
+    num_pictures=0,
+  )
   c.evals = mlc.ConfigDict({cfg["type"]: cfg for cfg in suite.values()})
   if "knn" in c.evals and not a.eval_examples:
     c.evals.knn.max_train_examples = 1000  # as configs/demo.py
@@ -129,85 +137,132 @@ def _smoke(a):
   """The runner's own check (tests/test_sweep.py): two CLIP arms that differ in the data augmentation only
   (so that they share one compiled train step)."""
   return dict(
-      claim="(no paper claim) the sweep runner itself: two tiny CLIP arms, kill and resume",
-      metrics=("zeroshot/top1", "loss/total"),
-      bases={"clip": _base(a, "clip")},
-      arms=(_arm("augment_ito", "clip", {}, "ITO's crop, flip and colour augmentation"),
-            _arm("augment_none", "clip", {"input.augment": "none"}, "no augmentation")))
+    claim="(no paper claim) the sweep runner itself: two tiny CLIP arms, kill and resume",
+    metrics=("zeroshot/top1", "loss/total"),
+    bases={"clip": _base(a, "clip")},
+    arms=(
+      _arm("augment_ito", "clip", {}, "ITO's crop, flip and colour augmentation"),
+      _arm("augment_none", "clip", {"input.augment": "none"}, "no augmentation"),
+    ),
+  )
 
 
 def _ito(a):
   return dict(
-      claim=("ITO: a second augmented view contrasted with the caption plus the training-time fusion "
-             "loss (lambda = 2) beat CLIP at the same budget; lambda = 0 (two views, no fusion) separates "
-             "the second view from the fusion loss"),
-      metrics=GLOBAL + ("loss/clip",),
-      bases={"clip": _base(a, "clip"), "ito": _base(a, "ito")},
-      arms=(_arm("clip", "clip"),
-            _arm("ito_lambda0", "ito", {"loss.fusion": 0.0}, "two views, no fusion loss"),
-            _arm("ito_lambda2", "ito", {}, "the ITO recipe: fusion weight 2")))
+    claim=(
+      "ITO: a second augmented view contrasted with the caption plus the training-time fusion "
+      "loss (lambda = 2) beat CLIP at the same budget; lambda = 0 (two views, no fusion) separates "
+      "the second view from the fusion loss"
+    ),
+    metrics=GLOBAL + ("loss/clip",),
+    bases={"clip": _base(a, "clip"), "ito": _base(a, "ito")},
+    arms=(
+      _arm("clip", "clip"),
+      _arm("ito_lambda0", "ito", {"loss.fusion": 0.0}, "two views, no fusion loss"),
+      _arm("ito_lambda2", "ito", {}, "the ITO recipe: fusion weight 2"),
+    ),
+  )
 
 
 def _ibot(a):
   return dict(
-      claim=("TIPSv2: iBOT++ (the patch loss on every patch, not only the masked ones) improves zero-shot "
-             "segmentation over iBOT at the same budget"),
-      metrics=DENSE + GLOBAL,
-      bases={"tipsv2": _base(a, "tipsv2")},
-      arms=(_arm("ibot", "tipsv2", {"loss_opts.ibot_all_patches": False}, "masked patches only"),
-            _arm("ibot_pp", "tipsv2", {"loss_opts.ibot_all_patches": True}, "every patch (TIPSv2)"),
-            # The two open choices of the fidelity review, each one override away from the iBOT++ arm.
-            _arm("ibot_pp_global_crop_032", "tipsv2", {"input.global_crop_scale": (0.32, 1.0)},
-                 "iBOT++ with DINOv2's global crop (0.32-1.0) instead of the whole image"),
-            _arm("ibot_pp_dino_sum", "tipsv2", {"loss_opts.dino_reduction": "sum"},
-                 "iBOT++ with DINO summed over the local crops (TIPSv2 Eq. 1 read literally)")))
+    claim=(
+      "TIPSv2: iBOT++ (the patch loss on every patch, not only the masked ones) improves zero-shot "
+      "segmentation over iBOT at the same budget"
+    ),
+    metrics=DENSE + GLOBAL,
+    bases={"tipsv2": _base(a, "tipsv2")},
+    arms=(
+      _arm("ibot", "tipsv2", {"loss_opts.ibot_all_patches": False}, "masked patches only"),
+      _arm("ibot_pp", "tipsv2", {"loss_opts.ibot_all_patches": True}, "every patch (TIPSv2)"),
+      # The two open choices of the fidelity review, each one override away from the iBOT++ arm.
+      _arm(
+        "ibot_pp_global_crop_032",
+        "tipsv2",
+        {"input.global_crop_scale": (0.32, 1.0)},
+        "iBOT++ with DINOv2's global crop (0.32-1.0) instead of the whole image",
+      ),
+      _arm(
+        "ibot_pp_dino_sum",
+        "tipsv2",
+        {"loss_opts.dino_reduction": "sum"},
+        "iBOT++ with DINO summed over the local crops (TIPSv2 Eq. 1 read literally)",
+      ),
+    ),
+  )
 
 
 def _distill(a):
   teacher = "{workdir:teacher}"
   return dict(
-      claim=("TIPSv2 §3.1 / Table 2: distilling from a frozen teacher with no masking (mask ratio 0) into a "
-             "randomly initialised student gives the student patch-text alignment beyond the teacher's; "
-             "mask 0.75 or a student initialised from the teacher removes the gain"),
-      metrics=DENSE + GLOBAL,
-      bases={"tipsv2": _base(a, "tipsv2"), "distill": _base(a, "distill")},
-      arms=(_arm("teacher", "tipsv2", {}, "pretrained teacher (the students' frozen teacher)"),
-            _arm("student_mask0", "distill", {"distill.teacher": teacher}, "mask 0, random init (paper)"),
-            _arm("student_mask75", "distill",
-                 {"distill.teacher": teacher, "input.mask_ratio": 0.75, "model.image.use_mask_token": True},
-                 "mask 0.75, random init"),
-            _arm("student_mask0_init_teacher", "distill",
-                 {"distill.teacher": teacher, "distill.init_image": True},
-                 "mask 0, student image encoder initialised from the teacher")))
+    claim=(
+      "TIPSv2 §3.1 / Table 2: distilling from a frozen teacher with no masking (mask ratio 0) into a "
+      "randomly initialised student gives the student patch-text alignment beyond the teacher's; "
+      "mask 0.75 or a student initialised from the teacher removes the gain"
+    ),
+    metrics=DENSE + GLOBAL,
+    bases={"tipsv2": _base(a, "tipsv2"), "distill": _base(a, "distill")},
+    arms=(
+      _arm("teacher", "tipsv2", {}, "pretrained teacher (the students' frozen teacher)"),
+      _arm("student_mask0", "distill", {"distill.teacher": teacher}, "mask 0, random init (paper)"),
+      _arm(
+        "student_mask75",
+        "distill",
+        {"distill.teacher": teacher, "input.mask_ratio": 0.75, "model.image.use_mask_token": True},
+        "mask 0.75, random init",
+      ),
+      _arm(
+        "student_mask0_init_teacher",
+        "distill",
+        {"distill.teacher": teacher, "distill.init_image": True},
+        "mask 0, student image encoder initialised from the teacher",
+      ),
+    ),
+  )
 
 
 def _ema(a):
   return dict(
-      claim=("TIPSv2 §3.4: an EMA of the heads only (the teacher encoder is the student's own, under "
-             "stop-gradient) matches a full EMA teacher at a smaller train state"),
-      metrics=GLOBAL + DENSE + ("state/train_state_MiB", "state/ema_params_M"),
-      bases={"tipsv2": _base(a, "tipsv2")},
-      arms=(_arm("ema_head", "tipsv2", {"ema.mode": "head"}, "TIPSv2"),
-            _arm("ema_full", "tipsv2", {"ema.mode": "full"}, "TIPS")))
+    claim=(
+      "TIPSv2 §3.4: an EMA of the heads only (the teacher encoder is the student's own, under "
+      "stop-gradient) matches a full EMA teacher at a smaller train state"
+    ),
+    metrics=GLOBAL + DENSE + ("state/train_state_MiB", "state/ema_params_M"),
+    bases={"tipsv2": _base(a, "tipsv2")},
+    arms=(
+      _arm("ema_head", "tipsv2", {"ema.mode": "head"}, "TIPSv2"),
+      _arm("ema_full", "tipsv2", {"ema.mode": "full"}, "TIPS"),
+    ),
+  )
 
 
 def _captions(a):
   return dict(
-      claim=("TIPS: two CLS tokens, CLS1 with the alt-text and CLS2 with synthetic captions, beat one CLS "
-             "trained on the alt-text only"),
-      metrics=GLOBAL + DENSE,
-      bases={"tipsv2": _base(a, "tipsv2")},
-      arms=(_arm("alt_text_1cls", "tipsv2", {"model.image.num_cls_tokens": 1, "data.caption_keys": ()},
-                 "one CLS, alt-text only"),
-            _arm("synthetic_2cls", "tipsv2", {}, "two CLS: alt-text + synthetic captions (TIPSv2)")))
+    claim=(
+      "TIPS: two CLS tokens, CLS1 with the alt-text and CLS2 with synthetic captions, beat one CLS "
+      "trained on the alt-text only"
+    ),
+    metrics=GLOBAL + DENSE,
+    bases={"tipsv2": _base(a, "tipsv2")},
+    arms=(
+      _arm(
+        "alt_text_1cls",
+        "tipsv2",
+        {"model.image.num_cls_tokens": 1, "data.caption_keys": ()},
+        "one CLS, alt-text only",
+      ),
+      _arm("synthetic_2cls", "tipsv2", {}, "two CLS: alt-text + synthetic captions (TIPSv2)"),
+    ),
+  )
 
 
 def _tipsito(a):
   return dict(
-      claim="tipsito: ITO's second view and fusion loss added to TIPSv2 help at the same budget",
-      metrics=GLOBAL + DENSE,
-      bases={"tipsv2": _base(a, "tipsv2"), "tipsito": _base(a, "tipsito")},
-      arms=(_arm("tipsv2", "tipsv2"), _arm("tipsito", "tipsito")))
+    claim="tipsito: ITO's second view and fusion loss added to TIPSv2 help at the same budget",
+    metrics=GLOBAL + DENSE,
+    bases={"tipsv2": _base(a, "tipsv2"), "tipsito": _base(a, "tipsito")},
+    arms=(_arm("tipsv2", "tipsv2"), _arm("tipsito", "tipsito")),
+  )
 
 
 # Learning rates per optimizer: the one configs/demo.py uses, and a factor ~3 either side.
@@ -222,32 +277,59 @@ def _optimizer(a):
       bases[base] = _base(a, "tipsito", optim=optim, pixels=pixels)
       arms += [_arm(f"{base}_lr{lr:.0e}".replace("e-0", "e-"), base, {"optim.lr": lr}) for lr in lrs]
   return dict(
-      claim=("configs/demo.py: on the tiny towers AdamW (3e-3, no clipping) with CLIP pixel statistics "
-             "learns faster than the paper's Adafactor with TIPS pixels; here at three learning rates each"),
-      metrics=GLOBAL + DENSE, bases=bases, arms=tuple(arms))
+    claim=(
+      "configs/demo.py: on the tiny towers AdamW (3e-3, no clipping) with CLIP pixel statistics "
+      "learns faster than the paper's Adafactor with TIPS pixels; here at three learning rates each"
+    ),
+    metrics=GLOBAL + DENSE,
+    bases=bases,
+    arms=tuple(arms),
+  )
 
 
 # The per-run budget (steps at batch 32, 64 px, configs/demo.py's tiny/16 tower with patch 8; see
 # docs/results.md for how it was chosen): every study at 3 seeds in about 4 hours on 2 CPU cores.
 STUDY_STEPS = {"openclipart": 500, "shapes": 800}
 
-STUDIES = {"smoke": _smoke, "ito": _ito, "ibot": _ibot, "distill": _distill, "ema": _ema,
-           "captions": _captions, "tipsito": _tipsito, "optimizer": _optimizer}
+STUDIES = {
+  "smoke": _smoke,
+  "ito": _ito,
+  "ibot": _ibot,
+  "distill": _distill,
+  "ema": _ema,
+  "captions": _captions,
+  "tipsito": _tipsito,
+  "optimizer": _optimizer,
+}
 
 
 def get_config(arg=None):
   """The study `study=NAME`; see the module docstring for the args."""
-  a = args_lib.parse_arg(arg, study="smoke", steps=0, batch=32, size=64, data="", data_dir="",
-                         train_images=10000, test_images=200, eval_examples=0,
-                         evals="+".join(EVAL_TYPES), log_every=20, ckpt_every=100)
+  a = args_lib.parse_arg(
+    arg,
+    study="smoke",
+    steps=0,
+    batch=32,
+    size=64,
+    data="",
+    data_dir="",
+    train_images=10000,
+    test_images=200,
+    eval_examples=0,
+    evals="+".join(EVAL_TYPES),
+    log_every=20,
+    ckpt_every=100,
+  )
   args_lib.check_choice("study", a.study, STUDIES)
   if not a.data:  # the runner's smoke study on procedural shapes; the paper studies on openclipart
     a.data = "shapes" if a.study == "smoke" else "openclipart"
   if not a.steps:
     a.steps = STUDY_STEPS[a.data]
   if a.ckpt_every % a.log_every:
-    raise ValueError(f"config arg ckpt_every={a.ckpt_every} must be a multiple of log_every={a.log_every} "
-                     "(a run resumed from a checkpoint then logs the same per-step losses)")
+    raise ValueError(
+      f"config arg ckpt_every={a.ckpt_every} must be a multiple of log_every={a.log_every} "
+      "(a run resumed from a checkpoint then logs the same per-step losses)"
+    )
   s = STUDIES[a.study](a)
   c = mlc.ConfigDict()
   c.study = a.study

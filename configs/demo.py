@@ -46,6 +46,7 @@ probe of the same tiny towers on two-colour data, 800 steps; zero-shot shape acc
         tipsv2, big_vision Adafactor, paper settings, TIPS pixels    18.5% / 26.5% / 9.5%
   * global crops keep >= 70% of the image so the single object stays in view.
 """
+
 from tipsito.config import args
 from tipsito.config import defaults
 from tipsito.models import presets
@@ -54,8 +55,9 @@ from tipsito.objective import recipes
 
 def get_config(arg=None):
   """Demo config; see the module docstring for args."""
-  a = args.parse_arg(arg, steps=800, batch=32, size=64, recipe="tipsito", evals=True, optim="adamw",
-                       pixels="clip")
+  a = args.parse_arg(
+    arg, steps=800, batch=32, size=64, recipe="tipsito", evals=True, optim="adamw", pixels="clip"
+  )
   # Every recipe that trains without a teacher on disk (distill needs one).
   args.check_choice("recipe", a.recipe, [n for n, r in recipes.RECIPES.items() if r.teacher != "frozen"])
   args.check_choice("optim", a.optim, ("adamw", "adafactor"))
@@ -68,16 +70,29 @@ def get_config(arg=None):
   # colours but hardly shapes; measured on this demo: retrieval R@1 40% -> 56%).
   tips_px = a.pixels == "tips"
   patch = 8
-  c.model.image.update(dict(patch_size=patch, posemb_grid=8,
-                            pixel_mean=presets.TIPS_PIXEL_MEAN if tips_px else presets.CLIP_PIXEL_MEAN,
-                            pixel_std=presets.TIPS_PIXEL_STD if tips_px else presets.CLIP_PIXEL_STD))
+  c.model.image.update(
+    dict(
+      patch_size=patch,
+      posemb_grid=8,
+      pixel_mean=presets.TIPS_PIXEL_MEAN if tips_px else presets.CLIP_PIXEL_MEAN,
+      pixel_std=presets.TIPS_PIXEL_STD if tips_px else presets.CLIP_PIXEL_STD,
+    )
+  )
   c.model.heads.update(dict(num_prototypes=256, hidden_dim=128, bottleneck_dim=64))
   c.model.fusion.update(dict(width=64, depth=1, num_heads=4))
   # Local crops: half the global crop, rounded down to whole patches, since every training crop must be
   # whole patches (tipsito/config/validation.py): size=64 gives 32, size=72 gives 32 (not 36).
   local = max(patch, a.size // 2 // patch * patch)
-  c.input.update(dict(global_size=a.size, local_size=local, global_crop_scale=(0.7, 1.0),
-                      num_local=2 if "multicrop" in c.input.views else 0, num_workers=1, prefetch=2))
+  c.input.update(
+    dict(
+      global_size=a.size,
+      local_size=local,
+      global_crop_scale=(0.7, 1.0),
+      num_local=2 if "multicrop" in c.input.views else 0,
+      num_workers=1,
+      prefetch=2,
+    )
+  )
   # View 2 keeps view 1's augmentation and crop scale (the measured numbers below); tipsito's paper
   # default is ITO's photometric ops and crop scale on view 2 (`input.augment_view2='ito'`,
   # `input.view2_crop_scale=(0.5, 1.0)`), not measured on this demo.
@@ -88,19 +103,49 @@ def get_config(arg=None):
   # lets the heads settle on the uniform output (DINO/iBOT stuck at ln K); equipartition prevents that.
   c.loss_opts.teacher_method = "sinkhorn"
   if a.optim == "adamw":
-    c.optim.update(dict(name="adamw", lr=3e-3, warmup_steps=a.steps // 10, min_lr_ratio=0.05,
-                        weight_decay=1e-4, clip_norm=None, b1=0.9, b2=0.98, eps=1e-6))
+    c.optim.update(
+      dict(
+        name="adamw",
+        lr=3e-3,
+        warmup_steps=a.steps // 10,
+        min_lr_ratio=0.05,
+        weight_decay=1e-4,
+        clip_norm=None,
+        b1=0.9,
+        b2=0.98,
+        eps=1e-6,
+      )
+    )
   else:  # the paper optimizer (big_vision Adafactor) at the paper settings
-    c.optim.update(dict(name="adafactor", lr=1e-3, warmup_steps=a.steps // 10, min_lr_ratio=0.05,
-                        weight_decay=1e-4, clip_norm=1.0, momentum=0.9, momentum_dtype="float32",
-                        decay_rate=0.8, beta2_cap=0.999, min_dim_size_to_factor=32, eps=1e-30))
+    c.optim.update(
+      dict(
+        name="adafactor",
+        lr=1e-3,
+        warmup_steps=a.steps // 10,
+        min_lr_ratio=0.05,
+        weight_decay=1e-4,
+        clip_norm=1.0,
+        momentum=0.9,
+        momentum_dtype="float32",
+        decay_rate=0.8,
+        beta2_cap=0.999,
+        min_dim_size_to_factor=32,
+        eps=1e-30,
+      )
+    )
   c.ema.momentum = 0.99  # few steps: a faster teacher
-  c.data = defaults.data_config("shapes", build_if_missing=True, caption_keys=("caption_detailed",),
-                              label_key="label")
+  c.data = defaults.data_config(
+    "shapes", build_if_missing=True, caption_keys=("caption_detailed",), label_key="label"
+  )
   # 10k distinct training images: with 2k the tower memorises them (a supervised shape probe over 1200
   # steps reached 69% train and 19% test accuracy); building 10k takes ~10 s.
-  c.data.build_options = dict(split_sizes={"train": 10000, "test": 200}, image_size=a.size,
-                              max_objects=1, object_sizes=("large",), colours=("red",))
+  c.data.build_options = dict(
+    split_sizes={"train": 10000, "test": 200},
+    image_size=a.size,
+    max_objects=1,
+    object_sizes=("large",),
+    colours=("red",),
+  )
   c.ckpt.update(dict(every_steps=100, keep=2, async_save=True))
   c.log_every_steps = 20
   if a.evals:

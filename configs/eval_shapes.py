@@ -10,13 +10,22 @@ default), image_size (224), batch_size (32), max_examples (0 = all), num_picture
 tokenizer ('' = shipped demo model).
   python -m tipsito.evaluate --config configs/eval_shapes.py:image_size=56,max_examples=64 --checkpoint D
 """
+
 import ml_collections as mlc
 
 from tipsito.config import args
 from tipsito.config import defaults
 
-_DEFAULTS = dict(datasets="shapes", data_dir="", image_size=224, batch_size=32, max_examples=0,
-                 num_pictures=4, cls_index=0, tokenizer="")
+_DEFAULTS = dict(
+  datasets="shapes",
+  data_dir="",
+  image_size=224,
+  batch_size=32,
+  max_examples=0,
+  num_pictures=4,
+  cls_index=0,
+  tokenizer="",
+)
 
 
 def get_config(arg=None):
@@ -27,10 +36,17 @@ def get_config(arg=None):
   c = mlc.ConfigDict()
   evals = {}
   for ds in a["datasets"].split("+"):
-    evals.update(registry.builtin_evals(
-        ds, data_dir=a["data_dir"] or None, image_size=a["image_size"], batch_size=a["batch_size"],
-        max_examples=a["max_examples"] or None, num_pictures=a["num_pictures"],
-        cls_index=a["cls_index"]))
+    evals.update(
+      registry.builtin_evals(
+        ds,
+        data_dir=a["data_dir"] or None,
+        image_size=a["image_size"],
+        batch_size=a["batch_size"],
+        max_examples=a["max_examples"] or None,
+        num_pictures=a["num_pictures"],
+        cls_index=a["cls_index"],
+      )
+    )
   c.evals = mlc.ConfigDict(evals)
   c.tokenizer = a["tokenizer"] or None
   return defaults.typed_optionals(c)

@@ -9,6 +9,7 @@ Schedule (steps=0): `paper.ITO_STEPS` (tipsito/config/paper.py), ITO's "30 epoch
 
 Args: data (cc3m | cc12m | yfcc15m | laion100m | datacomp1b), steps, batch.
 """
+
 from tipsito.config import args
 from tipsito.config import paper
 

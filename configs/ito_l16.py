@@ -2,6 +2,7 @@
 
 Args: data (as ito_b16), steps, batch.
 """
+
 from tipsito.config import args
 from tipsito.config import paper
 

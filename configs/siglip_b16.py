@@ -2,6 +2,7 @@
 
 Args: data, steps, batch.
 """
+
 from tipsito.config import args
 from tipsito.config import defaults
 

@@ -18,6 +18,7 @@ argument is in configs/tipsv2_g14.py; the DINOv2 range is `--config.input.global
 
 Args: data (webli | cc12m | ...), steps, batch.
 """
+
 from tipsito.config import args
 from tipsito.config import defaults
 from tipsito.config import paper
@@ -30,8 +31,19 @@ def get_config(arg=None):
   c.model.image.update(dict(dtype="bfloat16", remat=True))
   c.model.text.update(dict(dtype="bfloat16"))
   c.data = defaults.data_config(a.data)
-  c.input.update(dict(views="multicrop_two_views", global_size=224, local_size=96, num_local=6,
-                      mask_ratio=0.75, augment="tips", global_crop_scale=paper.TIPSV2_GLOBAL_CROP_SCALE,
-                      augment_view2="ito", view2_crop_scale=paper.ITO_CROP_SCALE, num_workers=32))
+  c.input.update(
+    dict(
+      views="multicrop_two_views",
+      global_size=224,
+      local_size=96,
+      num_local=6,
+      mask_ratio=0.75,
+      augment="tips",
+      global_crop_scale=paper.TIPSV2_GLOBAL_CROP_SCALE,
+      augment_view2="ito",
+      view2_crop_scale=paper.ITO_CROP_SCALE,
+      num_workers=32,
+    )
+  )
   c.optim.update(dict(lr=1e-3, warmup_steps=10000, momentum_dtype="bfloat16"))
   return c

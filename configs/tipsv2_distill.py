@@ -13,6 +13,7 @@ range is `--config.input.global_crop_scale='(0.32, 1.0)'`). Stage 2 at 448 px: `
 
 Args: student (B | L | So400m), teacher (workdir or export dir), steps, batch.
 """
+
 from tipsito.config import args
 from tipsito.config import paper
 

@@ -7,13 +7,13 @@ heads (when the teacher has none of its own) and the DINO/iBOT centres of stage 
 Args: student (B | L | So400m), init (stage-1 distillation workdir), teacher (teacher workdir or export),
 init_teacher (continue | reset), steps, batch.
 """
+
 from tipsito.config import args
 from tipsito.config import paper
 
 
 def get_config(arg=None):
   """Stage-2 distillation config (params and teacher state from stage 1, fresh optimizer/schedule)."""
-  a = args.parse_arg(arg, student="B", init="", teacher="", init_teacher="continue", steps=9000,
-                     batch=4096)
+  a = args.parse_arg(arg, student="B", init="", teacher="", init_teacher="continue", steps=9000, batch=4096)
   c = paper.tipsv2_distill(a.student, teacher=a.teacher, total_steps=a.steps, batch_size=a.batch)
   return paper.high_resolution_stage(c, init=a.init, init_teacher=a.init_teacher)

@@ -18,6 +18,7 @@ a wider or taller one loses its sides to torchvision's fallback centre crop at t
 
 Args: variant (g/14 | So400m/14 | L/14 | B/14 | S/14), ema (head | full), steps, batch.
 """
+
 from tipsito.config import args
 from tipsito.config import paper
 

@@ -7,13 +7,15 @@ a mismatch, naming stage 1's mode). `init_teacher=reset` starts a new teacher fr
 
 Args: variant, init (stage-1 workdir), ema (head | full), init_teacher (continue | reset), steps, batch.
 """
+
 from tipsito.config import args
 from tipsito.config import paper
 
 
 def get_config(arg=None):
   """Stage-2 TIPSv2 config (params and teacher from stage 1, fresh optimizer/schedule)."""
-  a = args.parse_arg(arg, variant="g/14", init="", ema="head", init_teacher="continue", steps=9000,
-                     batch=4096)
+  a = args.parse_arg(
+    arg, variant="g/14", init="", ema="head", init_teacher="continue", steps=9000, batch=4096
+  )
   c = paper.tipsv2(a.variant, ema=a.ema, total_steps=a.steps, batch_size=a.batch)
   return paper.high_resolution_stage(c, init=a.init, init_teacher=a.init_teacher)

@@ -1,4 +1,5 @@
 """Shared pytest setup: CPU-only JAX, deterministic RNG, paths to the conformance vectors."""
+
 import os
 import pathlib
 
@@ -25,6 +26,7 @@ def data_dir(tmp_path_factory) -> str:
   """A tiny `shapes` dataset (48 train / 8 test images at 32 px) for tests that drive the real loop and
   pipeline; a test module may define its own `data_dir` instead."""
   from tipsito.data import convert  # pylint: disable=import-outside-toplevel
+
   d = str(tmp_path_factory.mktemp("data"))
   convert.convert("shapes", d, split_sizes={"train": 48, "test": 8}, image_size=32, verbose=False)
   return d
@@ -37,6 +39,7 @@ def run_synthetic_steps(config, steps: int):
   """
   from tipsito.data.synthetic import synthetic_batch  # pylint: disable=import-outside-toplevel
   from tipsito.train import assembly, sharding, step as step_lib  # pylint: disable=import-outside-toplevel
+
   mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
   setup = assembly.build(config, mesh, vocab_size=100)  # with config.distill's teacher, if any
   state = setup.init_state()

@@ -5,6 +5,7 @@ HF export of "a model tipsito trained" all start from one; the towers are tiny (
 patches on a 4x4 position grid, so 32 px is the native size), the pixels use the CLIP statistics (so the
 exported image-processor statistics matter), and the text tower uses the shipped demo tokenizer.
 """
+
 import fcntl
 import os
 
@@ -20,8 +21,9 @@ STEPS = (1, 2)
 
 def tiny_config(recipe="tipsv2"):
   c = defaults.tiny_config(recipe, image_size=32)
-  c.model.image.update(dict(patch_size=8, posemb_grid=4, pixel_mean=presets.CLIP_PIXEL_MEAN,
-                            pixel_std=presets.CLIP_PIXEL_STD))
+  c.model.image.update(
+    dict(patch_size=8, posemb_grid=4, pixel_mean=presets.CLIP_PIXEL_MEAN, pixel_std=presets.CLIP_PIXEL_STD)
+  )
   c.optim.lr = 3e-2  # a few steps move every tower parameter visibly away from its initialisation
   return c
 
@@ -31,6 +33,7 @@ def make_trained_workdir(wd, recipe="tipsv2"):
   host params})."""
   from tipsito.data.synthetic import synthetic_batch
   from tipsito.train import checkpointing, sharding, step as step_lib, workdir as workdir_lib
+
   c = tiny_config(recipe)
   mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
   setup = step_lib.build(c, mesh)
@@ -39,8 +42,7 @@ def make_trained_workdir(wd, recipe="tipsv2"):
   batch = sharding.global_batch(synthetic_batch(c, seed=1), mesh)
   frozen = setup.frozen()
   workdir_lib.save_config(c, str(wd))
-  ckpt = checkpointing.Checkpointer(str(wd / "checkpoints"), every_steps=1, keep=len(STEPS),
-                                    async_save=False)
+  ckpt = checkpointing.Checkpointer(str(wd / "checkpoints"), every_steps=1, keep=len(STEPS), async_save=False)
   params = {}
   for s in STEPS:
     state, _ = step_fn(state, batch, frozen)
@@ -52,11 +54,13 @@ def make_trained_workdir(wd, recipe="tipsv2"):
 
 def _save_params(path, params):
   from flax import traverse_util
+
   np.savez(path, **{k: np.asarray(v) for k, v in traverse_util.flatten_dict(params, sep="/").items()})
 
 
 def _load_params(path):
   from flax import traverse_util
+
   with np.load(path, allow_pickle=False) as f:
     return traverse_util.unflatten_dict({k: f[k] for k in f.files}, sep="/")
 

@@ -4,6 +4,7 @@ Why: these settings used to be accepted and then failed deep inside Flax or Orba
 the heads do not divide, a global or local training crop that is not whole patches, negative counts,
 keeping 0 checkpoints).
 """
+
 import importlib.util
 import pathlib
 
@@ -32,22 +33,30 @@ def _set(c, key, value):
 
 # (key, bad value, a good value, words the message must contain). The first five are the issue's cases.
 CASES = [
-    ("model.image.patch_size", 0, 8, ["config.model.image.patch_size=0", "integer >= 1"]),
-    ("model.image.width", 63, 64, ["config.model.image.width=63", "config.model.image.num_heads=4",
-                                   "60 or 64"]),
-    ("input.global_size", 30, 32, ["config.input.global_size=30", "config.model.image.patch_size=8",
-                                   "24 or 32"]),
-    ("input.num_local", -1, 0, ["config.input.num_local=-1", "integer >= 0"]),
-    ("ckpt.keep", 0, 1, ["config.ckpt.keep=0", "integer >= 1"]),
-    ("model.image.depth", 0, 1, ["config.model.image.depth=0", "integer >= 1"]),
-    ("model.text.width", 66, 64, ["config.model.text.width=66", "num_heads"]),
-    ("model.fusion.width", 30, 32, ["config.model.fusion.width=30", "model.fusion.num_heads=4"]),
-    ("model.heads.num_prototypes", 0, 16, ["config.model.heads.num_prototypes=0"]),
-    ("input.local_size", 4, 16, ["config.input.local_size=4", "integer >= 8"]),
-    ("input.num_workers", -2, 0, ["config.input.num_workers=-2", "integer >= 0"]),
-    ("input.num_epochs", 0, 1, ["config.input.num_epochs=0", "None or an integer >= 1"]),
-    ("log_every_steps", 0, 1, ["config.log_every_steps=0"]),
-    ("ckpt.every_steps", -1, 0, ["config.ckpt.every_steps=-1"]),
+  ("model.image.patch_size", 0, 8, ["config.model.image.patch_size=0", "integer >= 1"]),
+  (
+    "model.image.width",
+    63,
+    64,
+    ["config.model.image.width=63", "config.model.image.num_heads=4", "60 or 64"],
+  ),
+  (
+    "input.global_size",
+    30,
+    32,
+    ["config.input.global_size=30", "config.model.image.patch_size=8", "24 or 32"],
+  ),
+  ("input.num_local", -1, 0, ["config.input.num_local=-1", "integer >= 0"]),
+  ("ckpt.keep", 0, 1, ["config.ckpt.keep=0", "integer >= 1"]),
+  ("model.image.depth", 0, 1, ["config.model.image.depth=0", "integer >= 1"]),
+  ("model.text.width", 66, 64, ["config.model.text.width=66", "num_heads"]),
+  ("model.fusion.width", 30, 32, ["config.model.fusion.width=30", "model.fusion.num_heads=4"]),
+  ("model.heads.num_prototypes", 0, 16, ["config.model.heads.num_prototypes=0"]),
+  ("input.local_size", 4, 16, ["config.input.local_size=4", "integer >= 8"]),
+  ("input.num_workers", -2, 0, ["config.input.num_workers=-2", "integer >= 0"]),
+  ("input.num_epochs", 0, 1, ["config.input.num_epochs=0", "None or an integer >= 1"]),
+  ("log_every_steps", 0, 1, ["config.log_every_steps=0"]),
+  ("ckpt.every_steps", -1, 0, ["config.ckpt.every_steps=-1"]),
 ]
 
 
@@ -69,8 +78,11 @@ def test_local_crops_must_be_whole_patches():
   sees) is refused like the global crop; evaluation inputs keep the release's padding (not checked here)."""
   c = demo()
   c.input.local_size = 20  # patch 8
-  with pytest.raises(ConfigError, match=r"config\.input\.local_size=20 must be a multiple of "
-                                        r"config\.model\.image\.patch_size=8.*16 or 24"):
+  with pytest.raises(
+    ConfigError,
+    match=r"config\.input\.local_size=20 must be a multiple of "
+    r"config\.model\.image\.patch_size=8.*16 or 24",
+  ):
     config_validation.validate(c, num_devices=1)
   c.evals.zeroshot.image_size = 60  # an eval size that is not whole patches is still allowed
   c.input.local_size = 24

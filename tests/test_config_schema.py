@@ -6,6 +6,7 @@ Why: the config used to be described in four places (defaults, OPTIONAL_KEYS, va
 default)` reads), so a missing key was never caught and a default could differ between two places; and some
 numeric keys had no range (a zero temperature trained on NaN). A new key is now one line of schema.py.
 """
+
 import importlib
 import json
 import math
@@ -139,7 +140,9 @@ def _set(c, path, value):
     node[last] = value
 
 
-@pytest.mark.parametrize("path,value,words", [
+@pytest.mark.parametrize(
+  "path,value,words",
+  [
     ("optim.lr", 0.0, ["config.optim.lr=0.0", "> 0"]),
     ("loss_opts.teacher_temp", 0.0, ["config.loss_opts.teacher_temp=0.0", "> 0"]),
     ("loss_opts.student_temp", -0.1, ["config.loss_opts.student_temp=-0.1", "> 0"]),
@@ -158,7 +161,8 @@ def _set(c, path, value):
     ("input.shuffle", 1, ["config.input.shuffle=1", "[False, True]"]),
     ("model.image.num_cls_tokens", True, ["config.model.image.num_cls_tokens=True", "[1, 2]"]),
     ("input.views", "multicrops", ["config.input.views='multicrops'", "'multicrop_two_views'"]),
-])
+  ],
+)
 def test_out_of_range_value_names_key_and_range(path, value, words):
   c = demo()
   _set(c, path, value)
@@ -183,6 +187,7 @@ def test_missing_key_fails_loudly():
 def test_validation_builds_no_default_config(monkeypatch):
   def boom(*a, **k):
     raise AssertionError("validation built a default config")
+
   c = demo()
   monkeypatch.setattr(defaults, "base_config", boom)
   validation.validate(c, check_tokenizer=False)
@@ -220,9 +225,22 @@ def test_info_schema_lists_every_key():
 
 
 def test_info_schema_command():
-  out = subprocess.run([sys.executable, "-m", "tipsito.info", "--config", f"{ROOT}/configs/demo.py:steps=10",
-                        "--schema", "--json"], capture_output=True, text=True, cwd=ROOT, check=True,
-                       timeout=300).stdout
+  out = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "tipsito.info",
+      "--config",
+      f"{ROOT}/configs/demo.py:steps=10",
+      "--schema",
+      "--json",
+    ],
+    capture_output=True,
+    text=True,
+    cwd=ROOT,
+    check=True,
+    timeout=300,
+  ).stdout
   rows = json.loads(out.strip().splitlines()[-1])
   assert {r["key"] for r in rows} >= {k.path for k in schema.KEYS}
   assert {r["key"]: r for r in rows}["total_steps"]["value"] == "10"

@@ -3,6 +3,7 @@ what is allowed.
 
 Why: config mistakes must cost seconds on a laptop, never a pod allocation.
 """
+
 import importlib.util
 import os
 import pathlib
@@ -17,16 +18,16 @@ from tipsito.config.validation import ConfigError
 
 CONFIGS = pathlib.Path(__file__).resolve().parent.parent / "configs"
 PAPER = {
-    "demo.py": [None, "recipe=tipsv2", "recipe=clip"],
-    "tipsv2_g14.py": [None, "variant=B/14", "variant=B/14,ema=full"],
-    "tipsv2_g14_hires.py": [None, "init=/tmp/stage1"],
-    "tipsv2_distill.py": ["student=B", "student=L", "student=So400m"],
-    "tipsv2_distill_hires.py": ["student=B,init=/tmp/distill1", "student=L"],
-    "ito_b16.py": [f"data={d}" for d in ("cc3m", "cc12m", "yfcc15m", "laion100m", "datacomp1b")],
-    "ito_l16.py": [None],
-    "clip_b16.py": [None],
-    "siglip_b16.py": [None],
-    "tipsito_b16.py": [None],
+  "demo.py": [None, "recipe=tipsv2", "recipe=clip"],
+  "tipsv2_g14.py": [None, "variant=B/14", "variant=B/14,ema=full"],
+  "tipsv2_g14_hires.py": [None, "init=/tmp/stage1"],
+  "tipsv2_distill.py": ["student=B", "student=L", "student=So400m"],
+  "tipsv2_distill_hires.py": ["student=B,init=/tmp/distill1", "student=L"],
+  "ito_b16.py": [f"data={d}" for d in ("cc3m", "cc12m", "yfcc15m", "laion100m", "datacomp1b")],
+  "ito_l16.py": [None],
+  "clip_b16.py": [None],
+  "siglip_b16.py": [None],
+  "tipsito_b16.py": [None],
 }
 
 
@@ -44,18 +45,30 @@ def test_config_validates(name, arg):
   config_validation.validate(c, check_tokenizer=name == "demo.py")
 
 
-@pytest.mark.parametrize("name,vocab", [("tipsv2_g14.py", 32000), ("tipsv2_distill.py", 32000),
-                                        ("ito_b16.py", 49408), ("clip_b16.py", 49408),
-                                        ("siglip_b16.py", 32000), ("tipsito_b16.py", 32000)])
+@pytest.mark.parametrize(
+  "name,vocab",
+  [
+    ("tipsv2_g14.py", 32000),
+    ("tipsv2_distill.py", 32000),
+    ("ito_b16.py", 49408),
+    ("clip_b16.py", 49408),
+    ("siglip_b16.py", 32000),
+    ("tipsito_b16.py", 32000),
+  ],
+)
 def test_paper_config_refuses_the_demo_tokenizer(name, vocab):
   """The paper configs size the text embedding for the official tokenizers; left at the 2k demo model
   they fail validation with both numbers instead of training on 2k of the rows."""
   from tipsito.data import tokenizer as tok_lib
+
   c = load(name)
   demo = tok_lib.Tokenizer(None, flavour=c.model.text.flavour).vocab_size  # 'clip': + SOT/EOT
   assert c.tokenizer is None and c.model.text.vocab_size == vocab
-  with pytest.raises(ConfigError, match=rf"config\.tokenizer=None.*vocabulary of {demo}\b.* but "
-                                        rf"config\.model\.text\.vocab_size={vocab}"):
+  with pytest.raises(
+    ConfigError,
+    match=rf"config\.tokenizer=None.*vocabulary of {demo}\b.* but "
+    rf"config\.model\.text\.vocab_size={vocab}",
+  ):
     config_validation.validate(c)
   c.model.text.vocab_size = None  # ... or take the size from the tokenizer
   config_validation.validate(c)
@@ -73,7 +86,12 @@ def test_paper_settings():
   assert (c.total_steps, c.input.batch_size) == (90000, 8192)
   assert c.model.image.num_cls_tokens == 2 and c.model.image.ffn == "swiglu"
   h = load("tipsv2_g14_hires.py", "init=/x")
-  assert (h.input.global_size, h.input.local_size, h.total_steps, h.input.batch_size) == (448, 140, 9000, 4096)
+  assert (h.input.global_size, h.input.local_size, h.total_steps, h.input.batch_size) == (
+    448,
+    140,
+    9000,
+    4096,
+  )
   assert h.init_from == "/x"
   i = load("ito_b16.py", "data=cc3m")
   assert dict(i.loss) == {"clip": 0.5, "clip_view2": 0.5, "fusion": 2.0} and i.optim.name == "adamw"
@@ -82,7 +100,12 @@ def test_paper_settings():
   assert d.input.mask_ratio == 0.0 and d.model.image.width == 1024
   assert d.loss.feature == 0.0 and d.optim.name == "adafactor" and d.optim.momentum_dtype == "bfloat16"
   dh = load("tipsv2_distill_hires.py", "student=L,init=/d1,teacher=/t")
-  assert (dh.input.global_size, dh.input.local_size, dh.total_steps, dh.input.batch_size) == (448, 140, 9000, 4096)
+  assert (dh.input.global_size, dh.input.local_size, dh.total_steps, dh.input.batch_size) == (
+    448,
+    140,
+    9000,
+    4096,
+  )
   assert dh.init_from == "/d1" and dh.distill.teacher == "/t" and dh.recipe == "distill"
   assert dh.model.image.width == 1024 and dh.optim.lr == 2e-4
 
@@ -100,14 +123,17 @@ def test_wrong_key_names_key_and_valid_keys():
     config_validation.validate(c)
 
 
-@pytest.mark.parametrize("key,value,match", [
+@pytest.mark.parametrize(
+  "key,value,match",
+  [
     ("recipe", "tipsv3", r"config\.recipe='tipsv3'.*valid values.*'tipsv2'"),
     ("input.views", "multicrops", r"config\.input\.views='multicrops'.*'multicrop_two_views'"),
     ("ema.mode", "encoder", r"config\.ema\.mode='encoder'.*\['head', 'full', 'none'\]"),
     ("optim.name", "lamb", r"config\.optim\.name='lamb'.*'adafactor'"),
     ("input.mask_type", "grid", r"mask_type='grid'.*\['random', 'block'\]"),
     ("model.image.ffn", "geglu", r"ffn='geglu'.*\['mlp', 'swiglu'\]"),
-])
+  ],
+)
 def test_wrong_value_names_key_and_allowed(key, value, match):
   c = load("demo.py")
   node = c
@@ -153,6 +179,7 @@ def test_config_arg_errors():
 def test_pipeline_keys_are_declared_and_reach_the_pipeline():
   """Every knob the input pipeline reads is a declared config key (so validation accepts it) and is used."""
   from tipsito.data import pipeline
+
   c = load("demo.py")
   c.input.global_crop_scale = (0.6, 1.0)
   c.input.local_crop_scale = (0.1, 0.4)
@@ -185,16 +212,33 @@ def test_installed_package_validates_a_config_file(tmp_path):
   shutil.copytree(root / "tipsito", src / "tipsito", ignore=shutil.ignore_patterns("__pycache__"))
   shutil.copy(root / "setup.py", src / "setup.py")
   site = tmp_path / "site"
-  subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                  "--target", str(site), str(src)], check=True, capture_output=True)
+  subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "pip",
+      "install",
+      "-q",
+      "--no-deps",
+      "--no-build-isolation",
+      "--target",
+      str(site),
+      str(src),
+    ],
+    check=True,
+    capture_output=True,
+  )
   shutil.copy(CONFIGS / "tipsv2_g14_hires.py", tmp_path / "my_config.py")
-  script = ("import importlib.util, tipsito\n"
-            "assert tipsito.__file__.startswith(sys.argv[1]), tipsito.__file__\n"
-            "spec = importlib.util.spec_from_file_location('my_config', 'my_config.py')\n"
-            "mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)\n"
-            "from tipsito.config import validation\n"
-            "validation.validate(mod.get_config('variant=B/14,init=/x'), check_tokenizer=False)\n")
+  script = (
+    "import importlib.util, tipsito\n"
+    "assert tipsito.__file__.startswith(sys.argv[1]), tipsito.__file__\n"
+    "spec = importlib.util.spec_from_file_location('my_config', 'my_config.py')\n"
+    "mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)\n"
+    "from tipsito.config import validation\n"
+    "validation.validate(mod.get_config('variant=B/14,init=/x'), check_tokenizer=False)\n"
+  )
   env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
   env["PYTHONPATH"] = str(site)
-  subprocess.run([sys.executable, "-c", "import sys\n" + script, str(site)], cwd=tmp_path, env=env,
-                 check=True)
+  subprocess.run(
+    [sys.executable, "-c", "import sys\n" + script, str(site)], cwd=tmp_path, env=env, check=True
+  )

@@ -7,6 +7,7 @@ which worker ran what. The inputs are the planted-fault webdataset tars and capt
 tests/test_data_builders_generic.py. Beam runs as DirectRunner (Beam's FnApiRunner) with 2 worker
 processes (multi_processing), the mode closest to a real runner that this machine has.
 """
+
 import collections
 import glob
 import json
@@ -30,8 +31,9 @@ from test_data_builders_generic import _add, _corrupt_png, _jpeg, _png, table_di
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # .ci/run runs this file a second time in its Beam environment with TIPSITO_REQUIRE_BEAM=1: there a
 # missing Beam is a failure, not a skip.
-beam = (__import__("apache_beam") if os.environ.get("TIPSITO_REQUIRE_BEAM")
-        else pytest.importorskip("apache_beam"))
+beam = (
+  __import__("apache_beam") if os.environ.get("TIPSITO_REQUIRE_BEAM") else pytest.importorskip("apache_beam")
+)
 BEAM_2_WORKERS = ["--beam_runner", "DirectRunner", "--num_workers", "2"]
 
 
@@ -43,13 +45,16 @@ def _shard_records(dataset_dir):
   """
   import tensorflow as tf  # pylint: disable=import-outside-toplevel
   from array_record.python import array_record_data_source as ards  # pylint: disable=import-outside-toplevel
+
   out = {}
   for path in sorted(glob.glob(os.path.join(dataset_dir, "*.array_record-*"))):
     src = ards.ArrayRecordDataSource([path])
     recs = []
     for i in range(len(src)):
       feats = tf.train.Example.FromString(src[i]).features.feature
-      recs.append({k: tuple(feats[k].bytes_list.value) + tuple(feats[k].int64_list.value) for k in sorted(feats)})
+      recs.append(
+        {k: tuple(feats[k].bytes_list.value) + tuple(feats[k].int64_list.value) for k in sorted(feats)}
+      )
     out[os.path.basename(path)] = recs
   return out
 
@@ -80,22 +85,41 @@ def test_webdataset_on_beam_equals_single_machine(wds_dir, tmp_path):  # noqa: F
   _assert_same_dataset(single, on_beam)
   skipped = _report(on_beam)["skipped"]
   assert collections.Counter((s["item"], s["reason"]) for s in skipped) == {
-      ("shard-000000/0003", "zero-byte"): 1, ("shard-000000/0004", "corrupt image"): 1,
-      ("shard-000000/0005", "non-UTF-8 caption"): 1, ("shard-000001/0006", "missing image"): 1,
-      ("shard-000001/0007", "bad json"): 1, ("shard-000001/0008", "missing caption"): 1}
+    ("shard-000000/0003", "zero-byte"): 1,
+    ("shard-000000/0004", "corrupt image"): 1,
+    ("shard-000000/0005", "non-UTF-8 caption"): 1,
+    ("shard-000001/0006", "missing image"): 1,
+    ("shard-000001/0007", "bad json"): 1,
+    ("shard-000001/0008", "missing caption"): 1,
+  }
 
 
 def test_table_on_beam_equals_single_machine(table_dir, tmp_path):  # noqa: F811
   """The planted-fault caption table in units of 3 rows (4 units) through 2 Beam workers."""
-  args = ["table", "--input", str(table_dir / "caps.tsv"), "--num_shards", "2", "--config_name", "mycaps",
-          "--label_column", "label"]
+  args = [
+    "table",
+    "--input",
+    str(table_dir / "caps.tsv"),
+    "--num_shards",
+    "2",
+    "--config_name",
+    "mycaps",
+    "--label_column",
+    "label",
+  ]
   single = convert.main(args + ["--data_dir", str(tmp_path / "single"), "--num_workers", "2"])
-  on_beam = convert.main(args + ["--data_dir", str(tmp_path / "beam"), "--rows_per_unit", "3"] + BEAM_2_WORKERS)
+  on_beam = convert.main(
+    args + ["--data_dir", str(tmp_path / "beam"), "--rows_per_unit", "3"] + BEAM_2_WORKERS
+  )
   _assert_same_dataset(single, on_beam)
   skipped = _report(on_beam)["skipped"]
   assert sorted((os.path.basename(s["item"]), s["reason"]) for s in skipped) == [
-      ("corrupt.png", "corrupt image"), ("gray.gif", "missing caption"), ("missing.png", "missing image"),
-      ("ok1.png", "non-UTF-8 caption"), ("zero.png", "zero-byte")]
+    ("corrupt.png", "corrupt image"),
+    ("gray.gif", "missing caption"),
+    ("missing.png", "missing image"),
+    ("ok1.png", "non-UTF-8 caption"),
+    ("zero.png", "zero-byte"),
+  ]
 
 
 def test_exact_shards_many_boundaries(tmp_path):
@@ -103,6 +127,7 @@ def test_exact_shards_many_boundaries(tmp_path):
   single-machine writer's slice of the key-sorted records; the boundary search agrees with a sort."""
   import random  # pylint: disable=import-outside-toplevel
   from tipsito.data import beam_convert  # pylint: disable=import-outside-toplevel
+
   (tmp_path / "img").mkdir()
   rows = ["image\tcaption"]
   for i in range(60):
@@ -111,8 +136,19 @@ def test_exact_shards_many_boundaries(tmp_path):
   (tmp_path / "t.tsv").write_text("\n".join(rows) + "\n")
   args = ["table", "--input", str(tmp_path / "t.tsv"), "--num_shards", "7"]
   single = convert.main(args + ["--data_dir", str(tmp_path / "single"), "--num_workers", "1"])
-  on_beam = convert.main(args + ["--data_dir", str(tmp_path / "beam"), "--rows_per_unit", "9",
-                                 "--beam_runner", "DirectRunner", "--num_workers", "1"])
+  on_beam = convert.main(
+    args
+    + [
+      "--data_dir",
+      str(tmp_path / "beam"),
+      "--rows_per_unit",
+      "9",
+      "--beam_runner",
+      "DirectRunner",
+      "--num_workers",
+      "1",
+    ]
+  )
   _assert_same_dataset(single, on_beam)
   assert [len(r) for r in _shard_records(on_beam.dataset_dir).values()] == [9, 8, 9, 8, 9, 8, 9]
 
@@ -120,8 +156,11 @@ def test_exact_shards_many_boundaries(tmp_path):
   writer = beam_convert.ExactShardBeamWriter
   for n, shards in ((60, 7), (1000, 13), (5, 5), (17, 1)):
     keys = sorted(rng.getrandbits(128) for _ in range(n))
-    plan = {"num_shards": shards, "boundaries": [round(n * i / shards) for i in range(1, shards + 1)],
-            "buckets": beam_convert.FINE_BUCKETS_PER_SHARD * shards}
+    plan = {
+      "num_shards": shards,
+      "boundaries": [round(n * i / shards) for i in range(1, shards + 1)],
+      "buckets": beam_convert.FINE_BUCKETS_PER_SHARD * shards,
+    }
     by_bucket = collections.defaultdict(list)
     for k in keys:
       by_bucket[writer._bucket(k, plan)].append(k)
@@ -135,8 +174,11 @@ def _tar(path, index, bad=False):
   with tarfile.open(path, "w") as t:
     for j in range(3):
       _add(t, f"{index:02d}{j}.png", _corrupt_png() if bad and j == 1 else _png(10 * index + j))
-      _add(t, f"{index:02d}{j}.json", json.dumps({"caption": f"shard {index} sample {j}",
-                                                   "gemini": f"g {index}{j}"}).encode())
+      _add(
+        t,
+        f"{index:02d}{j}.json",
+        json.dumps({"caption": f"shard {index} sample {j}", "gemini": f"g {index}{j}"}).encode(),
+      )
 
 
 def test_killed_beam_conversion_resumes_without_redoing_finished_units(tmp_path):
@@ -153,14 +195,30 @@ def test_killed_beam_conversion_resumes_without_redoing_finished_units(tmp_path)
       shutil.copy(ref / f"shard-{i:06d}.tar", job / f"shard-{i:06d}.tar")
   os.mkfifo(job / "shard-000002.tar")
   common = ["--caption_columns", "gemini", "--num_shards", "2"]
-  single = convert.main(["webdataset", "--input", str(ref / "shard-{000000..000003}.tar"),
-                         "--data_dir", str(tmp_path / "single")] + common)
+  single = convert.main(
+    ["webdataset", "--input", str(ref / "shard-{000000..000003}.tar"), "--data_dir", str(tmp_path / "single")]
+    + common
+  )
   out = tmp_path / "beam"
-  cmd = [sys.executable, "-m", "tipsito.data.convert", "webdataset", "--input",
-         str(job / "shard-{000000..000003}.tar"), "--data_dir", str(out)] + common + BEAM_2_WORKERS
+  cmd = (
+    [
+      sys.executable,
+      "-m",
+      "tipsito.data.convert",
+      "webdataset",
+      "--input",
+      str(job / "shard-{000000..000003}.tar"),
+      "--data_dir",
+      str(out),
+    ]
+    + common
+    + BEAM_2_WORKERS
+  )
   env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "3"}
   log = open(tmp_path / "killed.log", "w")
-  proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+  proc = subprocess.Popen(
+    cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+  )
   marks = os.path.join(out, "_units", "webdataset", "default", "1.0.0", "train-*", "unit-*.json")
   try:
     deadline = time.time() + 300
@@ -181,8 +239,14 @@ def test_killed_beam_conversion_resumes_without_redoing_finished_units(tmp_path)
   rerun = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
   assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
   assert f"{len(done)} of 4 units already converted" in rerun.stdout
-  on_beam = convert.convert("webdataset", str(out), input_path=str(job / "shard-{000000..000003}.tar"),
-                            caption_columns=["gemini"], num_shards=2, verbose=False)  # already prepared
+  on_beam = convert.convert(
+    "webdataset",
+    str(out),
+    input_path=str(job / "shard-{000000..000003}.tar"),
+    caption_columns=["gemini"],
+    num_shards=2,
+    verbose=False,
+  )  # already prepared
   assert on_beam.report is None
   with open(os.path.join(on_beam.dataset_dir, _common.REPORT_FILENAME), encoding="utf-8") as f:
     assert json.load(f) == _report(single)
@@ -196,6 +260,7 @@ def test_unit_commits_only_when_complete_and_is_read_back(tmp_path):
   final name; converted to the end it commits; converted again it is read back, input untouched."""
   from tipsito.data import beam_convert  # pylint: disable=import-outside-toplevel
   from tipsito.data.builders import webdataset  # pylint: disable=import-outside-toplevel
+
   _tar(tmp_path / "s.tar", 0, bad=True)
   reader, cache = webdataset.ShardReader(["gemini"]), str(tmp_path / "cache")
   unit = pickle.dumps((str(tmp_path / "s.tar"), None))
@@ -203,7 +268,9 @@ def test_unit_commits_only_when_complete_and_is_read_back(tmp_path):
   first = next(gen)
   next(gen)  # the unit's last record: the worker dies before the unit ends
   gen.close()
-  assert not glob.glob(os.path.join(cache, "unit-000000.json")) and not glob.glob(os.path.join(cache, "*.records"))
+  assert not glob.glob(os.path.join(cache, "unit-000000.json")) and not glob.glob(
+    os.path.join(cache, "*.records")
+  )
   records = list(beam_convert.convert_unit(reader, cache, 0, unit))
   assert records[0] == first and [k for k, _ in records] == ["s/000", "s/002"]
   report, missing = beam_convert.merge_reports(cache, 2, "webdataset")
@@ -226,6 +293,7 @@ def test_runner_and_options():
   from apache_beam.options import pipeline_options  # pylint: disable=import-outside-toplevel
   from apache_beam.runners.portability.fn_api_runner import fn_runner  # pylint: disable=import-outside-toplevel
   from tipsito.data import beam_convert  # pylint: disable=import-outside-toplevel
+
   runner, options = beam_convert.runner_and_options("DirectRunner", None, 2)
   assert isinstance(runner, fn_runner.FnApiRunner)
   direct = options.view_as(pipeline_options.DirectOptions)
@@ -243,8 +311,15 @@ def test_brace_ranges_and_unsupported_builder(tmp_path):
   assert paths.expand_braces("{a,b}-{0..1}") == ["a-0", "a-1", "b-0", "b-1"]
   assert paths.expand_braces("plain.tar") == ["plain.tar"]
   with pytest.raises(ValueError, match="table and webdataset"):
-    convert.convert("shapes", str(tmp_path), split_sizes={"train": 4, "test": 2}, image_size=16,
-                    num_workers=1, verbose=False, beam_runner="DirectRunner")
+    convert.convert(
+      "shapes",
+      str(tmp_path),
+      split_sizes={"train": 4, "test": 2},
+      image_size=16,
+      num_workers=1,
+      verbose=False,
+      beam_runner="DirectRunner",
+    )
 
 
 def test_all_skipped_on_beam_reports_like_single_machine(tmp_path):
@@ -252,8 +327,15 @@ def test_all_skipped_on_beam_reports_like_single_machine(tmp_path):
   fixes it, and leaves no unit cache behind (nothing to resume)."""
   (tmp_path / "t.tsv").write_text("image\tcaption\n" + "".join(f"img/{i}.png\tc {i}\n" for i in range(5)))
   with pytest.raises(convert.ConversionError) as e:
-    convert.convert("table", str(tmp_path / "out"), input_path=str(tmp_path / "t.tsv"), num_workers=1,
-                    verbose=False, beam_runner="DirectRunner", rows_per_unit=2)
+    convert.convert(
+      "table",
+      str(tmp_path / "out"),
+      input_path=str(tmp_path / "t.tsv"),
+      num_workers=1,
+      verbose=False,
+      beam_runner="DirectRunner",
+      rows_per_unit=2,
+    )
   msg = str(e.value)
   assert "every input was skipped" in msg and "missing image: 5" in msg and "--image_root" in msg
   with open(tmp_path / "out" / f"table_{_common.REPORT_FILENAME}", encoding="utf-8") as f:

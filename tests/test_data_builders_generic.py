@@ -3,6 +3,7 @@
 Why: real corpora contain broken files; the converter must skip exactly the bad ones, say why
 (report JSON next to the data), shard the output, and keep every caption column.
 """
+
 import io
 import json
 import os
@@ -60,7 +61,9 @@ def table_dir(tmp_path):
   (img / "corrupt.png").write_bytes(_corrupt_png())
   lines = [b"image\talt_text\tpaligemma\tgemini\tlabel"]
   for i in range(5):
-    lines.append(f"images/ok{i}.png\tPicture {i}\tpg caption {i}\tgemini caption {i}\t{'cat' if i % 2 else 'dog'}".encode())
+    lines.append(
+      f"images/ok{i}.png\tPicture {i}\tpg caption {i}\tgemini caption {i}\t{'cat' if i % 2 else 'dog'}".encode()
+    )
   lines.append("images/ok5.jpg\t\u201cA jpeg\u201d\t\tgemini 5\tcat".encode())
   lines.append(b"images/zero.png\tzero\tx\tx\tdog")
   lines.append(b"images/corrupt.png\tcorrupt\tx\tx\tdog")
@@ -74,22 +77,49 @@ def table_dir(tmp_path):
 def test_table_skips_and_reports(table_dir, tmp_path):
   """Exactly the planted bad rows are skipped, per reason; caption columns and labels survive."""
   out = tmp_path / "tfds"
-  result = convert.main(["table", "--data_dir", str(out), "--input", str(table_dir / "caps.tsv"),
-                         "--num_workers", "2", "--num_shards", "2", "--config_name", "mycaps",
-                         "--label_column", "label"])
+  result = convert.main(
+    [
+      "table",
+      "--data_dir",
+      str(out),
+      "--input",
+      str(table_dir / "caps.tsv"),
+      "--num_workers",
+      "2",
+      "--num_shards",
+      "2",
+      "--config_name",
+      "mycaps",
+      "--label_column",
+      "label",
+    ]
+  )
   rep = _bad_report(result)
   assert rep["total"] == 11 and rep["written"] == 6 and rep["num_skipped"] == 5
-  assert rep["by_reason"] == {"zero-byte": 1, "corrupt image": 1, "missing image": 1, "missing caption": 1,
-                              "non-UTF-8 caption": 1}
+  assert rep["by_reason"] == {
+    "zero-byte": 1,
+    "corrupt image": 1,
+    "missing image": 1,
+    "missing caption": 1,
+    "non-UTF-8 caption": 1,
+  }
   assert result.split_sizes == {"train": 6}
   shards = [f for f in os.listdir(result.dataset_dir) if ".array_record-" in f]
   assert len(shards) == 2
 
   import tensorflow_datasets as tfds
+
   ds = tfds.data_source("table/mycaps", data_dir=str(out), decoders={"image": tfds.decode.SkipDecoding()})
   assert len(ds["train"]) == 6
-  src, info = sources.open_source({"name": "table/mycaps", "split": "train", "data_dir": str(out),
-                                   "caption_keys": ("caption_paligemma", "caption_gemini"), "label_key": "label"})
+  src, info = sources.open_source(
+    {
+      "name": "table/mycaps",
+      "split": "train",
+      "data_dir": str(out),
+      "caption_keys": ("caption_paligemma", "caption_gemini"),
+      "label_key": "label",
+    }
+  )
   assert info.label_names == ("cat", "dog")
   recs = sorted((src[i] for i in range(len(src))), key=lambda r: r["id"])
   alts = [r["alt_text"] for r in recs]
@@ -165,16 +195,28 @@ def test_webdataset_skips_and_reports(wds_dir, tmp_path):
   result = convert.main(["webdataset", "--data_dir", str(out), "--input", str(wds_dir), "--num_workers", "2"])
   rep = _bad_report(result)
   assert rep["total"] == 11 and rep["written"] == 5, rep
-  assert rep["by_reason"] == {"zero-byte": 1, "corrupt image": 1, "non-UTF-8 caption": 1, "missing image": 1,
-                              "bad json": 1, "missing caption": 1}
+  assert rep["by_reason"] == {
+    "zero-byte": 1,
+    "corrupt image": 1,
+    "non-UTF-8 caption": 1,
+    "missing image": 1,
+    "bad json": 1,
+    "missing caption": 1,
+  }
   import tensorflow_datasets as tfds
+
   ds = tfds.data_source("webdataset", data_dir=str(out), decoders={"image": tfds.decode.SkipDecoding()})
   assert len(ds["train"]) == 5
   src, info = sources.open_source({"name": "webdataset", "data_dir": str(out), "split": "train"})
   assert info.caption_keys == ("caption_gemini", "caption_paligemma")
   recs = {src[i]["id"]: src[i] for i in range(len(src))}
-  assert set(recs) == {"shard-000000/0001", "shard-000000/0002", "shard-000001/sub/0001",
-                       "shard-000001/0009", "shard-000001/0010"}
+  assert set(recs) == {
+    "shard-000000/0001",
+    "shard-000000/0002",
+    "shard-000001/sub/0001",
+    "shard-000001/0009",
+    "shard-000001/0010",
+  }
   assert recs["shard-000000/0001"]["caption_gemini"] == "gemini one"
   assert recs["shard-000000/0002"]["alt_text"] == "caption from json"
   assert recs["shard-000000/0002"]["caption_paligemma"] == "pg two"
@@ -187,10 +229,27 @@ def test_cli_module_runs(tmp_path):
   """`python -m tipsito.data.convert` works as a process (argument parsing, exit code)."""
   out = tmp_path / "cli"
   proc = subprocess.run(
-      [sys.executable, "-m", "tipsito.data.convert", "shapes", "--data_dir", str(out), "--config_name", "cli",
-       "--image_size", "24", "--split_sizes", "train=6,test=2", "--num_workers", "1"],
-      capture_output=True, text=True, timeout=120,
-      cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    [
+      sys.executable,
+      "-m",
+      "tipsito.data.convert",
+      "shapes",
+      "--data_dir",
+      str(out),
+      "--config_name",
+      "cli",
+      "--image_size",
+      "24",
+      "--split_sizes",
+      "train=6,test=2",
+      "--num_workers",
+      "1",
+    ],
+    capture_output=True,
+    text=True,
+    timeout=120,
+    cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+  )
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert "{'train': 6, 'test': 2}" in proc.stdout
   src, _ = sources.open_source({"name": "shapes/cli", "data_dir": str(out), "split": "test"})
@@ -207,8 +266,10 @@ def test_missing_input_errors(tmp_path):
 
 def test_num_shards_choice():
   """~4096 records per shard in the largest split, never more shards than the smallest split has."""
+
   class Fake:
     """Minimal stand-in for a builder."""
+
     def __init__(self, sizes):
       """Holds the fixed split sizes."""
       self.sizes = sizes

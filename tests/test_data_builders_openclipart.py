@@ -6,6 +6,7 @@ planted fault (broken PNG, PNG without SVG, SVG without PNG, malformed SVG, file
 folders) and the package's fully transparent PNGs is skipped and reported once with its reason, while an SVG without metadata is kept with the
 title taken from the file name. The split is recomputed here from the rule the builder's docstring states.
 """
+
 import hashlib
 import io
 import json
@@ -21,31 +22,56 @@ from tipsito.data import convert
 from tipsito.data import sources
 
 PKG = "/usr/share/openclipart"
-pytestmark = pytest.mark.skipif(not (os.path.isdir(f"{PKG}/png") and os.path.isdir(f"{PKG}/svg")),
-                                reason="openclipart-png / openclipart-svg not installed")
+pytestmark = pytest.mark.skipif(
+  not (os.path.isdir(f"{PKG}/png") and os.path.isdir(f"{PKG}/svg")),
+  reason="openclipart-png / openclipart-svg not installed",
+)
 
 MAX_SIDE = 160
 # Real drawings copied as they are (relative paths without extension).
-REAL = ("food/fries_ganson",                                   # 155x130 RGBA, title = description
-        "geography/map_of_poland_guziec_",                     # LA, a byte copy of the next one
-        "signs_and_symbols/map_symbols/map_of_poland_guziec_",
-        "signs_and_symbols/flags/europe/vatican",              # RGB: no transparency
-        "food/beverages/apple_juice_box",                      # 'test' by its name
-        "computer/icons/atom_button_roman_bertle_01",          # P with tRNS, 50x20, noisy title
-        "food/desserts/cone_alt1_bw",
-        "food/vegetables/onion_joerg_rosenbauer_01",           # description 'HASH(0x...)', keyword '11'
-        "shapes/stars/star_34pt05step")                        # faint lines: alpha <= 72 everywhere
+REAL = (
+  "food/fries_ganson",  # 155x130 RGBA, title = description
+  "geography/map_of_poland_guziec_",  # LA, a byte copy of the next one
+  "signs_and_symbols/map_symbols/map_of_poland_guziec_",
+  "signs_and_symbols/flags/europe/vatican",  # RGB: no transparency
+  "food/beverages/apple_juice_box",  # 'test' by its name
+  "computer/icons/atom_button_roman_bertle_01",  # P with tRNS, 50x20, noisy title
+  "food/desserts/cone_alt1_bw",
+  "food/vegetables/onion_joerg_rosenbauer_01",  # description 'HASH(0x...)', keyword '11'
+  "shapes/stars/star_34pt05step",
+)  # faint lines: alpha <= 72 everywhere
 COPY = "containers/juice_box_copy"  # apple_juice_box's bytes under another name ('train' by its own name)
-NO_META = "food/fruit/lime_slice_ganson"                       # SVG with its <metadata> removed
-BROKEN_PNG = "animals/crawfish2_bw_ganson"                     # PNG truncated to 300 bytes
+NO_META = "food/fruit/lime_slice_ganson"  # SVG with its <metadata> removed
+BROKEN_PNG = "animals/crawfish2_bw_ganson"  # PNG truncated to 300 bytes
 PNG_ONLY = "plants/albero_architetto_france_01"
 SVG_ONLY = "animals/2_dead_frogs_lumen_desig_01"
-BAD_SVG = "plants/acorn_jonathan_dietrich_01"                  # SVG truncated mid-tag
-STRAY = "stray"                                                # at the top, in no category folder
-BLANK = "special/gradients/gradient-americana"                 # real package PNG, alpha 0 everywhere
-CATEGORIES = ("animals", "buildings", "buttons", "computer", "containers", "decorations", "education",
-              "electronics", "food", "geography", "logos", "office", "people", "plants", "recreation",
-              "science", "shapes", "signs_and_symbols", "special", "tools", "transportation", "unsorted")
+BAD_SVG = "plants/acorn_jonathan_dietrich_01"  # SVG truncated mid-tag
+STRAY = "stray"  # at the top, in no category folder
+BLANK = "special/gradients/gradient-americana"  # real package PNG, alpha 0 everywhere
+CATEGORIES = (
+  "animals",
+  "buildings",
+  "buttons",
+  "computer",
+  "containers",
+  "decorations",
+  "education",
+  "electronics",
+  "food",
+  "geography",
+  "logos",
+  "office",
+  "people",
+  "plants",
+  "recreation",
+  "science",
+  "shapes",
+  "signs_and_symbols",
+  "special",
+  "tools",
+  "transportation",
+  "unsorted",
+)
 
 
 def _rule(key: str) -> str:
@@ -88,12 +114,24 @@ def built(tmp_path_factory):
   _copy("food/fries_ganson", tree, STRAY)
   _copy(BLANK, tree)
   data_dir = str(tmp_path_factory.mktemp("openclipart_data"))
-  result = convert.main(["openclipart", "--data_dir", data_dir, "--input", tree, "--num_workers", "1",
-                         "--image_size", str(MAX_SIDE)])
+  result = convert.main(
+    [
+      "openclipart",
+      "--data_dir",
+      data_dir,
+      "--input",
+      tree,
+      "--num_workers",
+      "1",
+      "--image_size",
+      str(MAX_SIDE),
+    ]
+  )
   records = {}
   for split in result.split_sizes:
-    src, _ = sources.open_source({"name": "openclipart", "split": split, "data_dir": data_dir,
-                                  "label_key": "label"})
+    src, _ = sources.open_source(
+      {"name": "openclipart", "split": split, "data_dir": data_dir, "label_key": "label"}
+    )
     for i in range(len(src)):
       r = src[i]
       records[r["id"]] = dict(r, split=split)
@@ -104,16 +142,22 @@ def test_report_names_each_planted_fault_once(built):
   """Each planted fault is skipped exactly once with its reason; the SVG without metadata is kept."""
   tree, _, result, _ = built
   rep = result.report
-  assert rep.by_reason == {"corrupt image": 1, "missing caption": 1, "missing image": 1, "bad svg": 1,
-                           "unknown category": 1, "blank image": 1}
+  assert rep.by_reason == {
+    "corrupt image": 1,
+    "missing caption": 1,
+    "missing image": 1,
+    "bad svg": 1,
+    "unknown category": 1,
+    "blank image": 1,
+  }
   skipped = {s["item"]: s["reason"] for s in rep.skipped}
   assert skipped == {
-      os.path.join(tree, "png", BROKEN_PNG + ".png"): "corrupt image",
-      os.path.join(tree, "png", PNG_ONLY + ".png"): "missing caption",
-      os.path.join(tree, "svg", SVG_ONLY + ".svg"): "missing image",
-      os.path.join(tree, "svg", BAD_SVG + ".svg"): "bad svg",
-      os.path.join(tree, "png", STRAY + ".png"): "unknown category",
-      os.path.join(tree, "png", BLANK + ".png"): "blank image",
+    os.path.join(tree, "png", BROKEN_PNG + ".png"): "corrupt image",
+    os.path.join(tree, "png", PNG_ONLY + ".png"): "missing caption",
+    os.path.join(tree, "svg", SVG_ONLY + ".svg"): "missing image",
+    os.path.join(tree, "svg", BAD_SVG + ".svg"): "bad svg",
+    os.path.join(tree, "png", STRAY + ".png"): "unknown category",
+    os.path.join(tree, "png", BLANK + ".png"): "blank image",
   }
   assert len(rep.skipped) == 6 and rep.total == 17 and rep.written == 11
   assert rep.notes["title from file name"] == 1  # NO_META only
@@ -122,7 +166,8 @@ def test_report_names_each_planted_fault_once(built):
   assert on_disk["by_reason"] == rep.by_reason and on_disk["stats"]["notes"] == rep.notes
   assert sum(sum(c.values()) for c in on_disk["stats"]["per_split"].values()) == 11
   assert on_disk["stats"]["per_split"]["train"]["food"] == sum(
-      1 for r in built[3].values() if r["split"] == "train" and r["id"].startswith("openclipart/food/"))
+    1 for r in built[3].values() if r["split"] == "train" and r["id"].startswith("openclipart/food/")
+  )
 
 
 def test_records_ids_labels_and_captions(built):
@@ -140,11 +185,15 @@ def test_records_ids_labels_and_captions(built):
   atom = records["openclipart/computer/icons/atom_button_roman_bertle_01"]
   assert atom["alt_text"] == "atom_button"  # titles are kept as written (noisy, like web alt-text)
   assert atom["caption_short"] == "a drawing of a computer icon: web, icon, atom"
-  assert atom["caption_detailed"] == ("Button to indicate a link to an Atom feed on the web. A clip art "
-                                      "drawing of a computer icon, tagged web, icon, atom, button.")
+  assert atom["caption_detailed"] == (
+    "Button to indicate a link to an Atom feed on the web. A clip art "
+    "drawing of a computer icon, tagged web, icon, atom, button."
+  )
   onion = records["openclipart/food/vegetables/onion_joerg_rosenbauer_01"]  # 'HASH(0x...)' dropped
-  assert onion["caption_detailed"] == ("Onion. A clip art drawing of a food item, tagged onion, food, 11, "
-                                       "plants, plantsvegetablesonion, vegetable, vegetables.")
+  assert onion["caption_detailed"] == (
+    "Onion. A clip art drawing of a food item, tagged onion, food, 11, "
+    "plants, plantsvegetablesonion, vegetable, vegetables."
+  )
   lime = records[f"openclipart/{NO_META}"]
   assert lime["alt_text"] == "lime slice ganson"
   assert lime["caption_short"] == "a drawing of a food item"
@@ -207,9 +256,14 @@ def test_eval_suite_and_data_preset():
   """The built-in suite reads 'test' (kNN bank: 'train'); the preset samples both synthetic captions."""
   from tipsito.config import defaults
   from tipsito.evals import registry
+
   evs = registry.builtin_evals("openclipart", image_size=64)
-  assert sorted(evs) == ["openclipart_knn", "openclipart_retrieval", "openclipart_segmentation",
-                         "openclipart_zeroshot"]
+  assert sorted(evs) == [
+    "openclipart_knn",
+    "openclipart_retrieval",
+    "openclipart_segmentation",
+    "openclipart_zeroshot",
+  ]
   assert {c["split"] for c in evs.values()} == {"test"}
   assert evs["openclipart_knn"]["train_split"] == "train"
   names = registry.make_evaluator("z", evs["openclipart_zeroshot"]).class_names()
@@ -222,6 +276,7 @@ def test_eval_suite_and_data_preset():
 def test_preset_caption_keys_exist_in_records(built):
   """config.data.caption_keys of the preset name real fields of the converted records."""
   from tipsito.config import defaults
+
   d = defaults.data_config("openclipart", data_dir=built[1], label_key="label")
   src, info = sources.open_source(d, split="train")
   assert info.caption_keys == ("caption_short", "caption_detailed") and info.num_classes == 22

@@ -4,6 +4,7 @@ Why: these are the real-image demo/eval sets; the tests pin the record schema, t
 (785 captioned stamps) and that both `tfds.data_source` and `open_source` read them without TF
 decoding. tuxpaint is converted once per session (it takes a few seconds).
 """
+
 import io
 import os
 
@@ -18,7 +19,9 @@ TUX_DIR = "/usr/share/tuxpaint/stamps"
 FASHION_DIR = "/usr/share/datasets/fashion-mnist"
 
 needs_tux = pytest.mark.skipif(not os.path.isdir(TUX_DIR), reason="tuxpaint-stamps-default not installed")
-needs_fashion = pytest.mark.skipif(not os.path.isdir(FASHION_DIR), reason="dataset-fashion-mnist not installed")
+needs_fashion = pytest.mark.skipif(
+  not os.path.isdir(FASHION_DIR), reason="dataset-fashion-mnist not installed"
+)
 
 
 @pytest.fixture(scope="session")
@@ -37,8 +40,9 @@ def fashion_dir(tmp_path_factory):
   if not os.path.isdir(FASHION_DIR):
     pytest.skip("dataset-fashion-mnist not installed")
   d = tmp_path_factory.mktemp("fashion")
-  result = convert.main(["fashion_mnist", "--data_dir", str(d), "--limit", "120", "--num_workers", "2",
-                         "--image_size", "32"])
+  result = convert.main(
+    ["fashion_mnist", "--data_dir", str(d), "--limit", "120", "--num_workers", "2", "--image_size", "32"]
+  )
   return d, result
 
 
@@ -55,12 +59,24 @@ def test_tuxpaint_count_and_report(tux_dir):
 def test_tuxpaint_reads_back_with_tfds_data_source(tux_dir):
   """Plain tfds.data_source reads the dataset by name, with the full schema."""
   import tensorflow_datasets as tfds
+
   d, _ = tux_dir
-  ds = tfds.data_source("tuxpaint", data_dir=str(d), decoders={"image": tfds.decode.SkipDecoding(),
-                                                               "segmentation": tfds.decode.SkipDecoding()})
+  ds = tfds.data_source(
+    "tuxpaint",
+    data_dir=str(d),
+    decoders={"image": tfds.decode.SkipDecoding(), "segmentation": tfds.decode.SkipDecoding()},
+  )
   assert len(ds["train"]) == 785
   ex = ds["train"][3]
-  assert set(ex) == {"image", "alt_text", "caption_category", "caption_detailed", "label", "segmentation", "id"}
+  assert set(ex) == {
+    "image",
+    "alt_text",
+    "caption_category",
+    "caption_detailed",
+    "label",
+    "segmentation",
+    "id",
+  }
   assert isinstance(ex["image"], bytes) and ex["image"][:4] == b"\x89PNG"
 
 
@@ -68,7 +84,9 @@ def test_tuxpaint_reads_back_with_tfds_data_source(tux_dir):
 def test_tuxpaint_open_source_fields(tux_dir):
   """Images, masks (alpha -> label+1), cleaned captions and labels agree."""
   d, _ = tux_dir
-  src, info = sources.open_source({"name": "tuxpaint", "split": "train", "data_dir": str(d), "label_key": "label"})
+  src, info = sources.open_source(
+    {"name": "tuxpaint", "split": "train", "data_dir": str(d), "label_key": "label"}
+  )
   assert len(src) == 785 and info.num_classes == 16
   assert info.caption_keys == ("caption_category", "caption_detailed")
   labels, captions = set(), set()
@@ -92,8 +110,9 @@ def test_fashion_mnist_limited_convert(fashion_dir):
   """--limit and --image_size work; labels and template captions agree."""
   d, result = fashion_dir
   assert result.split_sizes == {"train": 120, "test": 120}
-  src, info = sources.open_source({"name": "fashion_mnist", "split": "test", "data_dir": str(d),
-                                   "label_key": "label"})
+  src, info = sources.open_source(
+    {"name": "fashion_mnist", "split": "test", "data_dir": str(d), "label_key": "label"}
+  )
   assert len(src) == 120 and info.num_classes == 10
   for i in range(0, 120, 17):
     r = src[i]
@@ -108,6 +127,7 @@ def test_fashion_mnist_limited_convert(fashion_dir):
 def test_fashion_mnist_tfds_name_with_config(fashion_dir):
   """TFDS ships its own 'fashion_mnist'; ours reads back as 'fashion_mnist/default'."""
   import tensorflow_datasets as tfds
+
   d, _ = fashion_dir
   ds = tfds.data_source("fashion_mnist/default", data_dir=str(d))
   assert len(ds["train"]) == 120
@@ -119,5 +139,6 @@ def test_fashion_mnist_tfds_name_with_config(fashion_dir):
 def test_idx_reader_matches_package_counts():
   """The idx reader handles the gzipped package files."""
   from tipsito.data.builders import fashion_mnist
+
   labels = fashion_mnist.read_idx(os.path.join(FASHION_DIR, "t10k-labels-idx1-ubyte"))
   assert labels.shape == (10000,) and labels.max() == 9

@@ -3,6 +3,7 @@
 Why: shapes is the dataset every other test and the CPU demo train on; a change that makes it
 non-deterministic or lets captions disagree with the pixels would silently break those.
 """
+
 import io
 
 import numpy as np
@@ -33,8 +34,9 @@ def _records(data_dir, split):
 
 def _records_of(data_dir, name, split):
   """All records of a split of a shapes build named `name` ('shapes/<config>')."""
-  src, info = sources.open_source({"name": name, "split": split, "data_dir": str(data_dir),
-                                   "label_key": "label"})
+  src, info = sources.open_source(
+    {"name": name, "split": split, "data_dir": str(data_dir), "label_key": "label"}
+  )
   return [src[i] for i in range(len(src))], info
 
 
@@ -86,6 +88,7 @@ def test_generator_is_pure():
 def test_tfds_data_source_reads_shapes(two_builds):
   """TFDS default numpy decoding also works on our records."""
   import tensorflow_datasets as tfds
+
   a, _ = two_builds
   ds = tfds.data_source("shapes/tiny", data_dir=str(a))
   ex = ds["test"][0]
@@ -114,6 +117,7 @@ def test_open_source_errors_name_dataset_and_field(two_builds, tmp_path):
 def test_source_is_picklable(two_builds):
   """grain workers receive the source by pickling."""
   import pickle
+
   a, _ = two_builds
   src, _ = sources.open_source({"name": "shapes/tiny", "data_dir": str(a), "split": "test"})
   clone = pickle.loads(pickle.dumps(src))
@@ -123,8 +127,15 @@ def test_source_is_picklable(two_builds):
 
 def test_build_options_restrict_objects_sizes_and_colours(tmp_path):
   """max_objects / object_sizes / colours reach the records (the CPU demo relies on them)."""
-  convert.convert("shapes", str(tmp_path), config_name="simple", max_objects=1,
-                  object_sizes=("large",), colours=("red", "blue"), **TINY)
+  convert.convert(
+    "shapes",
+    str(tmp_path),
+    config_name="simple",
+    max_objects=1,
+    object_sizes=("large",),
+    colours=("red", "blue"),
+    **TINY,
+  )
   recs, _ = _records_of(tmp_path, "shapes/simple", "train")
   assert len(recs) == 24
   for r in recs:
@@ -133,15 +144,21 @@ def test_build_options_restrict_objects_sizes_and_colours(tmp_path):
     assert r["alt_text"].split()[1] in ("red", "blue")
   # Default options keep the default stream: example i is unchanged by the new keyword arguments.
   x = shapes_gen.generate(5, image_size=32)
-  y = shapes_gen.generate(5, image_size=32, max_objects=4, sizes=shapes_gen.SIZE_NAMES,
-                          colours=tuple(shapes_gen.COLOURS))
+  y = shapes_gen.generate(
+    5, image_size=32, max_objects=4, sizes=shapes_gen.SIZE_NAMES, colours=tuple(shapes_gen.COLOURS)
+  )
   assert x["caption_detailed"] == y["caption_detailed"] and np.array_equal(x["image"], y["image"])
 
 
-@pytest.mark.parametrize("kwargs, key", [(dict(max_objects=0), "max_objects"),
-                                         (dict(object_sizes=("huge",)), "object_sizes"),
-                                         (dict(colours=("red", "mauve")), "colours"),
-                                         (dict(colours=()), "colours")])
+@pytest.mark.parametrize(
+  "kwargs, key",
+  [
+    (dict(max_objects=0), "max_objects"),
+    (dict(object_sizes=("huge",)), "object_sizes"),
+    (dict(colours=("red", "mauve")), "colours"),
+    (dict(colours=()), "colours"),
+  ],
+)
 def test_bad_build_options_name_the_key(tmp_path, kwargs, key):
   """A wrong option fails before anything is written, naming the key and the valid values."""
   with pytest.raises(ValueError, match=key):

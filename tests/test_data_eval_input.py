@@ -22,8 +22,16 @@ def _png(arr):
 
 def make_source(n):
   rng = np.random.default_rng(0)
-  return [dict(image=_png(rng.integers(0, 256, (12, 16, 3), dtype=np.uint8)), label=i,
-               alt_text=f'alt {i}', caption_b=f'b {i}', caption_a=f'a {i}') for i in range(n)]
+  return [
+    dict(
+      image=_png(rng.integers(0, 256, (12, 16, 3), dtype=np.uint8)),
+      label=i,
+      alt_text=f'alt {i}',
+      caption_b=f'b {i}',
+      caption_a=f'a {i}',
+    )
+    for i in range(n)
+  ]
 
 
 @pytest.mark.parametrize('workers', [1, 3])
@@ -80,10 +88,12 @@ def test_short_side_examples_keep_the_label_map_at_its_own_size(workers):
   recs = []
   for i, (h, w) in enumerate([(24, 40), (40, 24), (16, 16)]):
     seg = rng.integers(0, 5, (h, w), dtype=np.uint8)
-    recs.append({'image': _png(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)), 'segmentation': seg,
-                 'label': i})
-  fields = eval_input.EvalFields(image_size=12, resize='short_side', label_key='label',
-                                 mask=eval_input.MaskSpec(source='segmentation'))
+    recs.append(
+      {'image': _png(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)), 'segmentation': seg, 'label': i}
+    )
+  fields = eval_input.EvalFields(
+    image_size=12, resize='short_side', label_key='label', mask=eval_input.MaskSpec(source='segmentation')
+  )
   exs = list(eval_input.eval_examples(recs, fields, num_workers=workers, chunk_size=2))
   assert [e['label'] for e in exs] == [0, 1, 2]
   assert [e['image'].shape for e in exs] == [(12, 20, 3), (20, 12, 3), (12, 12, 3)]

@@ -20,13 +20,14 @@ WORDS = {'alt': 1, 'a': 2, 'b': 3, 'c': 4}
 
 class StubTokenizer:
   """Word-level stand-in for tipsito.data.tokenizer.Tokenizer (picklable, deterministic)."""
+
   max_len = 6
 
   def tokenize(self, texts):
     out = np.zeros((len(texts), self.max_len), np.int32)
     for i, t in enumerate(texts):
-      ids = [WORDS.get(w, 0) or 100 + int(w) for w in t.split()][:self.max_len]
-      out[i, :len(ids)] = ids
+      ids = [WORDS.get(w, 0) or 100 + int(w) for w in t.split()][: self.max_len]
+      out[i, : len(ids)] = ids
     return out
 
 
@@ -38,21 +39,57 @@ def _img(i, h=12, w=16, fmt='PNG'):
 
 
 def make_source(n, fmt='PNG'):
-  return [dict(image=_img(i, fmt=fmt), alt_text=f'alt {i}', caption_a=f'a {i}',
-               caption_b=f'b {i}', caption_c=f'c {i}', idx=i, id=str(i)) for i in range(n)]
+  return [
+    dict(
+      image=_img(i, fmt=fmt),
+      alt_text=f'alt {i}',
+      caption_a=f'a {i}',
+      caption_b=f'b {i}',
+      caption_c=f'c {i}',
+      idx=i,
+      id=str(i),
+    )
+    for i in range(n)
+  ]
 
 
-def make_config(batch_size=4, views='single', augment='none', mask_ratio=0.0, num_local=0,
-                num_workers=0, **data_kw):
-  data = dict(name='toyset', split='train', data_dir=None, image_key='image',
-              alt_text_key='alt_text', caption_keys=CAPS, label_key='idx', max_skip_fraction=0.05,
-              min_records_for_skip_check=20)
+def make_config(
+  batch_size=4, views='single', augment='none', mask_ratio=0.0, num_local=0, num_workers=0, **data_kw
+):
+  data = dict(
+    name='toyset',
+    split='train',
+    data_dir=None,
+    image_key='image',
+    alt_text_key='alt_text',
+    caption_keys=CAPS,
+    label_key='idx',
+    max_skip_fraction=0.05,
+    min_records_for_skip_check=20,
+  )
   data.update(data_kw)
-  return mlc.ConfigDict(dict(
-      seed=7, tokenizer=None, max_len=6, model=dict(image=dict(patch_size=8)), data=data,
-      input=dict(batch_size=batch_size, views=views, global_size=16, local_size=8,
-                 num_local=num_local, mask_ratio=mask_ratio, mask_type='random', augment=augment,
-                 num_workers=num_workers, prefetch=2, shuffle_seed=3)))
+  return mlc.ConfigDict(
+    dict(
+      seed=7,
+      tokenizer=None,
+      max_len=6,
+      model=dict(image=dict(patch_size=8)),
+      data=data,
+      input=dict(
+        batch_size=batch_size,
+        views=views,
+        global_size=16,
+        local_size=8,
+        num_local=num_local,
+        mask_ratio=mask_ratio,
+        mask_type='random',
+        augment=augment,
+        num_workers=num_workers,
+        prefetch=2,
+        shuffle_seed=3,
+      ),
+    )
+  )
 
 
 def take(it, k):
@@ -61,10 +98,10 @@ def take(it, k):
 
 
 def test_batch_format_all_fields():
-  cfg = make_config(batch_size=4, views='multicrop_two_views', augment='ito', mask_ratio=0.5,
-                    num_local=3)
-  with pipeline.make_train_iterator(cfg, source=make_source(10), process_index=0,
-                                    process_count=2, tokenizer=StubTokenizer()) as it:
+  cfg = make_config(batch_size=4, views='multicrop_two_views', augment='ito', mask_ratio=0.5, num_local=3)
+  with pipeline.make_train_iterator(
+    cfg, source=make_source(10), process_index=0, process_count=2, tokenizer=StubTokenizer()
+  ) as it:
     b = next(it)
   assert b['image'].shape == (2, 16, 16, 3) and b['image'].dtype == np.uint8
   assert b['image2'].shape == (2, 16, 16, 3) and b['image2'].dtype == np.uint8
@@ -84,19 +121,22 @@ def test_process_shards_disjoint_and_covering(n, procs):
   src = make_source(n)
   seen = []
   for p in range(procs):
-    with pipeline.make_train_iterator(cfg, source=src, process_index=p, process_count=procs,
-                                      tokenizer=StubTokenizer()) as it:
+    with pipeline.make_train_iterator(
+      cfg, source=src, process_index=p, process_count=procs, tokenizer=StubTokenizer()
+    ) as it:
       # n records per epoch; process p gets global positions p, p+P, ... (< n*procs: P epochs)
       seen.append([int(next(it)['label'][0]) for _ in range(n)])
   flat = np.concatenate(seen)
   # over P full epochs every record appears exactly P times in total
   assert np.array_equal(np.bincount(flat, minlength=n), np.full(n, procs))
   if n % procs == 0:  # per epoch: disjoint and covering
-    first = [set(s[:n // procs]) for s in seen]
+    first = [set(s[: n // procs]) for s in seen]
     assert sum(len(s) for s in first) == n and set().union(*first) == set(range(n))
   # reshuffled each epoch: the second epoch's order differs from the first
-  epochs = np.concatenate([s[:n // procs] for s in seen]), np.concatenate(
-      [s[n // procs:2 * (n // procs)] for s in seen])
+  epochs = (
+    np.concatenate([s[: n // procs] for s in seen]),
+    np.concatenate([s[n // procs : 2 * (n // procs)] for s in seen]),
+  )
   assert not np.array_equal(epochs[0], epochs[1])
 
 
@@ -107,8 +147,9 @@ def test_augmentation_depends_on_seed_epoch_record_only():
   by_label = {}
   for procs in (1, 2):
     for p in range(procs):
-      with pipeline.make_train_iterator(cfg, source=src, process_index=p, process_count=procs,
-                                        tokenizer=StubTokenizer()) as it:
+      with pipeline.make_train_iterator(
+        cfg, source=src, process_index=p, process_count=procs, tokenizer=StubTokenizer()
+      ) as it:
         for _ in range(6 // 2 // procs * procs if procs == 1 else 3 // procs + 1):
           b = next(it)
           for j, lab in enumerate(b['label']):
@@ -119,8 +160,9 @@ def test_augmentation_depends_on_seed_epoch_record_only():
   for lab in common:
     np.testing.assert_array_equal(by_label[(1, lab)][0], by_label[(2, lab)][0])
     np.testing.assert_array_equal(by_label[(1, lab)][1], by_label[(2, lab)][1])
-  fn = pipeline.TrainExampleFn(src, pipeline.ExampleSpec.from_config(cfg),
-                               pipeline._Tokenizer(StubTokenizer()), seed=7)
+  fn = pipeline.TrainExampleFn(
+    src, pipeline.ExampleSpec.from_config(cfg), pipeline._Tokenizer(StubTokenizer()), seed=7
+  )
   a, a2, b = fn((0, 1)), fn((0, 1)), fn((1, 1))
   np.testing.assert_array_equal(a['image'], a2['image'])
   assert not np.array_equal(a['image'], b['image'])
@@ -128,21 +170,26 @@ def test_augmentation_depends_on_seed_epoch_record_only():
 
 @pytest.mark.parametrize('workers', [0, 2])
 def test_resume_gives_same_next_batches(workers):
-  cfg = make_config(batch_size=4, views='two_views', augment='ito', mask_ratio=0.25,
-                    num_workers=workers, max_skip_fraction=0.2)
+  cfg = make_config(
+    batch_size=4,
+    views='two_views',
+    augment='ito',
+    mask_ratio=0.25,
+    num_workers=workers,
+    max_skip_fraction=0.2,
+  )
   src = make_source(14)
   src[5]['image'] = b'broken'  # skip counters must resume too
   tok = StubTokenizer()
-  with pipeline.make_train_iterator(cfg, source=src, process_index=0, process_count=1,
-                                    tokenizer=tok) as it:
+  with pipeline.make_train_iterator(cfg, source=src, process_index=0, process_count=1, tokenizer=tok) as it:
     take(it, 3)
     state = it.get_state()
     stats = it.stats
     expected = take(it, 4)
   import json
+
   state = json.loads(json.dumps(state))  # what a checkpoint stores
-  with pipeline.make_train_iterator(cfg, source=src, process_index=0, process_count=1,
-                                    tokenizer=tok) as it2:
+  with pipeline.make_train_iterator(cfg, source=src, process_index=0, process_count=1, tokenizer=tok) as it2:
     it2.set_state(state)
     assert it2.stats == stats
     got = take(it2, 4)
@@ -156,17 +203,17 @@ def _planted_bad_source():
   src = make_source(40, fmt='JPEG')
   good_jpeg = src[0]['image']
   bad = {
-      1: ('image', b'', 'empty_image'),
-      4: ('image', b'\x89PNG garbage', 'corrupt_image'),
-      7: ('image', good_jpeg[:len(good_jpeg) // 2], 'corrupt_image'),  # truncated
-      9: ('image', _img(0, h=1, w=30), 'tiny_image'),
-      12: ('image', _img(0, h=4, w=90), 'extreme_aspect'),
-      15: ('image', _img(0, h=64, w=64), 'huge_image'),  # over the tiny hard cap below
-      18: ('alt_text', b'\xff\xfe bad utf8', 'bad_text'),
-      21: ('alt_text', '   ', 'bad_text'),
-      24: ('image', None, 'missing_image'),
-      27: ('alt_text', None, 'missing_text'),
-      30: ('idx', 'not-an-int', 'missing_label'),
+    1: ('image', b'', 'empty_image'),
+    4: ('image', b'\x89PNG garbage', 'corrupt_image'),
+    7: ('image', good_jpeg[: len(good_jpeg) // 2], 'corrupt_image'),  # truncated
+    9: ('image', _img(0, h=1, w=30), 'tiny_image'),
+    12: ('image', _img(0, h=4, w=90), 'extreme_aspect'),
+    15: ('image', _img(0, h=64, w=64), 'huge_image'),  # over the tiny hard cap below
+    18: ('alt_text', b'\xff\xfe bad utf8', 'bad_text'),
+    21: ('alt_text', '   ', 'bad_text'),
+    24: ('image', None, 'missing_image'),
+    27: ('alt_text', None, 'missing_text'),
+    30: ('idx', 'not-an-int', 'missing_label'),
   }
   expected = {}
   for i, (field, value, reason) in bad.items():
@@ -188,12 +235,19 @@ def _planted_bad_source():
 @pytest.mark.parametrize('workers', [0, 2])
 def test_planted_bad_records_are_skipped_and_counted(workers):
   src, bad_ids, expected = _planted_bad_source()
-  cfg = make_config(batch_size=1, views='two_views', augment='ito', num_workers=workers,
-                    max_skip_fraction=0.5, hard_max_pixels=2000)
+  cfg = make_config(
+    batch_size=1,
+    views='two_views',
+    augment='ito',
+    num_workers=workers,
+    max_skip_fraction=0.5,
+    hard_max_pixels=2000,
+  )
   cfg.input.num_epochs = 1
   labels = []
-  with pipeline.make_train_iterator(cfg, source=src, process_index=0, process_count=1,
-                                    tokenizer=StubTokenizer()) as it:
+  with pipeline.make_train_iterator(
+    cfg, source=src, process_index=0, process_count=1, tokenizer=StubTokenizer()
+  ) as it:
     for b in it:
       assert b['image'].shape == (1, 16, 16, 3)
       labels.append(int(b['label'][0]))
@@ -209,15 +263,17 @@ def test_too_many_skips_names_the_dataset():
     src[i]['image'] = b'corrupt'
   cfg = make_config(batch_size=2, name='my_broken_set', max_skip_fraction=0.1)
   with pytest.raises(pipeline.TooManySkippedError, match="my_broken_set"):
-    with pipeline.make_train_iterator(cfg, source=src, process_index=0, process_count=1,
-                                      tokenizer=StubTokenizer()) as it:
+    with pipeline.make_train_iterator(
+      cfg, source=src, process_index=0, process_count=1, tokenizer=StubTokenizer()
+    ) as it:
       take(it, 40)
   # an all-bad dataset fails (inside the batcher) instead of spinning forever
   for r in src:
     r['image'] = b''
   with pytest.raises(pipeline.TooManySkippedError, match="my_broken_set.*empty_image"):
-    with pipeline.make_train_iterator(cfg, source=src, process_index=0, process_count=1,
-                                      tokenizer=StubTokenizer()) as it:
+    with pipeline.make_train_iterator(
+      cfg, source=src, process_index=0, process_count=1, tokenizer=StubTokenizer()
+    ) as it:
       next(it)
 
 
@@ -225,8 +281,9 @@ def test_caption_sampling_uniform_through_pipeline():
   """CLS2 gets each synthetic field ~1/3 of the time (chi-square), CLS1 always the alt-text."""
   cfg = make_config(batch_size=10)
   counts = np.zeros(3)
-  with pipeline.make_train_iterator(cfg, source=make_source(50), process_index=0,
-                                    process_count=1, tokenizer=StubTokenizer()) as it:
+  with pipeline.make_train_iterator(
+    cfg, source=make_source(50), process_index=0, process_count=1, tokenizer=StubTokenizer()
+  ) as it:
     for _ in range(60):  # 12 epochs x 50 records
       b = next(it)
       assert (b['text'][:, 0] == 1).all()
@@ -243,11 +300,13 @@ def test_examples_identical_with_and_without_workers():
   src = make_source(8)
   outs = {}
   for workers in (0, 2):
-    cfg = make_config(batch_size=2, views='multicrop', augment='ito', num_local=2,
-                      mask_ratio=0.5, num_workers=workers)
+    cfg = make_config(
+      batch_size=2, views='multicrop', augment='ito', num_local=2, mask_ratio=0.5, num_workers=workers
+    )
     cfg.input.num_epochs = 1
-    with pipeline.make_train_iterator(cfg, source=src, process_index=0, process_count=1,
-                                      tokenizer=StubTokenizer()) as it:
+    with pipeline.make_train_iterator(
+      cfg, source=src, process_index=0, process_count=1, tokenizer=StubTokenizer()
+    ) as it:
       for b in it:
         for j, lab in enumerate(b['label']):
           outs.setdefault(workers, {})[int(lab)] = {k: v[j] for k, v in b.items()}

@@ -17,22 +17,60 @@ from tipsito.data import tokenizer as tok_lib
 @pytest.fixture(scope='module')
 def shapes_dir(tmp_path_factory):
   d = tmp_path_factory.mktemp('shapes_pipe')
-  convert.convert('shapes', str(d), config_name='tiny', image_size=32,
-                  split_sizes={'train': 24, 'test': 10}, num_workers=1, verbose=False)
+  convert.convert(
+    'shapes',
+    str(d),
+    config_name='tiny',
+    image_size=32,
+    split_sizes={'train': 24, 'test': 10},
+    num_workers=1,
+    verbose=False,
+  )
   return str(d)
 
 
 def _config(data_dir, **inp):
-  c = mlc.ConfigDict(dict(
-      seed=0, tokenizer=None, max_len=16, model=dict(image=dict(patch_size=8)),
-      data=dict(name='shapes/tiny', split='train', data_dir=data_dir, image_key='image',
-                alt_text_key='alt_text', caption_keys=(), label_key='label',
-                max_skip_fraction=0.05),
-      input=dict(batch_size=4, views='multicrop_two_views', global_size=32, local_size=16,
-                 num_local=2, mask_ratio=0.5, mask_type='block', augment='tips', num_workers=0,
-                 prefetch=1, shuffle_seed=0),
-      evals=dict(seg=dict(type='segmentation', dataset='shapes/tiny', split='test',
-                          data_dir=data_dir, batch_size=4, image_size=24))))
+  c = mlc.ConfigDict(
+    dict(
+      seed=0,
+      tokenizer=None,
+      max_len=16,
+      model=dict(image=dict(patch_size=8)),
+      data=dict(
+        name='shapes/tiny',
+        split='train',
+        data_dir=data_dir,
+        image_key='image',
+        alt_text_key='alt_text',
+        caption_keys=(),
+        label_key='label',
+        max_skip_fraction=0.05,
+      ),
+      input=dict(
+        batch_size=4,
+        views='multicrop_two_views',
+        global_size=32,
+        local_size=16,
+        num_local=2,
+        mask_ratio=0.5,
+        mask_type='block',
+        augment='tips',
+        num_workers=0,
+        prefetch=1,
+        shuffle_seed=0,
+      ),
+      evals=dict(
+        seg=dict(
+          type='segmentation',
+          dataset='shapes/tiny',
+          split='test',
+          data_dir=data_dir,
+          batch_size=4,
+          image_size=24,
+        )
+      ),
+    )
+  )
   c.input.update(inp)
   return c
 
@@ -63,8 +101,9 @@ def test_train_iterator_on_converted_shapes(shapes_dir):
 def test_eval_batches_segmentation(shapes_dir):
   """Eval input on the converted dataset: padded batches, label maps aligned, every record once."""
   src, names = eval_input.open_records('shapes/tiny', 'test', shapes_dir)
-  fields = eval_input.EvalFields(image_size=24, resize='resize', label_key='label',
-                                 mask=eval_input.MaskSpec())
+  fields = eval_input.EvalFields(
+    image_size=24, resize='resize', label_key='label', mask=eval_input.MaskSpec()
+  )
   labels = []
   for b in eval_input.eval_batches(src, fields, 4):
     assert b['image'].shape == (4, 24, 24, 3) and b['segmentation'].shape == (4, 24, 24)

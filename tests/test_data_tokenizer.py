@@ -4,6 +4,7 @@ TIPS flavour, OpenCLIP's SOT/EOT for the clip flavour).
 Why: the text encoder's validity mask is `ids != 0`; any id-0 collision or BOS/EOS token would
 change what the text tower sees, and a shape change would trigger recompiles.
 """
+
 import os
 import pickle
 
@@ -29,8 +30,11 @@ def test_shipped_model(tok):
 
 def test_round_trip_and_lowercase(tok):
   """Detokenize(tokenize(x)) == lower(x); case does not change ids."""
-  texts = ["a red circle", "A large blue star at the top left, on a plain white background.",
-           "A US 25 cent piece called a quarter."]
+  texts = [
+    "a red circle",
+    "A large blue star at the top left, on a plain white background.",
+    "A US 25 cent piece called a quarter.",
+  ]
   ids = tok.tokenize(texts)
   assert ids.dtype == np.int32 and ids.shape == (3, 16)
   assert tok.detokenize(ids[:2]) == [t.lower() for t in texts[:2]]
@@ -75,10 +79,12 @@ def test_model_with_other_pad_is_shifted_on_request(tmp_path):
   """A stock model (unk=0, bos/eos present, no pad): ids as SentencePiece gives them by default (the
   official TIPS convention released weights depend on), shifted by one with shift_ids=True."""
   import sentencepiece as spm
+
   corpus = tmp_path / "c.txt"
   corpus.write_text("\n".join(f"a red circle number {i} and a blue square" for i in range(200)))
-  spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(tmp_path / "m"), vocab_size=40,
-                                 minloglevel=2)
+  spm.SentencePieceTrainer.train(
+    input=str(corpus), model_prefix=str(tmp_path / "m"), vocab_size=40, minloglevel=2
+  )
   plain = tok_lib.Tokenizer(str(tmp_path / "m.model"), max_len=32)
   raw = plain._sp.encode("a red circle")
   assert list(plain.tokenize(["A red circle"])[0, : len(raw)]) == raw
@@ -108,7 +114,7 @@ def test_clip_flavour_sot_pieces_eot(tok, clip_tok):
   ids = clip_tok.tokenize(["A red circle", ""])
   assert ids.dtype == np.int32 and ids.shape == (2, 16)
   assert list(ids[0, : len(pieces) + 2]) == [n] + pieces + [n + 1]
-  assert (ids[0, len(pieces) + 2:] == 0).all()
+  assert (ids[0, len(pieces) + 2 :] == 0).all()
   assert list(ids[1, :2]) == [n, n + 1] and (ids[1, 2:] == 0).all()  # empty text: SOT, EOT
   assert (ids.argmax(-1) == (ids != 0).sum(-1) - 1).all()  # EOT = argmax = last valid token
   assert clip_tok.detokenize(ids) == ["a red circle", ""]
@@ -128,10 +134,12 @@ def test_clip_flavour_reserves_top_ids_even_with_model_bos_eos(tmp_path):
   """A model with its own bos/eos pieces (SentencePiece's default bos=1, eos=2) still gets SOT/EOT on top:
   its own bos/eos never appear, so EOT stays the largest id."""
   import sentencepiece as spm
+
   corpus = tmp_path / "c.txt"
   corpus.write_text("\n".join(f"a red circle number {i} and a blue square" for i in range(200)))
-  spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(tmp_path / "m"), vocab_size=40,
-                                 minloglevel=2)
+  spm.SentencePieceTrainer.train(
+    input=str(corpus), model_prefix=str(tmp_path / "m"), vocab_size=40, minloglevel=2
+  )
   t = tok_lib.Tokenizer(str(tmp_path / "m.model"), max_len=12, flavour="clip", shift_ids=True)
   size = t._sp.get_piece_size() + 1  # shifted id space
   assert t._sp.bos_id() >= 0 and t._sp.eos_id() >= 0
@@ -152,13 +160,23 @@ def test_clip_flavour_pickles_and_validates(clip_tok):
     tok_lib.Tokenizer(flavour="bpe")
 
 
-@pytest.mark.parametrize("recipe,flavour", [("clip", "clip"), ("siglip", "clip"), ("ito", "clip"),
-                                            ("tips", "tips"), ("tipsv2", "tips"), ("tipsito", "tips")])
+@pytest.mark.parametrize(
+  "recipe,flavour",
+  [
+    ("clip", "clip"),
+    ("siglip", "clip"),
+    ("ito", "clip"),
+    ("tips", "tips"),
+    ("tipsv2", "tips"),
+    ("tipsito", "tips"),
+  ],
+)
 def test_training_tokenization_follows_the_text_flavour(recipe, flavour):
   """The pipeline's tokenize step and `from_config` (vocabulary check, text vocab_size, training-time
   evals) use the text tower's flavour: SOT/EOT for the CLIP-style recipes only."""
   from tipsito.config import defaults
   from tipsito.data import pipeline
+
   c = defaults.tiny_config(recipe)
   assert c.model.text.flavour == flavour
   t = tok_lib.from_config(c)
@@ -171,8 +189,12 @@ def test_training_tokenization_follows_the_text_flavour(recipe, flavour):
   # for the model's pieces alone fails validation when SOT/EOT do not fit.
   from tipsito.config import validation
   from tipsito.train import step as step_lib
-  assert step_lib.tokenizer_vocab_size(c) == t.vocab_size == tok_lib.Tokenizer().vocab_size + (
-      2 if flavour == "clip" else 0)
+
+  assert (
+    step_lib.tokenizer_vocab_size(c)
+    == t.vocab_size
+    == tok_lib.Tokenizer().vocab_size + (2 if flavour == "clip" else 0)
+  )
   c.model.text.vocab_size = tok_lib.Tokenizer().vocab_size
   if flavour == "clip":
     with pytest.raises(validation.ConfigError, match=r"vocabulary of 2002 \(2000 of the model \+ SOT/EOT"):

@@ -128,7 +128,8 @@ def test_jpeg_draft_used_only_when_crops_allow():
   assert f == 1.0 and rgb.size == (1600, 1600)
   # the view result stays valid when drafting (crop boxes rescaled)
   out = T.MultiCrop(global_size=98, local_size=32, num_local=2).random_map(
-      {'image': T.open_image(big)}, np.random.default_rng(0))
+    {'image': T.open_image(big)}, np.random.default_rng(0)
+  )
   assert out['image'].shape == (98, 98, 3) and out['image'].std() > 0
 
 
@@ -144,8 +145,9 @@ def test_hue_matches_torchvision_pil_semantics():
     ref = Image.merge('HSV', [Image.fromarray(x.astype(np.uint8), 'L') for x in (h, s, v)])
     got = np.asarray(T.adjust_hue(img, hf)).astype(int)
     assert np.abs(got - np.asarray(ref.convert('RGB'))).max() <= 1
-    np.testing.assert_array_equal(np.asarray(Image.fromarray(got.astype(np.uint8)).convert(
-        'HSV'))[..., 2], v)  # value (max channel) unchanged
+    np.testing.assert_array_equal(
+      np.asarray(Image.fromarray(got.astype(np.uint8)).convert('HSV'))[..., 2], v
+    )  # value (max channel) unchanged
 
 
 @pytest.mark.parametrize('kind', ['random', 'block'])
@@ -166,6 +168,7 @@ def test_mask_count_is_exact(kind, grid):
 def test_block_masks_are_blocky():
   def boundary(m):
     return int((m[1:] != m[:-1]).sum() + (m[:, 1:] != m[:, :-1]).sum())
+
   rb = [boundary(masking.block_mask(np.random.default_rng(s), 14, 14, 0.4)) for s in range(30)]
   rr = [boundary(masking.random_mask(np.random.default_rng(s), 14, 14, 0.4)) for s in range(30)]
   assert np.mean(rb) < 0.6 * np.mean(rr)
@@ -236,8 +239,8 @@ def test_gaussian_blur_is_a_normalised_gaussian():
     w = T.gaussian_kernel(sigma)  # the fixed-point kernel: normalised, variance sigma^2
     k = np.arange(len(w)) - len(w) // 2
     assert w.sum() == 256 and (w == w[::-1]).all()
-    np.testing.assert_allclose(w / 256, g[15 - len(w) // 2:16 + len(w) // 2], atol=len(w) / 512)
-    assert abs((w * k ** 2).sum() / 256 - (g * x ** 2).sum()) < 0.02 + 0.02 * sigma ** 2
+    np.testing.assert_allclose(w / 256, g[15 - len(w) // 2 : 16 + len(w) // 2], atol=len(w) / 512)
+    assert abs((w * k**2).sum() / 256 - (g * x**2).sum()) < 0.02 + 0.02 * sigma**2
     # a point (the worst case for 8-bit weights): the 2-D Gaussian within two grey levels
     a = np.zeros((31, 31, 3), np.uint8)
     a[15, 15] = 255
@@ -249,14 +252,14 @@ def test_gaussian_blur_is_a_normalised_gaussian():
     line[:, 15] = 255
     prof = T.gaussian_blur_array(line, sigma)[15].astype(float)
     np.testing.assert_allclose(prof, 255 * g, atol=1.5)
-    var = (prof * x ** 2).sum() / prof.sum()
-    assert abs(var - (g * x ** 2).sum()) < 0.02 + 0.03 * sigma ** 2, (sigma, var)
-    assert abs(var - sigma ** 2) < 0.1 * sigma ** 2 + 0.05, (sigma, var)
+    var = (prof * x**2).sum() / prof.sum()
+    assert abs(var - (g * x**2).sum()) < 0.02 + 0.03 * sigma**2, (sigma, var)
+    assert abs(var - sigma**2) < 0.1 * sigma**2 + 0.05, (sigma, var)
   # reflect padding: a ramp's border pixel mirrors around itself (torchvision's padding mode)
   ramp = np.tile(np.arange(0, 200, 10, dtype=np.uint8), (8, 1))
   out = T.gaussian_blur_array(ramp, 1.0).astype(int)
   xs = np.arange(-4, 5)
-  wr = np.exp(-0.5 * xs ** 2)
+  wr = np.exp(-0.5 * xs**2)
   wr /= wr.sum()
   assert abs(out[4, 0] - (wr * np.abs(xs) * 10).sum()) <= 1
   np.testing.assert_allclose(out[:, 5:15], ramp[:, 5:15], atol=1)  # linear interior kept

@@ -21,13 +21,32 @@ def _pixels(n=3000, seed=0):
   """Random colours plus the awkward ones: greys, primaries, ties between channels, extremes."""
   rng = np.random.default_rng(seed)
   rand = rng.integers(0, 256, (n, 3))
-  special = [(0, 0, 0), (255, 255, 255), (128, 128, 128), (255, 0, 0), (0, 255, 0), (0, 0, 255),
-             (255, 255, 0), (0, 255, 255), (255, 0, 255), (255, 254, 255), (200, 200, 10),
-             (10, 200, 200), (200, 10, 200), (1, 0, 0), (255, 255, 254), (37, 37, 36)]
+  special = [
+    (0, 0, 0),
+    (255, 255, 255),
+    (128, 128, 128),
+    (255, 0, 0),
+    (0, 255, 0),
+    (0, 0, 255),
+    (255, 255, 0),
+    (0, 255, 255),
+    (255, 0, 255),
+    (255, 254, 255),
+    (200, 200, 10),
+    (10, 200, 200),
+    (200, 10, 200),
+    (1, 0, 0),
+    (255, 255, 254),
+    (37, 37, 36),
+  ]
   ties = rng.integers(0, 256, (300, 2))
-  tie_px = np.concatenate([np.stack([ties[:, 0], ties[:, 0], ties[:, 1]], 1),
-                           np.stack([ties[:, 0], ties[:, 1], ties[:, 0]], 1),
-                           np.stack([ties[:, 1], ties[:, 0], ties[:, 0]], 1)])
+  tie_px = np.concatenate(
+    [
+      np.stack([ties[:, 0], ties[:, 0], ties[:, 1]], 1),
+      np.stack([ties[:, 0], ties[:, 1], ties[:, 0]], 1),
+      np.stack([ties[:, 1], ties[:, 0], ties[:, 0]], 1),
+    ]
+  )
   return np.concatenate([rand, np.array(special), tie_px]).astype(np.uint8)
 
 
@@ -110,9 +129,11 @@ def test_brightness_contrast_saturation_match_torchvision_definitions(factor):
   ref_c = np.clip(mean + factor * (x - mean), 0, 255)
   grey = _luma(arr)[..., None].astype(np.float64)
   ref_s = np.clip(grey + factor * (x - grey), 0, 255)
-  for fn, ref, enh in ((T.adjust_brightness, ref_b, ImageEnhance.Brightness),
-                       (T.adjust_contrast, ref_c, ImageEnhance.Contrast),
-                       (T.adjust_saturation, ref_s, ImageEnhance.Color)):
+  for fn, ref, enh in (
+    (T.adjust_brightness, ref_b, ImageEnhance.Brightness),
+    (T.adjust_contrast, ref_c, ImageEnhance.Contrast),
+    (T.adjust_saturation, ref_s, ImageEnhance.Color),
+  ):
     got = np.asarray(fn(img, factor)).astype(np.float64)
     assert np.abs(got - ref).max() <= 1.0, fn.__name__  # PIL truncates, the reference does not
     np.testing.assert_array_equal(got, np.asarray(enh(img).enhance(factor)))  # = ImageEnhance
@@ -127,8 +148,8 @@ def _blur_reference(arr, sigma):
   g /= g.sum()
   x = np.pad(arr.astype(np.float64), ((rad, rad), (rad, rad), (0, 0)), mode='reflect')
   h, w = arr.shape[:2]
-  v = sum(g[i] * x[i:i + h] for i in range(2 * rad + 1))
-  return sum(g[i] * v[:, i:i + w] for i in range(2 * rad + 1))
+  v = sum(g[i] * x[i : i + h] for i in range(2 * rad + 1))
+  return sum(g[i] * v[:, i : i + w] for i in range(2 * rad + 1))
 
 
 @pytest.mark.parametrize('sigma', [0.1, 0.37, 0.8, 1.0, 1.55, 2.0])
@@ -143,8 +164,7 @@ def test_blur_matches_float_gaussian(sigma):
   err = np.abs(T.gaussian_blur_array(smooth, sigma) - _blur_reference(smooth, sigma))
   assert err.max() <= 2.5 and err.mean() < 0.5  # 8-bit weights x steep gradients
   grey = arr[..., 0]
-  np.testing.assert_array_equal(T.gaussian_blur_array(grey, sigma),
-                                T.gaussian_blur_array(arr, sigma)[..., 0])
+  np.testing.assert_array_equal(T.gaussian_blur_array(grey, sigma), T.gaussian_blur_array(arr, sigma)[..., 0])
   tiny = rng.integers(0, 256, (3, 4, 3), dtype=np.uint8)  # shorter than the kernel: edge pad
   assert T.gaussian_blur_array(tiny, 2.0).shape == tiny.shape
 
@@ -181,8 +201,11 @@ def test_apply_view_matches_torchvision_order_reference():
   Each PIL-exact op's 1-level hue difference can be amplified by a later contrast/saturation
   factor (<= 1.4 each), hence the bound of 3."""
   rng = np.random.default_rng(7)
-  src = np.asarray(Image.fromarray(rng.integers(0, 256, (30, 40, 3), dtype=np.uint8)).resize(
-      (160, 120), Image.Resampling.BICUBIC))
+  src = np.asarray(
+    Image.fromarray(rng.integers(0, 256, (30, 40, 3), dtype=np.uint8)).resize(
+      (160, 120), Image.Resampling.BICUBIC
+    )
+  )
   img = Image.fromarray(src)
   worst = []
   for _ in range(40):
@@ -198,18 +221,24 @@ def test_apply_view_timings_hook():
   rng = np.random.default_rng(0)
   img = Image.fromarray(rng.integers(0, 256, (50, 60, 3), dtype=np.uint8))
   timings = {}
-  vp = T.ITOViewParams(T.CropParams(0, 0, 50, 60, 1.0, 0.0, False), True,
-                       T.JitterParams(True, (3, 2, 1, 0), 1.2, 0.8, 1.1, 0.05), True, True, 1.0)
+  vp = T.ITOViewParams(
+    T.CropParams(0, 0, 50, 60, 1.0, 0.0, False),
+    True,
+    T.JitterParams(True, (3, 2, 1, 0), 1.2, 0.8, 1.1, 0.05),
+    True,
+    True,
+    1.0,
+  )
   a = T.apply_view(img, vp, 1.0, 32, timings)
   b = T.apply_view(img, vp, 1.0, 32)
   np.testing.assert_array_equal(a, b)
-  for k in ('crop_resize', 'flip', 'jitter_hue', 'jitter_brightness', 'grayscale', 'blur',
-            'to_array'):
+  for k in ('crop_resize', 'flip', 'jitter_hue', 'jitter_brightness', 'grayscale', 'blur', 'to_array'):
     assert timings[k] >= 0 and timings[k + '#n'] == 1
 
 
 def test_bench_op_breakdown_reports_every_op():
   from tipsito.data import pipeline_bench  # pylint: disable=g-import-not-at-top
+
   src = pipeline_bench.synthetic_source(3, 'JPEG', 120)
   bd = pipeline_bench.op_breakdown(src, T.ITOTwoViews(size=64), passes=3)
   for op in ('open', 'decode', 'crop_resize', 'to_array', 'other', 'total'):

@@ -53,9 +53,15 @@ def test_modes_convert_to_rgb(mode):
 
 def test_arrays_of_many_dtypes():
   g = np.linspace(0, 1, 48, dtype=np.float32).reshape(6, 8)
-  for arr in (g, (g * 255).astype(np.uint8), (g * 65535).astype(np.uint16),
-              np.stack([g] * 3, -1), (g[..., None] * 255).astype(np.uint8), g > 0.5,
-              np.concatenate([np.stack([g] * 3, -1), np.ones((6, 8, 1), np.float32)], -1)):
+  for arr in (
+    g,
+    (g * 255).astype(np.uint8),
+    (g * 65535).astype(np.uint16),
+    np.stack([g] * 3, -1),
+    (g[..., None] * 255).astype(np.uint8),
+    g > 0.5,
+    np.concatenate([np.stack([g] * 3, -1), np.ones((6, 8, 1), np.float32)], -1),
+  ):
     out = T.decode_rgb(arr)
     assert out.shape == (6, 8, 3) and out.dtype == np.uint8
     assert out.max() >= 250
@@ -64,18 +70,18 @@ def test_arrays_of_many_dtypes():
 def test_bad_images_raise_typed_skips():
   good = _enc(Image.new('RGB', (64, 48), (1, 2, 3)), 'JPEG')
   cases = {
-      'empty_image': b'',
-      'corrupt_image': b'not an image at all',
-      'tiny_image': _enc(Image.new('RGB', (1, 40))),
-      'extreme_aspect': _enc(Image.new('RGB', (3, 70))),
-      'missing_image': None,
+    'empty_image': b'',
+    'corrupt_image': b'not an image at all',
+    'tiny_image': _enc(Image.new('RGB', (1, 40))),
+    'extreme_aspect': _enc(Image.new('RGB', (3, 70))),
+    'missing_image': None,
   }
   for reason, value in cases.items():
     with pytest.raises(T.SkipExample) as e:
       T.decode_rgb(value)
     assert e.value.reason == reason, (reason, e.value)
   with pytest.raises(T.SkipExample) as e:  # truncated JPEG: header fine, data cut
-    T.decode_rgb(good[:len(good) // 2])
+    T.decode_rgb(good[: len(good) // 2])
   assert e.value.reason == 'corrupt_image'
   with pytest.raises(T.SkipExample) as e:
     T.decode_rgb(np.zeros((4, 4, 2), np.uint8))

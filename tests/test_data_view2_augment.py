@@ -4,6 +4,7 @@ crop + flip; other recipes are unchanged.
 Why: ITO credits its gain to the photometric augmentation of the second view; the tipsito recipe must not
 silently drop it by inheriting the TIPS view's augmentation.
 """
+
 import io
 
 import numpy as np
@@ -12,7 +13,6 @@ from PIL import Image
 from tipsito.config import defaults
 from tipsito.data import pipeline
 from tipsito.data import transforms as T
-
 
 
 def _jpeg(seed=0):
@@ -34,7 +34,7 @@ def test_tipsito_view2_is_ito_augmented_view1_is_not():
     out = tr.random_map({"image": T.open_image(_jpeg(i))}, rng, trace=trace)
     v1, v2 = trace[0], trace[1]
     assert v1.jitter is None and not v1.grayscale and not v1.blur  # TIPS view as it was
-    assert all(t.jitter is None for t in trace[2:])               # local crops as they were
+    assert all(t.jitter is None for t in trace[2:])  # local crops as they were
     jittered += v2.jitter is not None and v2.jitter.applied
     gray_or_blur += v2.grayscale or v2.blur
     assert out["image2"].shape == out["image"].shape

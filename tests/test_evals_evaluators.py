@@ -46,7 +46,7 @@ class FakeEncoder:
     images = np.asarray(images)
     self.image_calls.append((images.shape, project))
     b, h, w, _ = images.shape
-    centres = images[:, PATCH // 2::PATCH, PATCH // 2::PATCH].astype(np.int64)  # (B, h/8, w/8, 3)
+    centres = images[:, PATCH // 2 :: PATCH, PATCH // 2 :: PATCH].astype(np.int64)  # (B, h/8, w/8, 3)
     patch_cls = centres[..., 0] // 10
     item = images[:, 0, 0, 1].astype(np.int64) + 256 * images[:, 0, 0, 2].astype(np.int64)
     image_cls = images[:, 0, 0, 0].astype(np.int64) // 10
@@ -55,7 +55,7 @@ class FakeEncoder:
       cls0 = self._onehot(image_cls)
       cls1 = self._onehot(item)  # CLS2 carries the item id (retrieval with cls_index=1)
     else:
-      rng = np.random.default_rng([self.seed, int(images.sum()) % (2 ** 31)])
+      rng = np.random.default_rng([self.seed, int(images.sum()) % (2**31)])
       values = rng.normal(size=(b, h // PATCH, w // PATCH, D)).astype(np.float32)
       cls0 = rng.normal(size=(b, D)).astype(np.float32)
       cls1 = rng.normal(size=(b, D)).astype(np.float32)
@@ -96,10 +96,14 @@ def make_records(n, num_classes, size=32, seed=0, encoded=False, grid=False, bg=
     img[..., 2] = i // 256
     if not grid:
       img[0, 0, 0] = 10 * label
-    rec = {"image": _png(img) if encoded else img, "label": label,
-           "segmentation": _png(mask) if encoded else mask,
-           "alt_text": f"item #{i}", "caption_detailed": f"a detailed caption of item #{i}",
-           "id": f"x{i}"}
+    rec = {
+      "image": _png(img) if encoded else img,
+      "label": label,
+      "segmentation": _png(mask) if encoded else mask,
+      "alt_text": f"item #{i}",
+      "caption_detailed": f"a detailed caption of item #{i}",
+      "id": f"x{i}",
+    }
     recs.append(rec)
   return recs
 
@@ -115,9 +119,18 @@ CLASSES = [f"thing #{c}" for c in range(10)]
 @pytest.mark.parametrize("encoded", [False, True])
 def test_zeroshot_perfect_is_100_and_padding_not_counted(encoded):
   recs = make_records(37, 10, encoded=encoded)  # 37 = 2 full batches of 16 + 5 (padded)
-  ev = make_evaluator("zs", dict(type="zeroshot", dataset="fake", batch_size=16, image_size=32,
-                                 templates=["a photo of a {}.", "{}, drawn"], class_names=CLASSES),
-                      source_fn=source_of({"test": recs}))
+  ev = make_evaluator(
+    "zs",
+    dict(
+      type="zeroshot",
+      dataset="fake",
+      batch_size=16,
+      image_size=32,
+      templates=["a photo of a {}.", "{}, drawn"],
+      class_names=CLASSES,
+    ),
+    source_fn=source_of({"test": recs}),
+  )
   enc = FakeEncoder()
   res = ev.run(enc)
   assert res["zs/top1"] == 100.0 and res["zs/top5"] == 100.0
@@ -131,9 +144,13 @@ def test_zeroshot_perfect_is_100_and_padding_not_counted(encoded):
 
 def test_zeroshot_random_is_near_chance():
   recs = make_records(300, 10, seed=3)
-  ev = make_evaluator("zs", dict(type="zeroshot", dataset="fake", batch_size=50, image_size=32,
-                                 templates="simple", class_names=CLASSES),
-                      source_fn=source_of({"test": recs}))
+  ev = make_evaluator(
+    "zs",
+    dict(
+      type="zeroshot", dataset="fake", batch_size=50, image_size=32, templates="simple", class_names=CLASSES
+    ),
+    source_fn=source_of({"test": recs}),
+  )
   res = ev.run(FakeEncoder("random"))
   assert res["zs/top1"] < 25.0  # chance is 10%
   assert res["zs/top5"] < 75.0  # chance is 50%
@@ -141,9 +158,20 @@ def test_zeroshot_random_is_near_chance():
 
 def test_zeroshot_wrong_cls_index_and_max_examples():
   recs = make_records(40, 10)
-  ev = make_evaluator("zs", dict(type="zeroshot", dataset="fake", batch_size=16, image_size=32,
-                                 cls_index=1, max_examples=20, class_names=CLASSES, templates="simple"),
-                      source_fn=source_of({"test": recs}))
+  ev = make_evaluator(
+    "zs",
+    dict(
+      type="zeroshot",
+      dataset="fake",
+      batch_size=16,
+      image_size=32,
+      cls_index=1,
+      max_examples=20,
+      class_names=CLASSES,
+      templates="simple",
+    ),
+    source_fn=source_of({"test": recs}),
+  )
   res = ev.run(FakeEncoder())
   assert res["zs/num_examples"] == 20
   assert res["zs/top1"] < 100.0  # CLS2 of the fake carries the item id, not the class
@@ -152,8 +180,11 @@ def test_zeroshot_wrong_cls_index_and_max_examples():
 # ---------------------------------------------------------------------------------------- retrieval
 def test_retrieval_perfect_and_counts():
   recs = make_records(21, 10)
-  ev = make_evaluator("ret", dict(type="retrieval", dataset="fake", batch_size=8, image_size=32,
-                                  cls_index=1), source_fn=source_of({"test": recs}))
+  ev = make_evaluator(
+    "ret",
+    dict(type="retrieval", dataset="fake", batch_size=8, image_size=32, cls_index=1),
+    source_fn=source_of({"test": recs}),
+  )
   res = ev.run(FakeEncoder())
   for d in ("i2t", "t2i"):
     for k in (1, 5, 10):
@@ -164,9 +195,13 @@ def test_retrieval_perfect_and_counts():
 
 def test_retrieval_random_near_chance():
   recs = make_records(64, 10)
-  ev = make_evaluator("ret", dict(type="retrieval", dataset="fake", batch_size=32, image_size=32,
-                                  cls_index=1, caption_keys=["alt_text"]),
-                      source_fn=source_of({"test": recs}))
+  ev = make_evaluator(
+    "ret",
+    dict(
+      type="retrieval", dataset="fake", batch_size=32, image_size=32, cls_index=1, caption_keys=["alt_text"]
+    ),
+    source_fn=source_of({"test": recs}),
+  )
   res = ev.run(FakeEncoder("random"))
   assert res["ret/num_texts"] == 64
   assert res["ret/i2t_r1"] < 20.0 and res["ret/t2i_r1"] < 20.0  # chance 1/64
@@ -174,8 +209,14 @@ def test_retrieval_random_near_chance():
 
 # ------------------------------------------------------------------------------------- segmentation
 def _seg_cfg(**kw):
-  cfg = dict(type="segmentation", dataset="fake", batch_size=4, image_size=32,
-             class_names=[f"thing #{c}" for c in range(5)], background_index=0)
+  cfg = dict(
+    type="segmentation",
+    dataset="fake",
+    batch_size=4,
+    image_size=32,
+    class_names=[f"thing #{c}" for c in range(5)],
+    background_index=0,
+  )
   cfg.update(kw)
   return cfg
 
@@ -201,13 +242,16 @@ def test_segmentation_bg_threshold_and_slide():
   class BgZero(FakeEncoder):
     def embed_images(self, images, project=False):
       out = super().embed_images(images, project)
-      cls = np.asarray(images)[:, PATCH // 2::PATCH, PATCH // 2::PATCH, 0] // 10
+      cls = np.asarray(images)[:, PATCH // 2 :: PATCH, PATCH // 2 :: PATCH, 0] // 10
       out["values"] = out["values"] * (cls > 0)[..., None]
       return out
 
   for protocol in ("whole", "slide"):
-    ev = make_evaluator("seg", _seg_cfg(image_size=48, bg_threshold=0.5, protocol=protocol,
-                                        crop_size=32, stride=16), source_fn=source_of({"test": recs}))
+    ev = make_evaluator(
+      "seg",
+      _seg_cfg(image_size=48, bg_threshold=0.5, protocol=protocol, crop_size=32, stride=16),
+      source_fn=source_of({"test": recs}),
+    )
     enc = BgZero()
     res = ev.run(enc)
     assert res["seg/miou"] == pytest.approx(100.0), protocol
@@ -244,12 +288,16 @@ def test_segmentation_from_alpha():
   class WhiteIsBg(FakeEncoder):
     def embed_images(self, images, project=False):
       out = super().embed_images(images, project)
-      c = np.asarray(images)[:, PATCH // 2::PATCH, PATCH // 2::PATCH, 0]
+      c = np.asarray(images)[:, PATCH // 2 :: PATCH, PATCH // 2 :: PATCH, 0]
       out["values"] = out["values"] * (c < 255)[..., None]
       return out
 
-  ev = make_evaluator("fg", _seg_cfg(class_names=None, bg_threshold=0.5, mask_source="alpha"),
-                      source_fn=source_of({"test": recs}), class_names=["thing #1", "thing #2", "thing #3"])
+  ev = make_evaluator(
+    "fg",
+    _seg_cfg(class_names=None, bg_threshold=0.5, mask_source="alpha"),
+    source_fn=source_of({"test": recs}),
+    class_names=["thing #1", "thing #2", "thing #3"],
+  )
   assert ev.seg_class_names() == ["background", "thing #1", "thing #2", "thing #3"]
   assert ev.run(WhiteIsBg())["fg/miou"] == pytest.approx(100.0)
 
@@ -283,11 +331,14 @@ def test_registry_config_errors_and_schedule():
 
 def test_make_evaluators_from_configdict():
   import ml_collections
+
   config = ml_collections.ConfigDict()
-  config.evals = ml_collections.ConfigDict({
+  config.evals = ml_collections.ConfigDict(
+    {
       "a": {"type": "zeroshot", "dataset": "shapes", "every_steps": 10},
       "b": {"type": "knn", "dataset": "fashion_mnist", "enabled": False},
-  })
+    }
+  )
   evs = make_evaluators(config)
   assert list(evs) == ["a"] and evs["a"].cfg["every_steps"] == 10
 
@@ -317,10 +368,22 @@ class RecordingWriter:
 def test_run_evaluators_writes_scalars_images_and_pngs(tmp_path):
   recs = make_records(9, 4, grid=True)
   evs = {
-      "seg": make_evaluator("seg", _seg_cfg(num_pictures=1, every_steps=5), source_fn=source_of({"test": recs})),
-      "zs": make_evaluator("zs", dict(type="zeroshot", dataset="fake", image_size=32, batch_size=4,
-                                      class_names=CLASSES[:5], templates="simple", every_steps=3),
-                           source_fn=source_of({"test": make_records(9, 5)})),
+    "seg": make_evaluator(
+      "seg", _seg_cfg(num_pictures=1, every_steps=5), source_fn=source_of({"test": recs})
+    ),
+    "zs": make_evaluator(
+      "zs",
+      dict(
+        type="zeroshot",
+        dataset="fake",
+        image_size=32,
+        batch_size=4,
+        class_names=CLASSES[:5],
+        templates="simple",
+        every_steps=3,
+      ),
+      source_fn=source_of({"test": make_records(9, 5)}),
+    ),
   }
   w = RecordingWriter()
   res = run_evaluators(evs, FakeEncoder(), step=10, writer=w, picture_dir=str(tmp_path), only_due=True)
@@ -344,8 +407,11 @@ def test_builtin_suites():
   assert sorted(evs) == ["shapes_knn", "shapes_retrieval", "shapes_segmentation", "shapes_zeroshot"]
   assert evs["shapes_knn"]["train_split"] == "train" and evs["shapes_knn"]["max_train_examples"] == 200
   assert evs["shapes_segmentation"]["num_pictures"] == 4 and evs["shapes_zeroshot"]["num_pictures"] == 0
-  assert sorted(registry.builtin_evals("tuxpaint")) == ["tuxpaint_retrieval", "tuxpaint_segmentation",
-                                                         "tuxpaint_zeroshot"]
+  assert sorted(registry.builtin_evals("tuxpaint")) == [
+    "tuxpaint_retrieval",
+    "tuxpaint_segmentation",
+    "tuxpaint_zeroshot",
+  ]
   assert registry.builtin_evals("tuxpaint")["tuxpaint_zeroshot"]["split"] == "train"  # only split
   assert sorted(registry.builtin_evals("fashion_mnist")) == ["fashion_mnist_knn", "fashion_mnist_zeroshot"]
   for name, cfg in {**evs, **registry.builtin_evals("fashion_mnist")}.items():

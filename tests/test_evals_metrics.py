@@ -11,9 +11,13 @@ from tipsito.evals import templates
 
 # ----------------------------------------------------------------------------------------------- top-k
 def test_topk_hand_case_and_padding():
-  scores = np.array([[0.1, 0.5, 0.4],   # label 2: top1 -> 1 (miss), top2 -> {1,2} (hit)
-                     [0.9, 0.05, 0.05],  # label 0: hit at 1
-                     [0.2, 0.3, 0.5]])   # label 0: top2 -> {2,1} (miss)
+  scores = np.array(
+    [
+      [0.1, 0.5, 0.4],  # label 2: top1 -> 1 (miss), top2 -> {1,2} (hit)
+      [0.9, 0.05, 0.05],  # label 0: hit at 1
+      [0.2, 0.3, 0.5],
+    ]
+  )  # label 0: top2 -> {2,1} (miss)
   labels = np.array([2, 0, 0])
   acc = metrics.topk_accuracy(scores, labels, ks=(1, 2, 5))
   assert acc[1] == pytest.approx(1 / 3)
@@ -30,8 +34,7 @@ def test_topk_hand_case_and_padding():
 
 
 # ------------------------------------------------------------------------------------------ retrieval
-SIM = np.array([[0.1, 0.9, 0.8, 0.2],
-                [0.7, 0.6, 0.5, 0.1]])
+SIM = np.array([[0.1, 0.9, 0.8, 0.2], [0.7, 0.6, 0.5, 0.1]])
 T2I = np.array([0, 0, 1, 1])  # two captions per image
 
 
@@ -69,6 +72,7 @@ def test_recall_ties_do_not_inflate():
 
 def test_chunked_retrieval_matches_dense():
   from tipsito.evals.retrieval import retrieval_recall_chunked
+
   rng = np.random.default_rng(0)
   img = rng.normal(size=(13, 8)).astype(np.float32)
   txt = rng.normal(size=(30, 8)).astype(np.float32)
@@ -102,8 +106,9 @@ def test_confusion_accumulates_and_skips_padded_images():
   # A padded image predicting everything wrong must not change anything.
   junk_pred = np.full((1, 2, 3), 3)
   junk_gt = np.zeros((1, 2, 3), np.uint8)
-  cm.update(np.concatenate([junk_pred, junk_pred]), np.concatenate([junk_gt, junk_gt]),
-            valid=np.array([False, False]))
+  cm.update(
+    np.concatenate([junk_pred, junk_pred]), np.concatenate([junk_gt, junk_gt]), valid=np.array([False, False])
+  )
   np.testing.assert_array_equal(cm.matrix, metrics.confusion_matrix(PRED, GT, 4))
   assert cm.compute()["miou"] == pytest.approx(1 / 3)
   assert metrics.miou(PRED, GT, 4) == pytest.approx(1 / 3)
@@ -137,8 +142,9 @@ def test_knn_padded_bank_and_queries_never_counted():
   assert np.all(np.isfinite(v))
   np.testing.assert_allclose(v[0].sum(), np.exp(2.0) + np.exp(1.6) + 1.0 + np.exp(-2.0), rtol=1e-6)
   # Padded query rows are not in the denominator.
-  acc = metrics.knn_accuracy(q, [0, 0], BANK, BANK_LABELS, 2, k=3, temperature=0.5, ks=(1,),
-                             query_valid=np.array([True, False]))
+  acc = metrics.knn_accuracy(
+    q, [0, 0], BANK, BANK_LABELS, 2, k=3, temperature=0.5, ks=(1,), query_valid=np.array([True, False])
+  )
   assert acc[1] == 1.0
 
 

@@ -11,7 +11,7 @@ def _two_region_features(b=2, h=6, w=8, d=16, seed=0):
   rng = np.random.default_rng(seed)
   f = rng.normal(scale=0.05, size=(b, h, w, d)).astype(np.float32)
   f[:, :, : w // 2, 0] += 3.0
-  f[:, :, w // 2:, 0] -= 3.0
+  f[:, :, w // 2 :, 0] -= 3.0
   return f
 
 
@@ -60,6 +60,7 @@ def test_write_png_and_tensorboard(tmp_path):
 
 def test_clu_writer_accepts_pictures(tmp_path):
   from clu import metric_writers
+
   writer = metric_writers.create_default_writer(str(tmp_path), just_logging=False)
   pictures.write_pictures({"x/pca": np.zeros((8, 8, 3), np.uint8)}, step=1, writer=writer)
   writer.flush()

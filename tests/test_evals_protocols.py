@@ -47,7 +47,7 @@ class CodeEncoder:
     self.shapes = []
 
   def features(self, images):
-    codes = images[:, P // 2::P, P // 2::P, 0].astype(np.int64)
+    codes = images[:, P // 2 :: P, P // 2 :: P, 0].astype(np.int64)
     zero = np.zeros(self.dim)
     return np.stack([[[self.vectors.get(int(c), zero) for c in row] for row in img] for img in codes])
 
@@ -93,7 +93,7 @@ def test_bilinear_taps_are_half_pixel_and_clamped():
   i0, i1, f = segmentation.bilinear_taps(2, 8)
   np.testing.assert_array_equal(i0, [0, 0, 0, 0, 0, 0, 1, 1])
   np.testing.assert_array_equal(i1, [1, 1, 1, 1, 1, 1, 1, 1])
-  np.testing.assert_allclose(f, [0, 0, .125, .375, .625, .875, .125, .375])
+  np.testing.assert_allclose(f, [0, 0, 0.125, 0.375, 0.625, 0.875, 0.125, 0.375])
   x = np.array([[[0.0], [8.0]]])  # (1, 2, 1): resampled along width
   out = np.asarray(segmentation.resize_bilinear(x, (1, 8)))[0, :, 0]
   np.testing.assert_allclose(out, [0, 0, 1, 3, 5, 7, 8, 8])
@@ -102,15 +102,20 @@ def test_bilinear_taps_are_half_pixel_and_clamped():
 def test_window_boxes_follow_the_notebook_grid():
   # A 448 x 597 image, 448 windows every 336 px: the second window is moved back to end at 597.
   assert segmentation.window_boxes(448, 597, 448, 336) == [(0, 0, 448, 448), (0, 149, 448, 597)]
-  assert segmentation.window_boxes(10, 10, 4, 3) == [(y, x, y + 4, x + 4) for y in (0, 3, 6)
-                                                     for x in (0, 3, 6)]
+  assert segmentation.window_boxes(10, 10, 4, 3) == [
+    (y, x, y + 4, x + 4) for y in (0, 3, 6) for x in (0, 3, 6)
+  ]
   assert segmentation.window_boxes(3, 5, 4, 2) == [(0, 0, 3, 4), (0, 1, 3, 5)]  # clipped to the image
 
 
 # ------------------------------------------------------------------------------------------- schema
 def test_benchmarks_define_classes_background_and_sizes():
-  expect = {"ade150": (150, None, True), "pc59": (59, None, True), "pc60": (60, 0, False),
-            "voc21": (21, 0, False)}
+  expect = {
+    "ade150": (150, None, True),
+    "pc59": (59, None, True),
+    "pc60": (60, 0, False),
+    "voc21": (21, 0, False),
+  }
   for name, (n, bg, reduce0) in expect.items():
     cfg = segmentation.resolve_config(dict(type="segmentation", dataset="d", benchmark=name))
     assert len(cfg["class_names"]) == n and cfg["background_index"] == bg, name
@@ -126,17 +131,22 @@ def test_benchmarks_define_classes_background_and_sizes():
   assert (cfg["image_size"], cfg["protocol"], cfg["stride"], cfg["crop_size"]) == (336, "slide", 224, 448)
 
 
-@pytest.mark.parametrize("bad, match", [
+@pytest.mark.parametrize(
+  "bad, match",
+  [
     (dict(benchmark="ade20k"), "benchmark='ade20k'"),
     (dict(benchmark="ade150", class_names=["a"]), r"defines \['class_names'\]"),
-    (dict(benchmark="pc60", background_index=1, reduce_zero_label=True),
-     r"defines \['background_index', 'reduce_zero_label'\]"),
+    (
+      dict(benchmark="pc60", background_index=1, reduce_zero_label=True),
+      r"defines \['background_index', 'reduce_zero_label'\]",
+    ),
     (dict(benchmark="voc21", resize="resize"), "defines"),
     (dict(benchmark="ade150", bg_threshold=0.3), "no background class"),
     (dict(protocol="ade150"), "protocol='ade150'"),
     (dict(resize="squash"), "resize='squash'"),
     (dict(stride=0), "stride=0"),
-])
+  ],
+)
 def test_wrong_segmentation_configs_fail_early(bad, match):
   with pytest.raises(ValueError, match=match):
     segmentation.resolve_config(bad)
@@ -152,8 +162,7 @@ def test_wrong_segmentation_configs_fail_early(bad, match):
 
 # --------------------------------------------------------------------------------------- benchmarks
 def run_benchmark(name, records, enc, **kw):
-  cfg = dict(type="segmentation", dataset="fake", benchmark=name, image_size=8, batch_size=2,
-             num_workers=1)
+  cfg = dict(type="segmentation", dataset="fake", benchmark=name, image_size=8, batch_size=2, num_workers=1)
   cfg.update(kw)
   ev = make_evaluator("seg", cfg, source_fn=source_of(records))
   return ev, ev.run(enc)
@@ -229,8 +238,9 @@ def test_voc21_background_prompted_or_thresholded():
   # the all-zero feature of the first stripe scores 0 < 0.5 -> background.
   vectors = {30: np.zeros(dim), 31: eye[12], 32: unit(eye[0] + 4 * eye[15])}
   prompts = {k: v for k, v in text.items() if "background" not in k}  # a background prompt -> KeyError
-  ev, res = run_benchmark("voc21", [{"image": image, "segmentation": label}],
-                          CodeEncoder(prompts, vectors, dim), bg_threshold=0.5)
+  ev, res = run_benchmark(
+    "voc21", [{"image": image, "segmentation": label}], CodeEncoder(prompts, vectors, dim), bg_threshold=0.5
+  )
   np.testing.assert_array_equal(ev.last_confusion, cm)  # same confusion, other route
 
 
@@ -258,10 +268,23 @@ def test_slide_averages_softmax_probabilities_not_cosines():
 
   image = rgb(stripes([201, 200, 202], 8, 24))
   label = stripes([2, 1, 1], 8, 24)  # A alone: argmax a = 2; overlap: 1 (softmax); B alone: 1
-  ev = make_evaluator("seg", dict(type="segmentation", dataset="fake", class_names=names,
-                                  background_index=None, resize="short_side", image_size=8,
-                                  protocol="slide", crop_size=16, stride=8, batch_size=2, templates="identity"),
-                      source_fn=source_of([{"image": image, "segmentation": label}]))
+  ev = make_evaluator(
+    "seg",
+    dict(
+      type="segmentation",
+      dataset="fake",
+      class_names=names,
+      background_index=None,
+      resize="short_side",
+      image_size=8,
+      protocol="slide",
+      crop_size=16,
+      stride=8,
+      batch_size=2,
+      templates="identity",
+    ),
+    source_fn=source_of([{"image": image, "segmentation": label}]),
+  )
   enc = WindowContext(text, {}, 4)
   res = ev.run(enc)
   assert enc.shapes == [(2, 8, 16, 3)]  # the two windows in one batch
@@ -296,10 +319,19 @@ def test_inputs_are_resized_to_patch_multiples_so_scores_align():
   image = np.zeros((36, 36, 3), np.uint8)
   for c in range(3):
     image[..., c] = 255 * (label == c)
-  ev = make_evaluator("seg", dict(type="segmentation", dataset="fake", image_size=36, batch_size=1,
-                                  class_names=["thing #0", "thing #1", "thing #2"], background_index=None,
-                                  templates="identity"),
-                      source_fn=source_of([{"image": image, "segmentation": label}]))
+  ev = make_evaluator(
+    "seg",
+    dict(
+      type="segmentation",
+      dataset="fake",
+      image_size=36,
+      batch_size=1,
+      class_names=["thing #0", "thing #1", "thing #2"],
+      background_index=None,
+      templates="identity",
+    ),
+    source_fn=source_of([{"image": image, "segmentation": label}]),
+  )
   res = ev.run(Pooling())
   assert res["seg/miou"] == 100.0 and res["seg/pixel_acc"] == 100.0
   assert segmentation.to_patch_multiple(image, 16).shape == (48, 48, 3)
@@ -333,8 +365,9 @@ def oracle_records(raw_labels, ignore_raw, scale, seed=0, alternate_background=F
   short-side resize to 8): stripes of random raw labels, some stripes and a border of ignored labels."""
   rng = np.random.default_rng(seed)
   recs = []
-  for i, (h, w, vertical) in enumerate([(1, 3, True), (3, 1, False), (1, 1, True), (1, 4, True),
-                                        (2, 1, False)]):
+  for i, (h, w, vertical) in enumerate(
+    [(1, 3, True), (3, 1, False), (1, 1, True), (1, 4, True), (2, 1, False)]
+  ):
     h, w = 8 * scale * h, 8 * scale * w
     n = (w if vertical else h) // (8 * scale)
     cols = rng.choice(raw_labels, size=n)
@@ -348,14 +381,17 @@ def oracle_records(raw_labels, ignore_raw, scale, seed=0, alternate_background=F
   return recs
 
 
-@pytest.mark.parametrize("bench, protocol, extra", [
+@pytest.mark.parametrize(
+  "bench, protocol, extra",
+  [
     ("ade150", "whole", {}),
     ("ade150", "slide", dict(crop_size=16, stride=8)),
     ("pc60", "whole", {}),  # background prompted
     ("voc21", "slide", dict(crop_size=16, stride=8)),
     ("voc21", "whole", dict(bg_threshold=0.5)),
     ("pc60", "slide", dict(crop_size=16, stride=8, bg_threshold=0.5)),
-])
+  ],
+)
 def test_oracle_scores_100_through_the_training_eval_path(monkeypatch, bench, protocol, extra):
   names = segmentation.BENCHMARKS[bench].class_names
   if bench in ("ade150", "pc59"):  # raw v = class v - 1; 0 and 255 ignored
@@ -370,13 +406,26 @@ def test_oracle_scores_100_through_the_training_eval_path(monkeypatch, bench, pr
   # 'whole': label maps twice the resized image (scores upsampled straight to them). 'slide': at the
   # image's size, since there the averaged probabilities are resampled a second time (image -> label
   # map, as in the TIPS notebook), which can move a boundary by one label pixel when the map is larger.
-  records = oracle_records(raw[1:] if thresholded else raw, ignore, 2 if protocol == "whole" else 1,
-                           alternate_background=thresholded)
+  records = oracle_records(
+    raw[1:] if thresholded else raw, ignore, 2 if protocol == "whole" else 1, alternate_background=thresholded
+  )
   # The path training uses: config.evals -> make_evaluators -> run_all; only the record reader is faked.
   monkeypatch.setattr(eval_input, "open_records", lambda *a, **k: (records, None))
-  config = {"evals": {"zs_seg": dict(type="segmentation", benchmark=bench, dataset="fake",
-                                     split="validation", image_size=8, batch_size=2, num_workers=1,
-                                     protocol=protocol, **extra)}}
+  config = {
+    "evals": {
+      "zs_seg": dict(
+        type="segmentation",
+        benchmark=bench,
+        dataset="fake",
+        split="validation",
+        image_size=8,
+        batch_size=2,
+        num_workers=1,
+        protocol=protocol,
+        **extra,
+      )
+    }
+  }
   enc = Oracle(names, class_of_raw, background_prompted=not thresholded)
   metrics, _ = run_all(make_evaluators(config), enc)
   assert metrics["zs_seg/miou"] == pytest.approx(100.0)
@@ -395,15 +444,25 @@ def test_many_shapes_flush_early_and_count_every_example_once():
   for i, w in enumerate([8, 16, 24, 8, 32, 16, 40, 8]):
     label = np.full((8, w), i % 2, np.uint8)
     recs.append({"image": rgb(label + 50), "segmentation": label})
-  cfg = dict(type="segmentation", dataset="fake", class_names=names, background_index=None,
-             resize="short_side", image_size=8, batch_size=2, templates="identity")
+  cfg = dict(
+    type="segmentation",
+    dataset="fake",
+    class_names=names,
+    background_index=None,
+    resize="short_side",
+    image_size=8,
+    batch_size=2,
+    templates="identity",
+  )
   for cap, batches in ((8, 6), (1, 8)):
     ev = make_evaluator("seg", cfg, source_fn=source_of(recs))
     ev.MAX_QUEUED_BATCHES = cap  # 1: flush the longest queue when more than 2 examples wait
     enc = CodeEncoder(text, {50: eye[0], 51: eye[1]}, dim)
     res = ev.run(enc)
     assert res["seg/num_examples"] == 8 and res["seg/pixel_acc"] == 100.0
-    np.testing.assert_array_equal(ev.last_confusion, [[8 * (8 + 24 + 32 + 40), 0], [0, 8 * (16 + 8 + 16 + 8)]])
+    np.testing.assert_array_equal(
+      ev.last_confusion, [[8 * (8 + 24 + 32 + 40), 0], [0, 8 * (16 + 8 + 16 + 8)]]
+    )
     # cap 8: full batches for widths 8 and 16, then 24, 32, 40 and the last 8 at the end; cap 1: every
     # example leaves in its own padded batch.
     assert len(enc.shapes) == batches, cap

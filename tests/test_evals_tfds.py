@@ -37,35 +37,57 @@ class OneHotEncoder:
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
   import tipsito.data.builders._common  # noqa: F401  (TFDS importlib_resources shim on 3.11)
+
   d = str(tmp_path_factory.mktemp("tfds"))
-  feats = tfds.features.FeaturesDict({
+  feats = tfds.features.FeaturesDict(
+    {
       "img": tfds.features.Image(shape=(None, None, 3)),
       "cls": tfds.features.ClassLabel(names=[f"class_#{i}" for i in range(D)]),
       "captions": tfds.features.Sequence({"text": tfds.features.Text()}),
-  })
+    }
+  )
 
   def gen():
     for i in range(6):
-      yield {"img": np.full((20, 20, 3), i, np.uint8), "cls": i,
-             "captions": {"text": [f"cap #{i}", f"other #{i}"]}}
+      yield {
+        "img": np.full((20, 20, 3), i, np.uint8),
+        "cls": i,
+        "captions": {"text": [f"cap #{i}", f"other #{i}"]},
+      }
 
-  sig = {"img": tf.TensorSpec((20, 20, 3), tf.uint8), "cls": tf.TensorSpec((), tf.int64),
-         "captions": {"text": tf.TensorSpec((None,), tf.string)}}
+  sig = {
+    "img": tf.TensorSpec((20, 20, 3), tf.uint8),
+    "cls": tf.TensorSpec((), tf.int64),
+    "captions": {"text": tf.TensorSpec((None,), tf.string)},
+  }
   tfds.dataset_builders.store_as_tfds_dataset(
-      name="tipsito_evals_adhoc", version="1.0.0", features=feats,
-      split_datasets={"test": tf.data.Dataset.from_generator(gen, output_signature=sig)},
-      config=None, data_dir=d, file_format="array_record")
+    name="tipsito_evals_adhoc",
+    version="1.0.0",
+    features=feats,
+    split_datasets={"test": tf.data.Dataset.from_generator(gen, output_signature=sig)},
+    config=None,
+    data_dir=d,
+    file_format="array_record",
+  )
   return d
 
 
 def test_open_records_falls_back_to_tfds(data_dir):
-  src, names = eval_input.open_records("tipsito_evals_adhoc", "test", data_dir, image_key="img", label_key="cls")
+  src, names = eval_input.open_records(
+    "tipsito_evals_adhoc", "test", data_dir, image_key="img", label_key="cls"
+  )
   assert len(src) == 6 and names[0] == "class_#0"
 
 
 def test_zeroshot_and_retrieval_on_generic_tfds(data_dir):
-  common = dict(dataset="tipsito_evals_adhoc", data_dir=data_dir, image_key="img", label_key="cls",
-                image_size=16, batch_size=4)
+  common = dict(
+    dataset="tipsito_evals_adhoc",
+    data_dir=data_dir,
+    image_key="img",
+    label_key="cls",
+    image_size=16,
+    batch_size=4,
+  )
   zs = make_evaluator("zs", dict(type="zeroshot", templates="simple", **common))
   assert zs.class_names()[3] == "class #3"  # '_' -> ' ' in ClassLabel names
   assert zs.run(OneHotEncoder())["zs/top1"] == 100.0

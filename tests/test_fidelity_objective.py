@@ -6,6 +6,7 @@ Why: each of these is a weight or a state that trains fine either way, so only a
 (gradients of the total with respect to each loss call, the arguments a loss receives, the restored
 arrays) can tell what the run does. Tiny depth-1 towers; the stage-2 tests drive the real loop.
 """
+
 import dataclasses
 import importlib.util
 import os
@@ -58,8 +59,9 @@ def run_losses(setup, state, batch, ctx=None, frozen=None):
   ctx = ctx or setup.ctx
 
   def f(params):
-    total, (metrics, _) = objective.compute_losses(ctx, params, state.ema, state.centers,
-                                                   frozen or {}, batch, state.step, jax.random.PRNGKey(0))
+    total, (metrics, _) = objective.compute_losses(
+      ctx, params, state.ema, state.centers, frozen or {}, batch, state.step, jax.random.PRNGKey(0)
+    )
     return total, metrics
 
   return jax.jit(f)(state.params)
@@ -81,6 +83,7 @@ def load_config(name, arg=None):
 
 
 # --- item 4: DINO reduction over the local crops ----------------------------------------------------
+
 
 def test_dino_loss_sum_is_m_times_mean_on_a_fixed_example():
   rs = np.random.RandomState(0)
@@ -113,6 +116,7 @@ def test_dino_reduction_key_reaches_the_term():
 
 # --- item 5: contrastive weight per (term, CLS token, caption, view) --------------------------------
 
+
 def measured_contrastive_weights(setup, state, batch, weights):
   """{(cls, caption, view): d loss/total / d InfoNCE} for every `clip_loss` call, measured by replacing
   each call's value with a probe scalar and differentiating the total; which CLS token, caption and view
@@ -130,8 +134,9 @@ def measured_contrastive_weights(setup, state, batch, weights):
 
     con_lib.clip_loss = probe
     try:
-      total, _ = objective.compute_losses(ctx, state.params, state.ema, state.centers, {}, batch,
-                                          state.step, jax.random.PRNGKey(0))
+      total, _ = objective.compute_losses(
+        ctx, state.params, state.ema, state.centers, {}, batch, state.step, jax.random.PRNGKey(0)
+      )
     finally:
       con_lib.clip_loss = real
     return total, args
@@ -151,17 +156,21 @@ def measured_contrastive_weights(setup, state, batch, weights):
     known[("CLS2", "synthetic", 1)] = (emb(v1[:, 1]), t2)
   out = {}
   for i, (img, txt) in enumerate(args):
-    name, = [n for n, (a, b) in known.items()
-             if np.allclose(img, a, atol=1e-5) and np.allclose(txt, b, atol=1e-5)]
+    (name,) = [
+      n for n, (a, b) in known.items() if np.allclose(img, a, atol=1e-5) and np.allclose(txt, b, atol=1e-5)
+    ]
     assert name not in out
     out[name] = float(grads[i])
-  assert not np.any(np.asarray(grads[len(args):]))
+  assert not np.any(np.asarray(grads[len(args) :]))
   return out
 
 
 # The weights documented in tipsito/objective/recipes.py (tipsito recipe) and README "Recipes".
-TIPSITO_DOCUMENTED = {("CLS1", "alt-text", 1): 0.25, ("CLS2", "synthetic", 1): 0.5,
-                      ("CLS1", "alt-text", 2): 0.25}
+TIPSITO_DOCUMENTED = {
+  ("CLS1", "alt-text", 1): 0.25,
+  ("CLS2", "synthetic", 1): 0.5,
+  ("CLS1", "alt-text", 2): 0.25,
+}
 
 
 def test_tipsito_effective_contrastive_weights_are_the_documented_ones():
@@ -175,9 +184,11 @@ def test_tipsito_effective_contrastive_weights_are_the_documented_ones():
   assert got == pytest.approx(TIPSITO_DOCUMENTED, abs=1e-6)
   assert sum(got.values()) == pytest.approx(1.0)
   rows = {r["pair"]: r["weight"] for r in info.effective_weights(c, setup.ctx)}
-  printed = {("CLS1", "alt-text", 1): rows["clip CLS1 x alt-text, view 1"],
-             ("CLS2", "synthetic", 1): rows["clip CLS2 x synthetic, view 1"],
-             ("CLS1", "alt-text", 2): rows["clip_view2 CLS1 x alt-text, view 2"]}
+  printed = {
+    ("CLS1", "alt-text", 1): rows["clip CLS1 x alt-text, view 1"],
+    ("CLS2", "synthetic", 1): rows["clip CLS2 x synthetic, view 1"],
+    ("CLS1", "alt-text", 2): rows["clip_view2 CLS1 x alt-text, view 2"],
+  }
   assert printed == pytest.approx(got, abs=1e-6)
   # view_weighting='sum': the weights as written (tipsito before the key), 1/2 each, total 1.5.
   setup.ctx = dataclasses.replace(setup.ctx, view_weighting="sum")
@@ -195,6 +206,7 @@ def test_ito_keeps_its_weights():
 
 
 # --- item 10: distillation's DINO student views ----------------------------------------------------
+
 
 def distill_build(**distill):
   c = tiny("distill", image_size=28)
@@ -221,8 +233,9 @@ def dino_student_logits(setup, state, batch, frozen):
 
     sd_lib.dino_loss = spy
     try:
-      objective.compute_losses(ctx, params, state.ema, state.centers, frozen, batch, state.step,
-                               jax.random.PRNGKey(0))
+      objective.compute_losses(
+        ctx, params, state.ema, state.centers, frozen, batch, state.step, jax.random.PRNGKey(0)
+      )
     finally:
       sd_lib.dino_loss = real
     return seen[0]
@@ -231,8 +244,13 @@ def dino_student_logits(setup, state, batch, frozen):
   p = state.params
   loc = batch["local_crops"]
   b, m = loc.shape[:2]
-  l_cls = apply(setup, p, loc.reshape((b * m,) + loc.shape[2:]), train=True,
-                method=TrainModel.encode_image)["cls"][:, 0].reshape(b, m, -1).swapaxes(0, 1)
+  l_cls = (
+    apply(setup, p, loc.reshape((b * m,) + loc.shape[2:]), train=True, method=TrainModel.encode_image)["cls"][
+      :, 0
+    ]
+    .reshape(b, m, -1)
+    .swapaxes(0, 1)
+  )
   g_cls = apply(setup, p, batch["image"], train=True, method=TrainModel.encode_image)["cls"][:, 0]
   local = apply(setup, p, apply(setup, p, l_cls, method=TrainModel.to_teacher_width), method=TrainModel.dino)
   glob = apply(setup, p, apply(setup, p, g_cls, method=TrainModel.to_teacher_width), method=TrainModel.dino)
@@ -267,6 +285,7 @@ def test_dino_global_crop_is_a_distillation_option():
 
 # --- item 9: stage 2 continues stage 1's teacher ---------------------------------------------------
 
+
 def stage_config(data_dir, ema_mode, steps=2):
   c = tiny("tipsv2", batch_size=8, total_steps=steps)
   c.tokenizer = None
@@ -294,13 +313,15 @@ def stage2_state(tmp_path, data_dir, init, ema_mode, init_teacher="continue"):
   """The state a stage-2 run starts from (the loop's restore_or_init on an empty workdir), at a higher
   resolution, as configs/tipsv2_g14_hires.py sets it up."""
   from tipsito.config import paper  # pylint: disable=import-outside-toplevel
+
   c = stage_config(data_dir, ema_mode)
   c = paper.high_resolution_stage(c, init=init, init_teacher=init_teacher)
   c.input.update(dict(global_size=64, local_size=32))  # 2x stage 1, whole patches
   config_validation.validate(c, num_devices=1)
   setup = step_lib.build(c)
-  ckpt = checkpointing.Checkpointer(os.path.join(str(tmp_path), "checkpoints"), every_steps=0, keep=1,
-                                    async_save=False)
+  ckpt = checkpointing.Checkpointer(
+    os.path.join(str(tmp_path), "checkpoints"), every_steps=0, keep=1, async_save=False
+  )
   try:
     state, _ = loop.restore_or_init(setup, ckpt)
   finally:
@@ -326,8 +347,10 @@ def test_stage2_continues_the_stage1_teacher_bitwise(stage1, tmp_path, data_dir,
   want_keys = {"dino_head", "ibot_head"} | ({"image"} if mode == "full" else set())
   assert set(s1.ema) == want_keys
   # Stage 1's teacher is not a copy of its student and its centres are not zero: 'reset' would differ.
-  assert any(not np.array_equal(x, y) for x, y in zip(jax.tree.leaves(s1.ema["dino_head"]),
-                                                      jax.tree.leaves(s1.params["dino_head"])))
+  assert any(
+    not np.array_equal(x, y)
+    for x, y in zip(jax.tree.leaves(s1.ema["dino_head"]), jax.tree.leaves(s1.params["dino_head"]))
+  )
   assert all(np.any(c != 0) for c in s1.centers.values())
   s2 = stage2_state(tmp_path, data_dir, stage1[mode], mode)
   assert int(s2.step) == 0
@@ -348,10 +371,14 @@ def test_stage2_refuses_an_ema_mode_other_than_stage1s(stage1, data_dir):
   """The shipped stage-2 config after a full-EMA stage 1: `ema=head` (its default) is refused naming
   stage 1's mode; `ema=full` or `init_teacher=reset` validate."""
   w = stage1["full"]
-  with pytest.raises(ConfigError, match=r"config\.ema\.mode='head'.*trained with ema\.mode='full'.*"
-                                        r"--config\.ema\.mode=full.*ema=full.*init_teacher=reset"):
-    config_validation.validate(load_config("tipsv2_g14_hires.py", f"variant=B/14,init={w}"),
-                               check_tokenizer=False)
+  with pytest.raises(
+    ConfigError,
+    match=r"config\.ema\.mode='head'.*trained with ema\.mode='full'.*"
+    r"--config\.ema\.mode=full.*ema=full.*init_teacher=reset",
+  ):
+    config_validation.validate(
+      load_config("tipsv2_g14_hires.py", f"variant=B/14,init={w}"), check_tokenizer=False
+    )
   for arg in (f"variant=B/14,init={w},ema=full", f"variant=B/14,init={w},init_teacher=reset"):
     config_validation.validate(load_config("tipsv2_g14_hires.py", arg), check_tokenizer=False)
   c = stage_config(data_dir, "full")
@@ -362,13 +389,16 @@ def test_stage2_refuses_an_ema_mode_other_than_stage1s(stage1, data_dir):
 
 # --- distillation ablation: the student image encoder initialised from the teacher -------------------
 
+
 def test_distill_init_image_starts_the_student_from_the_teacher():
   """`distill.init_image` (TIPSv2 Table 2's pretrained-init ablation): the student's image params at step 0
   are the frozen teacher's, leaf for leaf; off (the paper's default), they are a random init."""
   probe, _, _, _ = distill_build()
   t_cfg = probe.teacher.image_config
-  arch = {k: t_cfg[k] for k in ("width", "depth", "num_heads", "mlp_dim", "ffn", "patch_size", "num_cls_tokens",
-                                  "posemb_grid")}
+  arch = {
+    k: t_cfg[k]
+    for k in ("width", "depth", "num_heads", "mlp_dim", "ffn", "patch_size", "num_cls_tokens", "posemb_grid")
+  }
   teacher = jax.tree.map(np.asarray, dict(probe.teacher.params))
 
   def student(init_image):

@@ -6,6 +6,7 @@ crops zero-padded them to 112 px (a black frame the teacher never sees in every 
 tipsito's "ITO view" was cropped at TIPS's 0.32-1.0 instead of ITO's 0.5-1.0, and the ITO LAION-100M
 preset ran a third of the epochs of ITO's "30 epochs unless noted".
 """
+
 import importlib.util
 import pathlib
 
@@ -23,20 +24,22 @@ DATA = ROOT / "tests" / "data" / "tips_model"
 # Every training config in configs/ with every documented argument value (eval_shapes.py has no training
 # crops). Each must validate and have whole-patch training crops.
 SHIPPED = {
-    "demo.py": [None, "size=32", "size=48", "size=72", "size=96", "size=128"]
-               + [f"recipe={r}" for r in ("clip", "siglip", "ito", "tips", "tipsv2", "tipsito")]
-               + ["optim=adafactor,pixels=tips", "evals=False"],
-    "tipsv2_g14.py": [f"variant={v}" for v in ("g/14", "So400m/14", "L/14", "B/14", "S/14")]
-                     + ["ema=full"],
-    "tipsv2_g14_hires.py": [f"variant={v},init=/x" for v in ("g/14", "So400m/14", "L/14", "B/14", "S/14")],
-    "tipsv2_distill.py": [f"student={s}" for s in ("B", "L", "So400m")],
-    "tipsv2_distill_hires.py": [f"student={s},init=/x" for s in ("B", "L", "So400m")],
-    "ito_b16.py": [f"data={d},variant={v}" for d in ("cc3m", "cc12m", "yfcc15m", "laion100m", "datacomp1b")
-                   for v in ("B/16", "L/16")],
-    "ito_l16.py": [f"data={d}" for d in ("cc3m", "cc12m", "yfcc15m", "laion100m", "datacomp1b")],
-    "clip_b16.py": [f"data={d}" for d in ("cc3m", "cc12m", "yfcc15m", "laion100m", "datacomp1b")],
-    "siglip_b16.py": [None],
-    "tipsito_b16.py": [None, "data=cc12m"],
+  "demo.py": [None, "size=32", "size=48", "size=72", "size=96", "size=128"]
+  + [f"recipe={r}" for r in ("clip", "siglip", "ito", "tips", "tipsv2", "tipsito")]
+  + ["optim=adafactor,pixels=tips", "evals=False"],
+  "tipsv2_g14.py": [f"variant={v}" for v in ("g/14", "So400m/14", "L/14", "B/14", "S/14")] + ["ema=full"],
+  "tipsv2_g14_hires.py": [f"variant={v},init=/x" for v in ("g/14", "So400m/14", "L/14", "B/14", "S/14")],
+  "tipsv2_distill.py": [f"student={s}" for s in ("B", "L", "So400m")],
+  "tipsv2_distill_hires.py": [f"student={s},init=/x" for s in ("B", "L", "So400m")],
+  "ito_b16.py": [
+    f"data={d},variant={v}"
+    for d in ("cc3m", "cc12m", "yfcc15m", "laion100m", "datacomp1b")
+    for v in ("B/16", "L/16")
+  ],
+  "ito_l16.py": [f"data={d}" for d in ("cc3m", "cc12m", "yfcc15m", "laion100m", "datacomp1b")],
+  "clip_b16.py": [f"data={d}" for d in ("cc3m", "cc12m", "yfcc15m", "laion100m", "datacomp1b")],
+  "siglip_b16.py": [None],
+  "tipsito_b16.py": [None, "data=cc12m"],
 }
 
 
@@ -87,17 +90,42 @@ def test_tipsito_b16_local_crops_are_six_patches():
 
 # (config file, arg, key, bad px, words the error must contain: the key, the patch, the nearest valid sizes)
 REFUSED = [
-    ("tipsito_b16.py", None, "input.local_size", 98,
-     ["config.input.local_size=98", "config.model.image.patch_size=16", "local crops", "96 or 112"]),
-    ("tipsito_b16.py", None, "input.global_size", 230,
-     ["config.input.global_size=230", "patch_size=16", "global crop and view 2", "224 or 240"]),
-    ("ito_b16.py", None, "input.global_size", 200,  # view 2 of ITO's two views
-     ["config.input.global_size=200", "patch_size=16", "view 2", "192 or 208"]),
-    ("tipsv2_g14.py", "variant=B/14", "input.local_size", 96,
-     ["config.input.local_size=96", "patch_size=14", "84 or 98"]),
-    ("tipsv2_g14.py", "variant=B/14", "input.global_size", 220,
-     ["config.input.global_size=220", "patch_size=14", "210 or 224"]),
-    ("demo.py", None, "input.local_size", 36, ["config.input.local_size=36", "patch_size=8", "32 or 40"]),
+  (
+    "tipsito_b16.py",
+    None,
+    "input.local_size",
+    98,
+    ["config.input.local_size=98", "config.model.image.patch_size=16", "local crops", "96 or 112"],
+  ),
+  (
+    "tipsito_b16.py",
+    None,
+    "input.global_size",
+    230,
+    ["config.input.global_size=230", "patch_size=16", "global crop and view 2", "224 or 240"],
+  ),
+  (
+    "ito_b16.py",
+    None,
+    "input.global_size",
+    200,  # view 2 of ITO's two views
+    ["config.input.global_size=200", "patch_size=16", "view 2", "192 or 208"],
+  ),
+  (
+    "tipsv2_g14.py",
+    "variant=B/14",
+    "input.local_size",
+    96,
+    ["config.input.local_size=96", "patch_size=14", "84 or 98"],
+  ),
+  (
+    "tipsv2_g14.py",
+    "variant=B/14",
+    "input.global_size",
+    220,
+    ["config.input.global_size=220", "patch_size=14", "210 or 224"],
+  ),
+  ("demo.py", None, "input.local_size", 36, ["config.input.local_size=36", "patch_size=8", "32 or 40"]),
 ]
 
 
@@ -133,6 +161,7 @@ def _jpeg(seed, h=96, w=128):
   import io  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
   from PIL import Image  # pylint: disable=import-outside-toplevel
+
   buf = io.BytesIO()
   Image.fromarray(np.random.RandomState(seed).randint(0, 255, (h, w, 3), np.uint8)).save(buf, "JPEG")
   return buf.getvalue()
@@ -144,6 +173,7 @@ def _drawn_areas(config, n=150):
   import numpy as np  # pylint: disable=import-outside-toplevel
   from tipsito.data import pipeline  # pylint: disable=import-outside-toplevel
   from tipsito.data import transforms as T  # pylint: disable=import-outside-toplevel
+
   tr = pipeline.ExampleSpec.from_config(config).view_transform()
   rng = np.random.default_rng(0)
   v1, v2 = [], []
@@ -182,6 +212,7 @@ def test_view2_crop_scale_is_its_own_key():
   v1, v2 = _drawn_areas(c, n=60)
   assert v1[:, 0].max() <= 0.3 and v2[:, 0].min() >= 0.5
   from tipsito.data import pipeline  # pylint: disable=import-outside-toplevel
+
   c.input.view2_crop_scale = None
   assert pipeline.ExampleSpec.from_config(c).view2_scale == (0.5, 1.0)
   c.input.view2_crop_scale = (0.8, 0.5)
@@ -191,10 +222,14 @@ def test_view2_crop_scale_is_its_own_key():
 
 # Paper configs and the global-view crop scale each sets explicitly (sources in their docstrings).
 GLOBAL_SCALE = {
-    ("tipsv2_g14.py", "variant=B/14"): (1.0, 1.0), ("tipsv2_g14.py", None): (1.0, 1.0),
-    ("tipsv2_g14_hires.py", "init=/x"): (1.0, 1.0), ("tipsv2_distill.py", "student=B"): (1.0, 1.0),
-    ("tipsv2_distill_hires.py", "student=L,init=/x"): (1.0, 1.0), ("tipsito_b16.py", None): (1.0, 1.0),
-    ("ito_b16.py", "data=laion100m"): (0.5, 1.0), ("ito_l16.py", None): (0.5, 1.0),
+  ("tipsv2_g14.py", "variant=B/14"): (1.0, 1.0),
+  ("tipsv2_g14.py", None): (1.0, 1.0),
+  ("tipsv2_g14_hires.py", "init=/x"): (1.0, 1.0),
+  ("tipsv2_distill.py", "student=B"): (1.0, 1.0),
+  ("tipsv2_distill_hires.py", "student=L,init=/x"): (1.0, 1.0),
+  ("tipsito_b16.py", None): (1.0, 1.0),
+  ("ito_b16.py", "data=laion100m"): (0.5, 1.0),
+  ("ito_l16.py", None): (0.5, 1.0),
 }
 
 
@@ -206,11 +241,11 @@ def test_paper_configs_set_the_global_crop_scale(name, arg):
     assert c.input.view2_crop_scale == (0.5, 1.0)
 
 
-
 @pytest.mark.parametrize("name", ["tipsv2_g14.py", "tipsito_b16.py"])
 def test_global_scale_sources_are_quoted(name):
   """The config docstring quotes the sources and names the alternative's override."""
   import ast  # pylint: disable=import-outside-toplevel
+
   doc = ast.get_docstring(ast.parse((CONFIGS / name).read_text()))
   assert "global_crop_scale=(1.0, 1.0)" in doc and "processes the original image I" in doc
   assert "only random resizes, crops and\nflips" in doc or "only random resizes, crops and flips" in doc
@@ -223,6 +258,7 @@ def test_tipsv2_teacher_sees_the_whole_image():
   import numpy as np  # pylint: disable=import-outside-toplevel
   from tipsito.data import pipeline  # pylint: disable=import-outside-toplevel
   from tipsito.data import transforms as T  # pylint: disable=import-outside-toplevel
+
   c = load("tipsv2_g14.py", "variant=B/14")
   tr = pipeline.ExampleSpec.from_config(c).view_transform()
   rng = np.random.default_rng(0)
@@ -240,6 +276,7 @@ def test_dino_global_scale_is_one_override_away():
   from absl import flags  # pylint: disable=import-outside-toplevel
   from ml_collections import config_flags  # pylint: disable=import-outside-toplevel
   from tipsito.data import pipeline  # pylint: disable=import-outside-toplevel
+
   for name, arg in (("tipsv2_g14.py", "variant=B/14"), ("tipsito_b16.py", None)):
     path = str(CONFIGS / name) + (f":{arg}" if arg else "")
     argv = ["prog", f"--config={path}", "--config.input.global_crop_scale=(0.32, 1.0)"]
@@ -254,6 +291,7 @@ def test_dino_global_scale_is_one_override_away():
 def test_ito_laion100m_runs_thirty_epochs():
   """ITO's table: "ViT-B/16, 30 epochs unless noted"; LAION-100M is not noted (DataComp-1B is: 1 epoch)."""
   from tipsito.config import paper  # pylint: disable=import-outside-toplevel
+
   c = load("ito_b16.py", "data=laion100m")
   assert c.total_steps == paper.ITO_STEPS["laion100m"]
   epochs = c.total_steps * c.input.batch_size / 100e6
@@ -263,24 +301,32 @@ def test_ito_laion100m_runs_thirty_epochs():
 
 # Lines `python -m tipsito.info` prints for each paper config's training crops.
 INFO_LINES = {
-    ("tipsito_b16.py", None): [
-        "global 224 px = 14 x 16 px patches (grid 14 x 14), crop area (1.0, 1.0) of the image",
-        "view 2 224 px = 14 x 16 px patches (grid 14 x 14), crop area (0.5, 1.0) of the image",
-        "local  6 x 96 px = 6 x 16 px patches (grid 6 x 6), crop area (0.05, 0.32) of the image"],
-    ("tipsv2_g14.py", None): ["global 224 px = 16 x 14 px patches", "local  6 x 98 px = 7 x 14 px patches"],
-    ("tipsv2_g14_hires.py", "init=/x"): ["global 448 px = 32 x 14 px patches",
-                                         "local  6 x 140 px = 10 x 14 px patches"],
-    ("tipsv2_distill.py", "student=B"): ["global 224 px = 16 x 14 px patches",
-                                         "local  6 x 98 px = 7 x 14 px patches"],
-    ("ito_b16.py", None): ["global 224 px = 14 x 16 px patches (grid 14 x 14), crop area (0.5, 1.0)",
-                           "view 2 224 px = 14 x 16 px patches (grid 14 x 14), crop area (0.5, 1.0)"],
-    ("clip_b16.py", None): ["global 224 px = 14 x 16 px patches"],
+  ("tipsito_b16.py", None): [
+    "global 224 px = 14 x 16 px patches (grid 14 x 14), crop area (1.0, 1.0) of the image",
+    "view 2 224 px = 14 x 16 px patches (grid 14 x 14), crop area (0.5, 1.0) of the image",
+    "local  6 x 96 px = 6 x 16 px patches (grid 6 x 6), crop area (0.05, 0.32) of the image",
+  ],
+  ("tipsv2_g14.py", None): ["global 224 px = 16 x 14 px patches", "local  6 x 98 px = 7 x 14 px patches"],
+  ("tipsv2_g14_hires.py", "init=/x"): [
+    "global 448 px = 32 x 14 px patches",
+    "local  6 x 140 px = 10 x 14 px patches",
+  ],
+  ("tipsv2_distill.py", "student=B"): [
+    "global 224 px = 16 x 14 px patches",
+    "local  6 x 98 px = 7 x 14 px patches",
+  ],
+  ("ito_b16.py", None): [
+    "global 224 px = 14 x 16 px patches (grid 14 x 14), crop area (0.5, 1.0)",
+    "view 2 224 px = 14 x 16 px patches (grid 14 x 14), crop area (0.5, 1.0)",
+  ],
+  ("clip_b16.py", None): ["global 224 px = 14 x 16 px patches"],
 }
 
 
 @pytest.mark.parametrize("name,arg", list(INFO_LINES))
 def test_info_prints_training_crops_in_patches(name, arg):
   from tipsito import info  # pylint: disable=import-outside-toplevel
+
   geo = info.crop_geometry(load(name, arg))
   text = "\n".join(geo["lines"])
   for want in INFO_LINES[name, arg]:
@@ -292,19 +338,24 @@ def test_info_prints_training_crops_in_patches(name, arg):
 def test_info_flags_padded_crops():
   """A crop the ViT would pad (the old tipsito_b16 local crop) is flagged with the padding it costs."""
   from tipsito import info  # pylint: disable=import-outside-toplevel
+
   c = load("tipsito_b16.py")
   c.input.local_size = 98
   geo = info.crop_geometry(c)
   local = [x for x in geo["crops"] if x["name"] == "local"][0]
-  assert local["padded_px"] == 112 and local["padding_fraction"] == pytest.approx(1 - 98 ** 2 / 112 ** 2,
-                                                                                    abs=1e-4)
-  assert ("local  6 x 98 px = 6.125 x 16 px patches (grid 7 x 7), crop area (0.05, 0.32) of the image; "
-          "NOT WHOLE PATCHES: zero-padded to 112 px (23.4% of the input is padding)") in geo["lines"][-1]
+  assert local["padded_px"] == 112 and local["padding_fraction"] == pytest.approx(
+    1 - 98**2 / 112**2, abs=1e-4
+  )
+  assert (
+    "local  6 x 98 px = 6.125 x 16 px patches (grid 7 x 7), crop area (0.05, 0.32) of the image; "
+    "NOT WHOLE PATCHES: zero-padded to 112 px (23.4% of the input is padding)"
+  ) in geo["lines"][-1]
 
 
 def test_info_table_has_the_crop_section():
   """`python -m tipsito.info` output (table and JSON) carries the section, under the recipe line."""
   from tipsito import info  # pylint: disable=import-outside-toplevel
+
   out = info.compute_info(load("demo.py", "evals=False"))
   table = info._table(out).splitlines()  # pylint: disable=protected-access
   assert table[1] == "  training crops (patch 8 px):"

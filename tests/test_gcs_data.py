@@ -8,6 +8,7 @@ array_record shards from gs:// with grain. array_record's reader (C++, google-cl
 emulator through `CLOUD_STORAGE_EMULATOR_ENDPOINT`; without it, it goes to the real endpoint and a
 read hangs (tests/test_gcs_emulator.py's run reads a local copy for that reason).
 """
+
 import json
 import os
 import subprocess
@@ -23,11 +24,17 @@ from test_gcs_emulator import BUCKET, ROOT, gcs_env  # noqa: F401  pylint: disab
 def _run(script, env, *args, timeout=900):
   """Runs `script` in a subprocess with the emulator environment; returns its RESULT json."""
   env = {**env, "CLOUD_STORAGE_EMULATOR_ENDPOINT": env["STORAGE_EMULATOR_HOST"]}
-  r = subprocess.run([sys.executable, "-c", script, *map(str, args)], cwd=ROOT, env=env,
-                     capture_output=True, text=True, timeout=timeout)
+  r = subprocess.run(
+    [sys.executable, "-c", script, *map(str, args)],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+  )
   lines = [s for s in r.stdout.splitlines() if s.startswith("RESULT ")]
   assert r.returncode == 0 and lines, r.stdout[-3000:] + r.stderr[-5000:]
-  return json.loads(lines[-1][len("RESULT "):])
+  return json.loads(lines[-1][len("RESULT ") :])
 
 
 CONVERT = textwrap.dedent("""\
@@ -107,12 +114,22 @@ def test_conversion_from_and_to_gs(gcs_env, wds_dir, table_dir, tmp_path, mode):
     assert res["sizes"][0] == res["sizes"][1] and res["same_records"] and res["num_shards"] == 2, (key, res)
     assert res["report"]["written"] >= 2, (key, res)
     assert res["same_report"] and not res["units_left"], (key, res)
-  assert out["wds"]["report"]["by_reason"] == {"zero-byte": 1, "corrupt image": 1, "non-UTF-8 caption": 1,
-                                               "missing image": 1, "bad json": 1, "missing caption": 1}
+  assert out["wds"]["report"]["by_reason"] == {
+    "zero-byte": 1,
+    "corrupt image": 1,
+    "non-UTF-8 caption": 1,
+    "missing image": 1,
+    "bad json": 1,
+    "missing caption": 1,
+  }
   assert out["folder"]["report"]["skipped"] == [["c.png", "missing caption"], ["z.png", "zero-byte"]]
   assert out["table"]["report"]["skipped"] == [
-      ["corrupt.png", "corrupt image"], ["gray.gif", "missing caption"], ["missing.png", "missing image"],
-      ["ok1.png", "non-UTF-8 caption"], ["zero.png", "zero-byte"]]
+    ["corrupt.png", "corrupt image"],
+    ["gray.gif", "missing caption"],
+    ["missing.png", "missing image"],
+    ["ok1.png", "non-UTF-8 caption"],
+    ["zero.png", "zero-byte"],
+  ]
 
 
 TRAIN = textwrap.dedent("""\

@@ -20,6 +20,7 @@ dataset directory on gs:// is resolved and its metadata read through the emulato
 batches come from a local copy. (That reader has its own GCS client, which reaches the emulator when
 CLOUD_STORAGE_EMULATOR_ENDPOINT is set: tests/test_gcs_data.py trains from the bucket that way.)
 """
+
 import json
 import os
 import socket
@@ -50,10 +51,29 @@ def gcs_env(tmp_path_factory):
   tmp = tmp_path_factory.mktemp("emulator")
   (tmp / "seed" / BUCKET).mkdir(parents=True)  # -data: each folder becomes a bucket
   log = open(tmp / "emulator.log", "w")
-  proc = subprocess.Popen([str(wrapper._get_binary_path()), "-scheme", "http", "-backend", "memory",
-                           "-data", str(tmp / "seed"), "-host", "127.0.0.1", "-port", str(port),
-                           "-external-url", url, "-public-host", f"127.0.0.1:{port}",
-                           "-log-level", "error"], stdout=log, stderr=subprocess.STDOUT)
+  proc = subprocess.Popen(
+    [
+      str(wrapper._get_binary_path()),
+      "-scheme",
+      "http",
+      "-backend",
+      "memory",
+      "-data",
+      str(tmp / "seed"),
+      "-host",
+      "127.0.0.1",
+      "-port",
+      str(port),
+      "-external-url",
+      url,
+      "-public-host",
+      f"127.0.0.1:{port}",
+      "-log-level",
+      "error",
+    ],
+    stdout=log,
+    stderr=subprocess.STDOUT,
+  )
   try:
     deadline = time.time() + 60
     while True:
@@ -64,9 +84,17 @@ def gcs_env(tmp_path_factory):
         if time.time() > deadline or proc.poll() is not None:
           pytest.fail(f"GCS emulator did not start (exit {proc.poll()})")
         time.sleep(0.2)
-    yield {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "3",
-           "STORAGE_EMULATOR_HOST": url, "EPATH_USE_TF": "false", "TENSORSTORE_GCS_HTTP_URL": url,
-           "GOOGLE_AUTH_TOKEN_FOR_TESTING": "emulator", "NO_GCE_CHECK": "true"}
+    yield {
+      **os.environ,
+      "PYTHONPATH": ROOT,
+      "JAX_PLATFORMS": "cpu",
+      "TF_CPP_MIN_LOG_LEVEL": "3",
+      "STORAGE_EMULATOR_HOST": url,
+      "EPATH_USE_TF": "false",
+      "TENSORSTORE_GCS_HTTP_URL": url,
+      "GOOGLE_AUTH_TOKEN_FOR_TESTING": "emulator",
+      "NO_GCE_CHECK": "true",
+    }
   finally:
     proc.terminate()
     try:
@@ -172,11 +200,17 @@ SCRIPT = textwrap.dedent("""\
 
 
 def test_gcs_round_trip(gcs_env, tmp_path):
-  r = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path), BUCKET], cwd=ROOT, env=gcs_env,
-                     capture_output=True, text=True, timeout=900)
+  r = subprocess.run(
+    [sys.executable, "-c", SCRIPT, str(tmp_path), BUCKET],
+    cwd=ROOT,
+    env=gcs_env,
+    capture_output=True,
+    text=True,
+    timeout=900,
+  )
   lines = [s for s in r.stdout.splitlines() if s.startswith("RESULT ")]
   assert r.returncode == 0 and lines, r.stderr[-5000:]
-  out = json.loads(lines[-1][len("RESULT "):])
+  out = json.loads(lines[-1][len("RESULT ") :])
   assert out["steps_after_stop"] == 2 and out["config_json"]
   assert out["guard"] is True
   assert out["steps"] == [2, 3, 4]

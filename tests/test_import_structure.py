@@ -12,6 +12,7 @@ importing command-line modules; `--step` adds the files one training step runs c
 What is not fixed yet lives in `PENDING`, each entry with the reason it is still there: the tests fail on
 anything new, and on an entry that no longer exists (so the list only shrinks).
 """
+
 from __future__ import annotations
 
 import ast
@@ -27,21 +28,21 @@ PACKAGE = "tipsito"
 # What the structure still has, outside the modules of the one-way assembly (issue 19 items 1-3, 5), with
 # the reason each is still there. Remove an entry when it is fixed (the tests say so).
 PENDING = {
-    # circles between files, as the set of files in the knot
-    "file_circles": {},
-    # subpackage circles, as the set of subpackages in the knot
-    "subpackage_circles": {},
-    # (library module, the `python -m` module it imports)
-    "library_imports_of_cli": {},
-    # module -> function-local imports of tipsito modules without a reason on their line
-    "unexplained_local_imports": {
-    },
+  # circles between files, as the set of files in the knot
+  "file_circles": {},
+  # subpackage circles, as the set of subpackages in the knot
+  "subpackage_circles": {},
+  # (library module, the `python -m` module it imports)
+  "library_imports_of_cli": {},
+  # module -> function-local imports of tipsito modules without a reason on their line
+  "unexplained_local_imports": {},
 }
 
 
 @dataclasses.dataclass(frozen=True)
 class Import:
   """One import of a tipsito module: who imports what, where, and whether inside a function."""
+
   source: str  # importing module, dotted
   target: str  # imported tipsito module, dotted (a file of the package)
   line: int
@@ -97,7 +98,7 @@ def imports_of(module: str, files: dict[str, pathlib.Path]) -> list[Import]:
       elif isinstance(child, ast.ImportFrom):
         if child.level:
           base = package.split(".")
-          base = base[:len(base) - (child.level - 1)]
+          base = base[: len(base) - (child.level - 1)]
           mod = ".".join(base + ([child.module] if child.module else []))
         else:
           mod = child.module or ""
@@ -236,16 +237,25 @@ def figures(root: pathlib.Path = ROOT) -> dict:
   for i in local:
     if not _reason(i.comment):
       unexplained[i.source] = unexplained.get(i.source, 0) + 1
-  return {"files": len(files), "import_edges": len(file_edges), "subpackage_edges": len(sub_edges),
-          "file_circles": circles(file_edges), "file_knots": knots(file_edges),
-          "subpackage_circles": circles(sub_edges), "subpackage_knots": knots(sub_edges),
-          "local_imports": local, "unexplained_local_imports": unexplained,
-          "cli_modules": clis, "library_imports_of_cli": lib_to_cli}
+  return {
+    "files": len(files),
+    "import_edges": len(file_edges),
+    "subpackage_edges": len(sub_edges),
+    "file_circles": circles(file_edges),
+    "file_knots": knots(file_edges),
+    "subpackage_circles": circles(sub_edges),
+    "subpackage_knots": knots(sub_edges),
+    "local_imports": local,
+    "unexplained_local_imports": unexplained,
+    "cli_modules": clis,
+    "library_imports_of_cli": lib_to_cli,
+  }
 
 
 # --------------------------------------------------------------------------------------------------------
 # The tests
 # --------------------------------------------------------------------------------------------------------
+
 
 def _fmt(circle: list[str]) -> str:
   return " -> ".join(circle)
@@ -253,8 +263,11 @@ def _fmt(circle: list[str]) -> str:
 
 def test_no_import_circle_between_files():
   f = figures()
-  new = [f"{_fmt(c)}   (knot of {len(k)} files)" for c, k in zip(f["file_circles"], f["file_knots"])
-         if k not in PENDING["file_circles"]]
+  new = [
+    f"{_fmt(c)}   (knot of {len(k)} files)"
+    for c, k in zip(f["file_circles"], f["file_knots"])
+    if k not in PENDING["file_circles"]
+  ]
   assert not new, "import circles between files:\n  " + "\n  ".join(new)
   stale = set(PENDING["file_circles"]) - set(f["file_knots"])
   assert not stale, f"fixed, remove from PENDING['file_circles']: {[sorted(k) for k in stale]}"
@@ -262,9 +275,11 @@ def test_no_import_circle_between_files():
 
 def test_no_import_circle_between_subpackages():
   f = figures()
-  new = [f"{_fmt(c)}   (knot: {', '.join(sorted(k))})"
-         for c, k in zip(f["subpackage_circles"], f["subpackage_knots"])
-         if k not in PENDING["subpackage_circles"]]
+  new = [
+    f"{_fmt(c)}   (knot: {', '.join(sorted(k))})"
+    for c, k in zip(f["subpackage_circles"], f["subpackage_knots"])
+    if k not in PENDING["subpackage_circles"]
+  ]
   assert not new, "import circles between subpackages:\n  " + "\n  ".join(new)
   stale = set(PENDING["subpackage_circles"]) - set(f["subpackage_knots"])
   assert not stale, f"fixed, remove from PENDING['subpackage_circles']: {[sorted(k) for k in stale]}"
@@ -277,9 +292,11 @@ def test_function_local_imports_of_tipsito_give_a_reason():
     counts[i.source] = counts.get(i.source, 0) + 1
   pending = PENDING["unexplained_local_imports"]
   new = [i for i in bad if counts[i.source] > pending.get(i.source, 0)]
-  assert not new, ("function-local imports of tipsito modules without a reason in a comment on the same "
-                   "line (import at module level, or say why not):\n  "
-                   + "\n  ".join(f"{i.source}:{i.line} imports {i.target}" for i in new))
+  assert not new, (
+    "function-local imports of tipsito modules without a reason in a comment on the same "
+    "line (import at module level, or say why not):\n  "
+    + "\n  ".join(f"{i.source}:{i.line} imports {i.target}" for i in new)
+  )
   fewer = {m: (n, counts.get(m, 0)) for m, n in pending.items() if counts.get(m, 0) < n}
   assert not fewer, f"fewer unexplained imports than PENDING says (lower the counts): {fewer}"
 
@@ -287,11 +304,13 @@ def test_function_local_imports_of_tipsito_give_a_reason():
 def test_no_library_module_imports_a_cli_module():
   found = set(figures()["library_imports_of_cli"])
   pending = set(PENDING["library_imports_of_cli"])
-  assert not found - pending, ("library modules importing `python -m` modules (move the code they need into "
-                               "a library module):\n  " + "\n  ".join(f"{s} imports {t}"
-                                                                    for s, t in sorted(found - pending)))
-  assert not pending - found, ("fixed, remove from PENDING['library_imports_of_cli']: "
-                               f"{sorted(pending - found)}")
+  assert not found - pending, (
+    "library modules importing `python -m` modules (move the code they need into "
+    "a library module):\n  " + "\n  ".join(f"{s} imports {t}" for s, t in sorted(found - pending))
+  )
+  assert not pending - found, (
+    f"fixed, remove from PENDING['library_imports_of_cli']: {sorted(pending - found)}"
+  )
 
 
 def test_the_checks_see_a_circle(tmp_path):
@@ -304,8 +323,10 @@ def test_the_checks_see_a_circle(tmp_path):
   (pkg / "sub" / "b.py").write_text("def f():\n  from .. import a\n  return a\n")
   files = module_files(tmp_path)
   imps = all_imports(files)
-  assert [(i.source, i.target, i.local) for i in imps] == [("tipsito.a", "tipsito.sub.b", False),
-                                                            ("tipsito.sub.b", "tipsito.a", True)]
+  assert [(i.source, i.target, i.local) for i in imps] == [
+    ("tipsito.a", "tipsito.sub.b", False),
+    ("tipsito.sub.b", "tipsito.a", True),
+  ]
   assert circles({(i.source, i.target) for i in imps}) == [["tipsito.a", "tipsito.sub.b", "tipsito.a"]]
   assert circles({(subpackage(i.source), subpackage(i.target)) for i in imps}) == [["a", "sub", "a"]]
 
@@ -314,6 +335,7 @@ def test_the_checks_see_a_circle(tmp_path):
 # The files one training step runs code in (a figure, not a test: it compiles nothing but builds a model)
 # --------------------------------------------------------------------------------------------------------
 
+
 def step_files(recipe: str = "tipsito") -> dict[str, list[str]]:
   """The package files whose Python code runs for one training step of a tiny `recipe` config: from the
   config to the loss values (`step.build`, then tracing the jitted step: no compilation), and from the
@@ -321,11 +343,13 @@ def step_files(recipe: str = "tipsito") -> dict[str, list[str]]:
   import jax  # pylint: disable=import-outside-toplevel
   from tipsito.config import defaults  # pylint: disable=import-outside-toplevel
   from tipsito.train import step as step_lib  # pylint: disable=import-outside-toplevel
+
   try:
     from tipsito.data.synthetic import synthetic_batch  # pylint: disable=import-outside-toplevel
   except ImportError:  # before tipsito/data/synthetic.py
     from tipsito.step_bench import synthetic_batch  # pylint: disable=import-outside-toplevel
   from tipsito.train import sharding  # pylint: disable=import-outside-toplevel
+
   config = defaults.tiny_config(recipe)
   pkg = str(pathlib.Path(step_lib.__file__).resolve().parent.parent)
   seen: list[set] = [set()]
@@ -364,8 +388,10 @@ def main(argv: list[str]) -> None:
   for c, k in zip(f["subpackage_circles"], f["subpackage_knots"]):
     print(f"  {_fmt(c)}   (knot: {', '.join(sorted(k))})")
   n_unexplained = sum(f["unexplained_local_imports"].values())
-  print(f"function-local imports of tipsito modules: {len(f['local_imports'])} "
-        f"(without a reason: {n_unexplained})")
+  print(
+    f"function-local imports of tipsito modules: {len(f['local_imports'])} "
+    f"(without a reason: {n_unexplained})"
+  )
   for i in f["local_imports"]:
     print(f"  {i.source}:{i.line} -> {i.target}  # {_reason(i.comment) or '(no reason)'}")
   print(f"python -m modules: {len(f['cli_modules'])}: {', '.join(f['cli_modules'])}")
@@ -374,8 +400,10 @@ def main(argv: list[str]) -> None:
     print(f"  {s} -> {t}")
   if "--step" in argv:
     sf = step_files()
-    print(f"files one training step runs code in, config to loss values: {len(sf['config_to_loss'])}; "
-          f"from the jitted step down: {len(sf['jitted_step_down'])}")
+    print(
+      f"files one training step runs code in, config to loss values: {len(sf['config_to_loss'])}; "
+      f"from the jitted step down: {len(sf['jitted_step_down'])}"
+    )
     for k in ("config_to_loss", "jitted_step_down"):
       print(f"  {k}: {' '.join(sf[k])}")
 

@@ -5,6 +5,7 @@ Why: these are what a new user types first; each must compute what the evals com
 and resize, the zero-shot protocol, the same projection default), or numbers from a notebook and from
 `tipsito.evaluate` would disagree.
 """
+
 import io
 
 import numpy as np
@@ -30,8 +31,9 @@ def tips(conformance_dir):
 
 def _encoder(tips, **image_overrides):
   icfg, tcfg, params, temp = tips
-  return inference.Encoder.from_params(dict(icfg, **image_overrides), tcfg, params, temp,
-                                       tok_lib.Tokenizer(None, max_len=16))
+  return inference.Encoder.from_params(
+    dict(icfg, **image_overrides), tcfg, params, temp, tok_lib.Tokenizer(None, max_len=16)
+  )
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +74,11 @@ def test_preprocess_normalize_gives_what_the_patch_embedding_sees(tips, photo):
   x = enc.preprocess(img, 30)
   y = enc.preprocess(img, 30, normalize=True)
   assert y.shape == (1, 42, 42, 3)  # 30 px centre zero-padded to 3 patches of 14: 6 top/left, 6 bottom/right
-  np.testing.assert_allclose(y[0, 6:36, 6:36], (x[0] - np.asarray(presets.CLIP_PIXEL_MEAN)) /
-                             np.asarray(presets.CLIP_PIXEL_STD), atol=1e-6)
+  np.testing.assert_allclose(
+    y[0, 6:36, 6:36],
+    (x[0] - np.asarray(presets.CLIP_PIXEL_MEAN)) / np.asarray(presets.CLIP_PIXEL_STD),
+    atol=1e-6,
+  )
   assert not y[0, :6].any() and not y[0, 36:].any() and not y[0, :, :6].any()
 
 
@@ -97,8 +102,9 @@ def test_project_defaults_to_what_the_model_was_trained_with(tips):
   tips_like = inference.Encoder.from_params(icfg, tcfg, params, temp)
   assert clip_like.default_project and not tips_like.default_project
   x = np.random.default_rng(1).uniform(size=(2, 28, 28, 3)).astype(np.float32)
-  np.testing.assert_array_equal(clip_like.embed_images(x)["cls"],
-                                clip_like.embed_images(x, project=True)["cls"])
+  np.testing.assert_array_equal(
+    clip_like.embed_images(x)["cls"], clip_like.embed_images(x, project=True)["cls"]
+  )
   assert clip_like.embed_images(x)["cls"].shape[-1] == 8
   assert clip_like.embed_images(x, project=False)["cls"].shape[-1] == 64
 

@@ -8,6 +8,7 @@ The references are the official outputs (tests/data/tips_model, computed by runn
 and tipsito's own outputs for a model it trained (tests/interop_workdir.py). Pixel values are fed
 directly (the HF image processor needs torchvision, which does not import beside the CPU torch build).
 """
+
 import json
 import os
 import subprocess
@@ -36,13 +37,15 @@ ENV = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
 
 
 def _cli(*args):
-  subprocess.run([sys.executable, "-m", "tipsito.export", *args], check=True, cwd=ROOT, env=ENV,
-                 capture_output=True)
+  subprocess.run(
+    [sys.executable, "-m", "tipsito.export", *args], check=True, cwd=ROOT, env=ENV, capture_output=True
+  )
 
 
 def _load_hf(folder):
-  model, info = transformers.Tipsv2Model.from_pretrained(folder, local_files_only=True,
-                                                         output_loading_info=True)
+  model, info = transformers.Tipsv2Model.from_pretrained(
+    folder, local_files_only=True, output_loading_info=True
+  )
   return model.eval(), info
 
 
@@ -105,9 +108,11 @@ def test_official_weights_through_hf_give_the_official_outputs(official_hf, vect
   diffs["text"] = _maxdiff(_hf_text(model, vectors["text_ids"]), vectors["text_emb"])
   ids = torch.from_numpy(vectors["text_ids"].astype(np.int64))
   with torch.no_grad():
-    logits = model(input_ids=ids, attention_mask=(ids != 0).long(),
-                   pixel_values=torch.from_numpy(vectors["images_224"].transpose(0, 3, 1, 2).copy())
-                   ).logits_per_image
+    logits = model(
+      input_ids=ids,
+      attention_mask=(ids != 0).long(),
+      pixel_values=torch.from_numpy(vectors["images_224"].transpose(0, 3, 1, 2).copy()),
+    ).logits_per_image
   diffs["zeroshot_probs"] = _maxdiff(logits.softmax(-1).numpy(), vectors[f"{m}_zeroshot_probs_224"])
   assert float(model.temperature) == pytest.approx(float(vectors["temperature"]), abs=1e-9)
   assert max(diffs.values()) < TOL, diffs
@@ -118,13 +123,20 @@ def test_written_layout_and_config(official_hf):
   """The hub key layout (the one every transformers 5.x renames at load time) and the config that makes
   HF compute tipsito's GELU and LayerNorm."""
   from safetensors.numpy import load_file
+
   d = official_hf["vit_swiglu"]
   keys = set(load_file(str(d / "model.safetensors")))
   assert all(k.startswith(("vision_encoder.", "text_encoder.")) for k in keys)
-  for k in ("vision_encoder.blocks.1.attn.qkv.weight", "vision_encoder.blocks.1.mlp.w12.weight",
-            "vision_encoder.blocks.1.mlp.w3.bias", "vision_encoder.blocks.0.ls1.gamma",
-            "vision_encoder.register_tokens", "vision_encoder.pos_embed",
-            "text_encoder.transformer.resblocks.1.attn.in_proj_weight", "text_encoder.ln_final.bias"):
+  for k in (
+    "vision_encoder.blocks.1.attn.qkv.weight",
+    "vision_encoder.blocks.1.mlp.w12.weight",
+    "vision_encoder.blocks.1.mlp.w3.bias",
+    "vision_encoder.blocks.0.ls1.gamma",
+    "vision_encoder.register_tokens",
+    "vision_encoder.pos_embed",
+    "text_encoder.transformer.resblocks.1.attn.in_proj_weight",
+    "text_encoder.ln_final.bias",
+  ):
     assert k in keys, k
   cfg = json.loads((d / "config.json").read_text())
   assert cfg["model_type"] == "tipsv2" and cfg["temperature_init_value"] == pytest.approx(0.0125)
@@ -182,14 +194,19 @@ def test_trained_model_through_hf_gives_tipsitos_embeddings_and_probabilities(tr
   names = ["circle", "square", "triangle", "star"]
   tok = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
   prompts = [f"a photo of a {n}." for n in names]
-  batch = tok(prompts, padding="max_length", max_length=enc.tokenizer.max_len, truncation=True,
-              return_tensors="pt")
+  batch = tok(
+    prompts, padding="max_length", max_length=enc.tokenizer.max_len, truncation=True, return_tensors="pt"
+  )
   np.testing.assert_array_equal(batch["input_ids"].numpy(), enc.tokenize(prompts))
   diffs["text"] = _maxdiff(_hf_text(model, batch["input_ids"].numpy()), enc.embed_texts(prompts))
   x = rng.integers(0, 256, (3, 32, 32, 3), dtype=np.uint8)
   with torch.no_grad():
-    logits = model(pixel_values=torch.from_numpy(((x / 255.0 - mean) / std).astype(np.float32)
-                                                 .transpose(0, 3, 1, 2).copy()), **batch).logits_per_image
+    logits = model(
+      pixel_values=torch.from_numpy(
+        ((x / 255.0 - mean) / std).astype(np.float32).transpose(0, 3, 1, 2).copy()
+      ),
+      **batch,
+    ).logits_per_image
   probs = enc.classify(x, names, templates=["a photo of a {}."])
   diffs["zeroshot_probs"] = _maxdiff(logits.softmax(-1).numpy(), probs)
   assert float(model.temperature) == pytest.approx(enc.temperature, rel=1e-6)
@@ -208,6 +225,7 @@ def test_tokenizer_files_give_tipsitos_ids(trained_hf):
 
 def _flat(tree):
   from flax import traverse_util
+
   return {k: np.asarray(v) for k, v in traverse_util.flatten_dict(dict(tree), sep="/").items()}
 
 
@@ -223,8 +241,10 @@ def test_reading_back_is_exact_in_every_layout(official_hf, tips_dir, tmp_path):
   """Our folder, a folder transformers saved (it adds the learned `temperature`) and a raw state dict in
   transformers' own parameter names all read back to the imported params, bit for bit."""
   from safetensors.torch import save_file
-  _, _, want, temp = tips_import.import_tips_npz(tips_dir / "tiny_vit_swiglu_vision.npz",
-                                                 tips_dir / "tiny_text.npz")
+
+  _, _, want, temp = tips_import.import_tips_npz(
+    tips_dir / "tiny_vit_swiglu_vision.npz", tips_dir / "tiny_text.npz"
+  )
   src = official_hf["vit_swiglu"]
   mine = hf_tipsv2.read_hf_tipsv2(src)
   _assert_params_bitwise(mine["params"], want)
@@ -252,6 +272,7 @@ def test_reading_folds_layer_scale_and_a_cls_position_embedding(official_hf, tmp
   """A Tipsv2 model with non-trivial layer scale and CLS position row (as other ports may have) gives the
   same outputs through tipsito as through HF."""
   from safetensors.numpy import load_file, save_file
+
   src = official_hf["vit_mlp"]
   state = load_file(str(src / "model.safetensors"))
   rng = np.random.default_rng(3)
@@ -278,6 +299,7 @@ def test_reading_folds_layer_scale_and_a_cls_position_embedding(official_hf, tmp
 
 def test_reader_is_strict_and_never_unpickles(official_hf, tmp_path):
   from safetensors.numpy import load_file, save_file
+
   src = official_hf["vit_mlp"]
   state = load_file(str(src / "model.safetensors"))
 
@@ -290,8 +312,9 @@ def test_reader_is_strict_and_never_unpickles(official_hf, tmp_path):
     return d
 
   with pytest.raises(hf_tipsv2.CheckpointFormatError, match="vision_encoder.extra"):
-    hf_tipsv2.read_hf_tipsv2(folder("extra", dict(state, **{"vision_encoder.extra": np.zeros(3, np.float32)
-                                                             })))
+    hf_tipsv2.read_hf_tipsv2(
+      folder("extra", dict(state, **{"vision_encoder.extra": np.zeros(3, np.float32)}))
+    )
   missing = dict(state)
   del missing["vision_encoder.blocks.1.attn.proj.bias"]
   with pytest.raises(hf_tipsv2.CheckpointFormatError, match=r"blocks\.1\.attn\.proj\.bias.*\(64,\)"):
@@ -306,13 +329,20 @@ def test_reader_is_strict_and_never_unpickles(official_hf, tmp_path):
 
 
 def test_clip_style_models_are_refused(tips_dir, tmp_path):
-  icfg, tcfg, params, temp = tips_import.import_tips_npz(tips_dir / "tiny_vit_mlp_vision.npz",
-                                                         tips_dir / "tiny_text.npz")
+  icfg, tcfg, params, temp = tips_import.import_tips_npz(
+    tips_dir / "tiny_vit_mlp_vision.npz", tips_dir / "tiny_text.npz"
+  )
   proj = dict(params, image_proj={"kernel": np.zeros((64, 8), np.float32)})
   with pytest.raises(tips_npz.NotRepresentableError, match="image projection"):
-    hf_tipsv2.write_hf_tipsv2(tmp_path / "x", image_config=icfg, text_config=tcfg, params=proj,
-                              temperature=temp)
+    hf_tipsv2.write_hf_tipsv2(
+      tmp_path / "x", image_config=icfg, text_config=tcfg, params=proj, temperature=temp
+    )
   with pytest.raises(tips_npz.NotRepresentableError, match="not square"):
-    hf_tipsv2.write_hf_tipsv2(tmp_path / "y", image_config=dict(icfg, posemb_grid=[32, 16]),
-                              text_config=tcfg, params=params, temperature=temp)
+    hf_tipsv2.write_hf_tipsv2(
+      tmp_path / "y",
+      image_config=dict(icfg, posemb_grid=[32, 16]),
+      text_config=tcfg,
+      params=params,
+      temperature=temp,
+    )
   assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()

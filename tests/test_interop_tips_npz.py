@@ -4,6 +4,7 @@
 Why: the official code reads these files by key; a renamed key, a transposed kernel or a changed dtype
 would load wrong or not at all there, and nothing else would notice.
 """
+
 import os
 import subprocess
 import sys
@@ -43,9 +44,13 @@ def test_round_trip_is_bitwise_through_an_export(tips_dir, tmp_path):
     sources.write(sources.from_tips_npz(vision, text), exp, "tipsito")
     out = tmp_path / f"npz_{m}"
     if m == "vit_mlp":  # the command line once; the library call for the other model
-      subprocess.run([sys.executable, "-m", "tipsito.export", f"--from={exp}", "--format=tips_npz",
-                      f"--output={out}"], check=True, cwd=ROOT, capture_output=True,
-                     env=dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT))
+      subprocess.run(
+        [sys.executable, "-m", "tipsito.export", f"--from={exp}", "--format=tips_npz", f"--output={out}"],
+        check=True,
+        cwd=ROOT,
+        capture_output=True,
+        env=dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT),
+      )
     else:
       sources.write(sources.load_source(exp), out, "tips_npz")
     assert sorted(os.listdir(out)) == ["text.npz", "vision.npz"]
@@ -55,16 +60,19 @@ def test_round_trip_is_bitwise_through_an_export(tips_dir, tmp_path):
 
 def test_tokenizer_travels_with_the_weights(tips_dir, tmp_path):
   from tipsito.data import tokenizer as tok_lib
-  model = sources.from_tips_npz(tips_dir / "tiny_vit_mlp_vision.npz", tips_dir / "tiny_text.npz",
-                                tok_lib.DEFAULT_TOKENIZER)
+
+  model = sources.from_tips_npz(
+    tips_dir / "tiny_vit_mlp_vision.npz", tips_dir / "tiny_text.npz", tok_lib.DEFAULT_TOKENIZER
+  )
   sources.write(model, tmp_path / "n", "tips_npz")
   with open(tok_lib.DEFAULT_TOKENIZER, "rb") as f:
     assert (tmp_path / "n" / "tokenizer.model").read_bytes() == f.read()
 
 
 def test_refuses_what_the_official_format_cannot_hold(tips_dir, tmp_path):
-  icfg, tcfg, params, temp = tips_import.import_tips_npz(tips_dir / "tiny_vit_mlp_vision.npz",
-                                                         tips_dir / "tiny_text.npz")
+  icfg, tcfg, params, temp = tips_import.import_tips_npz(
+    tips_dir / "tiny_vit_mlp_vision.npz", tips_dir / "tiny_text.npz"
+  )
   kw = dict(text_config=tcfg, temperature=temp)
   clip_px = dict(icfg, pixel_mean=[0.48, 0.46, 0.41], pixel_std=[0.27, 0.26, 0.28])
   with pytest.raises(tips_npz.NotRepresentableError, match="pixel statistics.*hf_tipsv2"):
@@ -73,14 +81,20 @@ def test_refuses_what_the_official_format_cannot_hold(tips_dir, tmp_path):
   with pytest.raises(tips_npz.NotRepresentableError, match="image projection"):
     tips_npz.write_tips_npz(tmp_path / "b", image_config=icfg, params=proj, **kw)
   with pytest.raises(tips_npz.NotRepresentableError, match="flavour 'tips'"):
-    tips_npz.write_tips_npz(tmp_path / "c", image_config=icfg, params=params, text_config=dict(
-        tcfg, flavour="clip"), temperature=temp)
+    tips_npz.write_tips_npz(
+      tmp_path / "c",
+      image_config=icfg,
+      params=params,
+      text_config=dict(tcfg, flavour="clip"),
+      temperature=temp,
+    )
   assert not any((tmp_path / d).exists() for d in "abc")  # refused before anything is written
 
 
 def test_a_leaf_the_format_has_no_name_for_is_refused(tips_dir):
-  icfg, _, params, temp = tips_import.import_tips_npz(tips_dir / "tiny_vit_mlp_vision.npz",
-                                                      tips_dir / "tiny_text.npz")
+  icfg, _, params, temp = tips_import.import_tips_npz(
+    tips_dir / "tiny_vit_mlp_vision.npz", tips_dir / "tiny_text.npz"
+  )
   bad = dict(params, image=dict(params["image"], extra_leaf=np.zeros(3, np.float32)))
   with pytest.raises(tips_npz.NotRepresentableError, match="extra_leaf"):
     tips_npz.to_official(icfg, bad, temp)

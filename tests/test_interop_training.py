@@ -5,6 +5,7 @@ Why: a step other than the latest must give that step's weights (not the latest'
 must start a run from exactly its towers (with the run's own mask token and heads) and give a teacher
 that normalises pixels as the model was trained to.
 """
+
 import os
 import subprocess
 import sys
@@ -34,6 +35,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def _flat(tree):
   from flax import traverse_util
+
   flat = traverse_util.flatten_dict(dict(jax.device_get(tree)), sep="/")
   return {k: np.asarray(v) for k, v in flat.items()}
 
@@ -51,9 +53,21 @@ def test_export_step_n_holds_that_step(trained_workdir, tmp_path):
   assert enc.config["extra"]["step"] == 1 and enc.config["extra"]["image_size"] == 32
   assert _same(enc.params["image"], params[1]["image"]) and _same(enc.params["text"], params[1]["text"])
   hf = tmp_path / "hf1"  # the command line, another format
-  subprocess.run([sys.executable, "-m", "tipsito.export", f"--workdir={wd}", "--step=1", "--format=hf_tipsv2",
-                  f"--output={hf}"], check=True, cwd=ROOT, capture_output=True,
-                 env=dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT))
+  subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "tipsito.export",
+      f"--workdir={wd}",
+      "--step=1",
+      "--format=hf_tipsv2",
+      f"--output={hf}",
+    ],
+    check=True,
+    cwd=ROOT,
+    capture_output=True,
+    env=dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT),
+  )
   back = hf_tipsv2.read_hf_tipsv2(hf)
   assert _same(back["params"]["image"], params[1]["image"])
   assert _same(back["params"]["text"], params[1]["text"])
@@ -65,16 +79,30 @@ def test_evaluate_on_a_step_folder(trained_workdir, tmp_path):
   import ml_collections as mlc
   from tipsito.data import convert
   from tipsito.evals import registry
+
   wd, _, params = trained_workdir
   enc, kind = evaluate.load_encoder(None, str(wd / "checkpoints" / "1"))
   assert kind == "train" and _same(enc.params["image"], params[1]["image"])
   latest, _ = evaluate.load_encoder(None, str(wd / "checkpoints"))
   assert _same(latest.params["image"], params[2]["image"])
   data = tmp_path / "data"
-  convert.convert("shapes", str(data), config_name="tiny", image_size=32, split_sizes={"train": 8, "test": 8},
-                  num_workers=1, verbose=False)
-  cfg = mlc.ConfigDict({"evals": registry.builtin_evals("shapes/tiny", data_dir=str(data), image_size=32,
-                                                        batch_size=8, num_pictures=0), "tokenizer": None})
+  convert.convert(
+    "shapes",
+    str(data),
+    config_name="tiny",
+    image_size=32,
+    split_sizes={"train": 8, "test": 8},
+    num_workers=1,
+    verbose=False,
+  )
+  cfg = mlc.ConfigDict(
+    {
+      "evals": registry.builtin_evals(
+        "shapes/tiny", data_dir=str(data), image_size=32, batch_size=8, num_pictures=0
+      ),
+      "tokenizer": None,
+    }
+  )
   quiet = lambda *a: None  # noqa: E731
   step1 = evaluate.evaluate(cfg, str(wd / "checkpoints" / "1"), only=["shapes_zeroshot"], print_fn=quiet)
   export1 = exporting.export_from_workdir(str(wd), str(tmp_path / "e1"), step=1)
@@ -99,13 +127,15 @@ def test_init_from_a_tipsv2_folder(trained_workdir, trained_hf, tmp_path, scan):
   c.model.image.scan = scan
   setup = step_lib.build(c, sharding.make_mesh(c.mesh, jax.devices()[:1]))
   fresh = setup.init_state().params
-  ckpt = checkpointing.Checkpointer(str(tmp_path / "w" / "checkpoints"), every_steps=1, keep=1,
-                                    async_save=False)
+  ckpt = checkpointing.Checkpointer(
+    str(tmp_path / "w" / "checkpoints"), every_steps=1, keep=1, async_save=False
+  )
   state, _ = loop.restore_or_init(setup, ckpt)
   ckpt.close()
   got = jax.device_get(state.params)
   if scan:  # the run's layout: per-layer weights stacked
     from tipsito.models import layer_stack
+
     assert layer_stack.is_stacked(got["image"])
     got = dict(got, image=layer_stack.unstack_tower(got["image"]))
   assert _same(got["image"], params[2]["image"]) and _same(got["text"], params[2]["text"])
@@ -121,9 +151,11 @@ def test_init_from_a_tipsv2_folder_of_another_architecture_fails(trained_hf):
   c.model.image.mlp_dim = 96
   setup = step_lib.build(c, sharding.make_mesh(c.mesh, jax.devices()[:1]))
   abstract = setup.state_shapes.params  # fails on the shapes, before any array is made
-  with pytest.raises(hf_tipsv2.CheckpointFormatError,
-                     match=r"image/block_0/mlp/Dense_0/\w+ has shape \((64, )?128,?\) in the folder, "
-                           r"\((64, )?96,?\) in this run"):
+  with pytest.raises(
+    hf_tipsv2.CheckpointFormatError,
+    match=r"image/block_0/mlp/Dense_0/\w+ has shape \((64, )?128,?\) in the folder, "
+    r"\((64, )?96,?\) in this run",
+  ):
     hf_tipsv2.init_train_params(c.init_from, abstract, abstract)
 
 

@@ -3,6 +3,7 @@
 Why: the contrastive terms must match big_vision / open_clip and the ITO authors' spec to the README
 tolerances (values *and* gradients), and padded batches must not change the loss.
 """
+
 import functools
 
 import chex
@@ -48,14 +49,15 @@ def test_clip_loss_value_and_per_example(clip_ref):
   per = losses.clip_loss(*args, reduction="none")
   assert per.shape == (8,)
   np.testing.assert_allclose(per, clip_ref["clip_loss_per_example"], **LOSS_TOL)
-  np.testing.assert_allclose(losses.clip_loss(*args, reduction="sum"),
-                             clip_ref["clip_loss_per_example"].sum(), **LOSS_TOL)
+  np.testing.assert_allclose(
+    losses.clip_loss(*args, reduction="sum"), clip_ref["clip_loss_per_example"].sum(), **LOSS_TOL
+  )
 
 
 def test_clip_loss_gradients(clip_ref):
   gi, gt, gs = jax.grad(losses.clip_loss, argnums=(0, 1, 2))(
-      jnp.asarray(clip_ref["zimg"]), jnp.asarray(clip_ref["ztxt"]),
-      jnp.asarray(clip_ref["clip_logit_scale"]))
+    jnp.asarray(clip_ref["zimg"]), jnp.asarray(clip_ref["ztxt"]), jnp.asarray(clip_ref["clip_logit_scale"])
+  )
   np.testing.assert_allclose(gi, clip_ref["clip_loss_grad_zimg"], **GRAD_TOL)
   np.testing.assert_allclose(gt, clip_ref["clip_loss_grad_ztxt"], **GRAD_TOL)
   np.testing.assert_allclose(gs, clip_ref["clip_loss_grad_scale"], **GRAD_TOL)
@@ -67,9 +69,11 @@ def test_clip_loss_is_not_symmetric_in_a_trivial_way(clip_ref):
   i2t = optax.softmax_cross_entropy_with_integer_labels(logits, np.arange(8))
   t2i = optax.softmax_cross_entropy_with_integer_labels(logits.T, np.arange(8))
   assert abs(float(i2t.mean() - t2i.mean())) > 1e-3
-  np.testing.assert_allclose(losses.clip_loss(clip_ref["zimg"], clip_ref["ztxt"],
-                                              clip_ref["clip_logit_scale"]),
-                             0.5 * (i2t.mean() + t2i.mean()), **LOSS_TOL)
+  np.testing.assert_allclose(
+    losses.clip_loss(clip_ref["zimg"], clip_ref["ztxt"], clip_ref["clip_logit_scale"]),
+    0.5 * (i2t.mean() + t2i.mean()),
+    **LOSS_TOL,
+  )
 
 
 def test_clip_loss_rejects_bad_shapes(clip_ref):
@@ -94,8 +98,9 @@ def test_clip_loss_bf16_inputs_computed_in_float32(clip_ref):
 # SigLIP (README section 3).
 
 
-@pytest.mark.parametrize("suffix,t_key,b_key", [("", "siglip_t", "siglip_b"),
-                                                 ("_t3_bm2", "siglip_t2", "siglip_b2")])
+@pytest.mark.parametrize(
+  "suffix,t_key,b_key", [("", "siglip_t", "siglip_b"), ("_t3_bm2", "siglip_t2", "siglip_b2")]
+)
 def test_siglip_loss_value_and_gradients(clip_ref, suffix, t_key, b_key):
   args = tuple(jnp.asarray(clip_ref[k]) for k in ("zimg", "ztxt", t_key, b_key))
   loss, grads = jax.value_and_grad(losses.siglip_loss, argnums=(0, 1, 2, 3))(*args)
@@ -131,21 +136,25 @@ def test_ntxent_loss_value_halves_and_float64(ito_ref):
   # The two halves, with an independent CE (optax) on our logits.
   l1, l2 = losses.ntxent_logits(ito_ref["S1"], ito_ref["S2"], ito_ref["scale"])
   labels = np.arange(8)
-  np.testing.assert_allclose(optax.softmax_cross_entropy_with_integer_labels(l1, labels).mean(),
-                             ito_ref["loss1"], **LOSS_TOL)
-  np.testing.assert_allclose(optax.softmax_cross_entropy_with_integer_labels(l2, labels).mean(),
-                             ito_ref["loss2"], **LOSS_TOL)
+  np.testing.assert_allclose(
+    optax.softmax_cross_entropy_with_integer_labels(l1, labels).mean(), ito_ref["loss1"], **LOSS_TOL
+  )
+  np.testing.assert_allclose(
+    optax.softmax_cross_entropy_with_integer_labels(l2, labels).mean(), ito_ref["loss2"], **LOSS_TOL
+  )
   # Same code in float64 against the float64 loop reference, much tighter.
   with jax.enable_x64(True):
-    loss64 = losses.ntxent_loss(ito_ref["S1"].astype(np.float64), ito_ref["S2"].astype(np.float64),
-                                np.float64(ito_ref["scale"]))
+    loss64 = losses.ntxent_loss(
+      ito_ref["S1"].astype(np.float64), ito_ref["S2"].astype(np.float64), np.float64(ito_ref["scale"])
+    )
     assert loss64.dtype == jnp.float64
     np.testing.assert_allclose(loss64, ito_ref["loss_float64_reference"], rtol=1e-6)
 
 
 def test_ntxent_gradients(ito_ref):
   g1, g2 = jax.grad(losses.ntxent_loss, argnums=(0, 1))(
-      jnp.asarray(ito_ref["S1"]), jnp.asarray(ito_ref["S2"]), jnp.asarray(ito_ref["scale"]))
+    jnp.asarray(ito_ref["S1"]), jnp.asarray(ito_ref["S2"]), jnp.asarray(ito_ref["scale"])
+  )
   np.testing.assert_allclose(g1, ito_ref["grad_S1"], **GRAD_TOL)
   np.testing.assert_allclose(g2, ito_ref["grad_S2"], **GRAD_TOL)
 
@@ -176,9 +185,9 @@ def test_valid_mask_equals_unpadded_batch(clip_ref, name):
   rng = np.random.default_rng(0)
   zi, zt = clip_ref["zimg"][:6], clip_ref["ztxt"][:6]
   fns = {
-      "clip": lambda a, b, **kw: losses.clip_loss(a, b, 14.0, **kw),
-      "siglip": lambda a, b, **kw: losses.siglip_loss(a, b, 10.0, -10.0, **kw),
-      "ntxent": lambda a, b, **kw: losses.ntxent_loss(a, b, 14.0, **kw),
+    "clip": lambda a, b, **kw: losses.clip_loss(a, b, 14.0, **kw),
+    "siglip": lambda a, b, **kw: losses.siglip_loss(a, b, 10.0, -10.0, **kw),
+    "ntxent": lambda a, b, **kw: losses.ntxent_loss(a, b, 14.0, **kw),
   }
   fn = fns[name]
   # Interleave padding rows so that the mask (not a slice) does the work.
@@ -194,8 +203,7 @@ def test_valid_mask_equals_unpadded_batch(clip_ref, name):
   assert abs(float(fn(pzi, pzt)) - float(ref)) > 1e-3
   per = fn(pzi, pzt, valid=valid, reduction="none")
   np.testing.assert_array_equal(np.asarray(per)[~valid], 0.0)
-  np.testing.assert_allclose(np.asarray(per)[valid], fn(zi, zt, reduction="none"), rtol=1e-5,
-                             atol=1e-6)
+  np.testing.assert_allclose(np.asarray(per)[valid], fn(zi, zt, reduction="none"), rtol=1e-5, atol=1e-6)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -218,8 +226,9 @@ class ContrastiveJitTest(chex.TestCase):
     np.testing.assert_allclose(out, self.c["clip_loss_per_example"], **LOSS_TOL)
     fnv = self.variant(losses.clip_loss)
     ref = losses.clip_loss(self.c["zimg"][:7], self.c["ztxt"][:7], self.c["clip_logit_scale"])
-    np.testing.assert_allclose(fnv(self.c["zimg"], self.c["ztxt"], self.c["clip_logit_scale"],
-                                   valid=self.valid), ref, rtol=1e-6)
+    np.testing.assert_allclose(
+      fnv(self.c["zimg"], self.c["ztxt"], self.c["clip_logit_scale"], valid=self.valid), ref, rtol=1e-6
+    )
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_siglip(self):

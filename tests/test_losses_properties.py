@@ -5,6 +5,7 @@ Why: the conformance vectors pin values on one small input; these tests pin the 
 the recipes rely on (TIPSv2 §3): the teacher never receives gradient, iBOT++ is iBOT
 plus the visible tokens' term, the losses compile under jit and padded rows do not count.
 """
+
 import functools
 
 import chex
@@ -64,8 +65,7 @@ class TeacherStopGradientTest(chex.TestCase):
   @chex.variants(with_jit=True)
   def test_dino(self):
     for method in ("centering", "sinkhorn"):
-      fn = self.variant(jax.grad(functools.partial(losses.dino_loss, method=method),
-                                 argnums=(0, 1, 2)))
+      fn = self.variant(jax.grad(functools.partial(losses.dino_loss, method=method), argnums=(0, 1, 2)))
       gs, gt, gc = fn(self.s, self.t, self.c, ST, TT)
       np.testing.assert_array_equal(gt, 0.0)
       np.testing.assert_array_equal(gc, 0.0)
@@ -75,9 +75,14 @@ class TeacherStopGradientTest(chex.TestCase):
   def test_ibot(self):
     for method in ("centering", "sinkhorn"):
       for all_patches in (False, True):
-        fn = self.variant(jax.grad(
+        fn = self.variant(
+          jax.grad(
             lambda s, t, c, ap=all_patches, me=method: losses.ibot_loss(
-                s, t, self.mask, c, ST, TT, ap, method=me), argnums=(0, 1, 2)))
+              s, t, self.mask, c, ST, TT, ap, method=me
+            ),
+            argnums=(0, 1, 2),
+          )
+        )
         gs, gt, gc = fn(self.sp, self.tp, self.c)
         np.testing.assert_array_equal(gt, 0.0)
         np.testing.assert_array_equal(gc, 0.0)
@@ -89,8 +94,7 @@ class TeacherStopGradientTest(chex.TestCase):
     g = self.variant(jax.grad(losses.dino_loss_from_probs, argnums=1))(self.s, p, ST)
     np.testing.assert_array_equal(g, 0.0)
     pp = jax.nn.softmax(self.tp / TT)
-    g = self.variant(jax.grad(losses.ibot_loss_from_probs, argnums=1))(self.sp, pp, self.mask, ST,
-                                                                         True)
+    g = self.variant(jax.grad(losses.ibot_loss_from_probs, argnums=1))(self.sp, pp, self.mask, ST, True)
     np.testing.assert_array_equal(g, 0.0)
 
   def test_naive_formula_would_leak_gradient(self):
@@ -101,8 +105,7 @@ class TeacherStopGradientTest(chex.TestCase):
       return -jnp.mean(jnp.sum(p[None] * jax.nn.log_softmax(self.s / ST)[:, None], -1))
 
     self.assertGreater(float(jnp.abs(jax.grad(naive)(self.t)).max()), 1e-3)
-    np.testing.assert_allclose(naive(self.t), losses.dino_loss(self.s, self.t, self.c, ST, TT),
-                               rtol=1e-5)
+    np.testing.assert_allclose(naive(self.t), losses.dino_loss(self.s, self.t, self.c, ST, TT), rtol=1e-5)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -145,8 +148,9 @@ def test_ibotpp_minus_scaled_dinov2_ibot_is_visible_term():
     mask[i, rng.permutation(n)[:m]] = True
   pp = losses.ibot_loss(s, t, mask, c, ST, TT, True)
   ibot = losses.ibot_loss(s, t, mask, c, ST, TT, False)  # dinov2 normalisation
-  np.testing.assert_allclose(float(pp) - (m / n) * float(ibot), _visible_term(s, t, c, mask),
-                             rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(
+    float(pp) - (m / n) * float(ibot), _visible_term(s, t, c, mask), rtol=1e-5, atol=1e-6
+  )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -159,8 +163,9 @@ def test_sinkhorn_rows_sum_to_one_and_match_float64(n_iters):
   p = losses.sinkhorn_knopp(t, TT, n_iters)
   assert p.shape == t.shape and p.dtype == jnp.float32
   np.testing.assert_allclose(np.asarray(p).sum(-1), 1.0, rtol=1e-5)
-  np.testing.assert_allclose(np.asarray(p).reshape(-1, 24), _np_sinkhorn(t.reshape(-1, 24), TT, n_iters),
-                             rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(
+    np.asarray(p).reshape(-1, 24), _np_sinkhorn(t.reshape(-1, 24), TT, n_iters), rtol=1e-5, atol=1e-6
+  )
 
 
 def test_sinkhorn_balances_prototypes():
@@ -250,8 +255,12 @@ def _np_dino(s, t, c, method, reduction, skip_same_view):
   else:
     p = _np_sinkhorn(t.reshape(-1, k), TT, 3).reshape(t.shape)
   lsm = _np_log_softmax(np.asarray(s, np.float64) / ST)
-  terms = [-(p[j] * lsm[i]).sum(-1).mean() for i in range(s.shape[0]) for j in range(t.shape[0])
-           if not (skip_same_view and i == j)]
+  terms = [
+    -(p[j] * lsm[i]).sum(-1).mean()
+    for i in range(s.shape[0])
+    for j in range(t.shape[0])
+    if not (skip_same_view and i == j)
+  ]
   return np.sum(terms) if reduction == "sum" else np.mean(terms)
 
 
@@ -303,8 +312,14 @@ class SelfDistillJitTest(chex.TestCase):
       for red in ("mean", "sum"):
         for skip in (False, True):
           out = self._check(
-              functools.partial(losses.dino_loss, method=method, reduction=red, skip_same_view=skip),
-              _np_dino(self.s, self.t, self.c, method, red, skip), self.s, self.t, self.c, ST, TT)
+            functools.partial(losses.dino_loss, method=method, reduction=red, skip_same_view=skip),
+            _np_dino(self.s, self.t, self.c, method, red, skip),
+            self.s,
+            self.t,
+            self.c,
+            ST,
+            TT,
+          )
           chex.assert_shape(out, ())
           chex.assert_type(out, jnp.float32)
 
@@ -312,24 +327,42 @@ class SelfDistillJitTest(chex.TestCase):
   def test_ibot(self):
     for method in ("centering", "sinkhorn"):
       for ap in (False, True):
-        self._check(functools.partial(losses.ibot_loss, method=method, all_patches=ap),
-                    _np_ibot(self.sp, self.tp, self.mask, self.c, method, ap),
-                    self.sp, self.tp, self.mask, self.c, ST, TT)
+        self._check(
+          functools.partial(losses.ibot_loss, method=method, all_patches=ap),
+          _np_ibot(self.sp, self.tp, self.mask, self.c, method, ap),
+          self.sp,
+          self.tp,
+          self.mask,
+          self.c,
+          ST,
+          TT,
+        )
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_teacher_side(self):
-    out = self._check(functools.partial(losses.sinkhorn_knopp, n_iters=3),
-                      _np_sinkhorn(self.t.reshape(-1, 16), TT, 3).reshape(self.t.shape), self.t, TT)
+    out = self._check(
+      functools.partial(losses.sinkhorn_knopp, n_iters=3),
+      _np_sinkhorn(self.t.reshape(-1, 16), TT, 3).reshape(self.t.shape),
+      self.t,
+      TT,
+    )
     chex.assert_shape(out, self.t.shape)
-    self._check(losses.teacher_probs_centered, _np_softmax((self.t - self.c) / TT), self.t, self.c,
-                TT)
-    out = self._check(losses.update_center, 0.9 * self.c + 0.1 * self.t.reshape(-1, 16).mean(0),
-                      self.c, self.t, 0.9)
+    self._check(losses.teacher_probs_centered, _np_softmax((self.t - self.c) / TT), self.t, self.c, TT)
+    out = self._check(
+      losses.update_center, 0.9 * self.c + 0.1 * self.t.reshape(-1, 16).mean(0), self.c, self.t, 0.9
+    )
     chex.assert_shape(out, (1, 16))
-    self._check(losses.update_patch_center,
-                0.9 * self.c + 0.1 * self.tp[self.mask].mean(0), self.c, self.tp, self.mask, 0.9)
-    self._check(losses.update_patch_center, 0.9 * self.c + 0.1 * self.tp.reshape(-1, 16).mean(0),
-                self.c, self.tp)
+    self._check(
+      losses.update_patch_center,
+      0.9 * self.c + 0.1 * self.tp[self.mask].mean(0),
+      self.c,
+      self.tp,
+      self.mask,
+      0.9,
+    )
+    self._check(
+      losses.update_patch_center, 0.9 * self.c + 0.1 * self.tp.reshape(-1, 16).mean(0), self.c, self.tp
+    )
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_koleo(self):
@@ -352,8 +385,10 @@ class SelfDistillJitTest(chex.TestCase):
     chex.assert_type(out, jnp.float32)
     ref = losses.dino_loss(s16.astype(jnp.float32), t16.astype(jnp.float32), self.c, ST, TT)
     np.testing.assert_allclose(out, ref, rtol=1e-6)
-    chex.assert_type(losses.ibot_loss(jnp.asarray(self.sp, jnp.bfloat16), self.tp, self.mask,
-                                      self.c, ST, TT, True), jnp.float32)
+    chex.assert_type(
+      losses.ibot_loss(jnp.asarray(self.sp, jnp.bfloat16), self.tp, self.mask, self.c, ST, TT, True),
+      jnp.float32,
+    )
 
 
 # ------------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ Why: TIPSv2's self-distillation terms must reproduce dinov2 (README section 2 of
 vectors) to rtol 1e-5 / atol 1e-5 for losses and atol 1e-6 / rtol 1e-5 for probabilities, centres and
 gradients, gradients taken with jax.grad. Crop-major (C*B, K) reference rows are reshaped to (C, B, K).
 """
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -80,8 +81,7 @@ def test_dino_loss_global_swapped(ref):
 
   loss, g = jax.value_and_grad(fn)(s)
   np.testing.assert_allclose(loss, ref["dino_loss_global_swapped"], **LOSS_TOL)
-  np.testing.assert_allclose(g.reshape(8, K), ref["dino_loss_global_swapped_grad_student"],
-                             **PROB_TOL)
+  np.testing.assert_allclose(g.reshape(8, K), ref["dino_loss_global_swapped_grad_student"], **PROB_TOL)
   # The literal dinov2 call: one (8, K) "crop" against the swapped teacher rows.
   t_sw = _swap(jnp.asarray(ref["dino_teacher_probs_softmax_centered"]))
   literal = losses.dino_loss_from_probs(ref["student_global_cls_logits"], t_sw, ST, "sum")
@@ -107,8 +107,7 @@ def test_dino_loss_local(ref, key, n_teacher):
   # 'mean' = 'sum' / number of pairs; its gradient scales the same way.
   mean, gm = jax.value_and_grad(fn)(s, "mean")
   np.testing.assert_allclose(mean, ref[key] / (3 * n_teacher), **LOSS_TOL)
-  np.testing.assert_allclose(gm.reshape(12, K), ref[f"{key}_grad_student"] / (3 * n_teacher),
-                             **PROB_TOL)
+  np.testing.assert_allclose(gm.reshape(12, K), ref[f"{key}_grad_student"] / (3 * n_teacher), **PROB_TOL)
   # From precomputed probabilities (the teacher list of the dinov2 call).
   probs = _swap(jnp.asarray(ref["dino_teacher_probs_softmax_centered"])).reshape(2, B, K)
   probs = probs if n_teacher == 2 else jnp.asarray(ref["dino_teacher_probs_softmax_centered"])[:4]
@@ -120,15 +119,21 @@ def test_metaarch_dino_terms(ref):
   t = _crops(ref["teacher_cls_logits"])
   c = ref["dino_center_init"]
   n_terms = (2 - 1) * 2 + 3 * 2
-  local = losses.dino_loss(_crops(ref["student_local_cls_logits"]), t, c, ST, TT,
-                           reduction="sum") / n_terms
+  local = losses.dino_loss(_crops(ref["student_local_cls_logits"]), t, c, ST, TT, reduction="sum") / n_terms
   np.testing.assert_allclose(local, ref["metaarch_dino_local_crops_loss"], **LOSS_TOL)
-  glob = losses.dino_loss(_crops(ref["student_global_cls_logits"]), t, c, ST, TT,
-                          skip_same_view=True) * 2 / n_terms
+  glob = (
+    losses.dino_loss(_crops(ref["student_global_cls_logits"]), t, c, ST, TT, skip_same_view=True)
+    * 2
+    / n_terms
+  )
   np.testing.assert_allclose(glob, ref["metaarch_dino_global_crops_loss"], **LOSS_TOL)
   # Equivalently, 'sum' with skip_same_view sums the 2 swapped pairs.
-  glob_sum = losses.dino_loss(_crops(ref["student_global_cls_logits"]), t, c, ST, TT,
-                              skip_same_view=True, reduction="sum") / n_terms
+  glob_sum = (
+    losses.dino_loss(
+      _crops(ref["student_global_cls_logits"]), t, c, ST, TT, skip_same_view=True, reduction="sum"
+    )
+    / n_terms
+  )
   np.testing.assert_allclose(glob_sum, ref["metaarch_dino_global_crops_loss"], **LOSS_TOL)
 
 
@@ -139,8 +144,14 @@ def test_dino_loss_sinkhorn_matches_formula(ref):
   lsm = s - s.max(-1, keepdims=True)
   lsm = lsm - np.log(np.exp(lsm).sum(-1, keepdims=True))
   expect = np.mean([-(p[t] * lsm[i]).sum(-1).mean() for i in range(3) for t in range(2)])
-  got = losses.dino_loss(_crops(ref["student_local_cls_logits"]), _crops(ref["teacher_cls_logits"]),
-                         None, ST, TT, method="sinkhorn")
+  got = losses.dino_loss(
+    _crops(ref["student_local_cls_logits"]),
+    _crops(ref["teacher_cls_logits"]),
+    None,
+    ST,
+    TT,
+    method="sinkhorn",
+  )
   np.testing.assert_allclose(got, expect, **LOSS_TOL)
 
 
@@ -154,8 +165,11 @@ def test_ibot_teacher_probs_centering(ref):
     p = losses.ibot_teacher_probs(t, m, c, TT, all_patches)
     assert p.shape == (8, N, K)
     np.testing.assert_allclose(p, ref["ibot_teacher_probs_dense_softmax_centered"], **PROB_TOL)
-    np.testing.assert_allclose(np.asarray(p).reshape(-1, K)[ref["mask_indices"]],
-                               ref["ibot_teacher_probs_masked_softmax_centered"], **PROB_TOL)
+    np.testing.assert_allclose(
+      np.asarray(p).reshape(-1, K)[ref["mask_indices"]],
+      ref["ibot_teacher_probs_masked_softmax_centered"],
+      **PROB_TOL,
+    )
 
 
 def test_ibot_masked_sinkhorn_static_shape_equals_gathered(ref):
@@ -174,8 +188,9 @@ def test_ibot_masked_sinkhorn_static_shape_equals_gathered(ref):
   np.testing.assert_allclose(gathered, ref["ibot_teacher_probs_masked_sinkhorn"], **PROB_TOL)
   # Sinkhorn over *all* tokens (iBOT++) is a different normalisation.
   p_all = losses.ibot_teacher_probs(t, m, None, TT, True, method="sinkhorn")
-  assert np.abs(np.asarray(p_all).reshape(-1, K)[idx]
-                - ref["ibot_teacher_probs_masked_sinkhorn"]).max() > 1e-3
+  assert (
+    np.abs(np.asarray(p_all).reshape(-1, K)[idx] - ref["ibot_teacher_probs_masked_sinkhorn"]).max() > 1e-3
+  )
 
 
 def test_ibot_center_updates(ref):
@@ -195,8 +210,13 @@ def test_ibot_center_updates(ref):
 
 
 def test_ibot_loss_masked_and_gradient(ref):
-  s, t, m, c, idx = (ref["student_patch_logits"], ref["teacher_patch_logits"], ref["masks"],
-                     ref["ibot_center_init"], ref["mask_indices"])
+  s, t, m, c, idx = (
+    ref["student_patch_logits"],
+    ref["teacher_patch_logits"],
+    ref["masks"],
+    ref["ibot_center_init"],
+    ref["mask_indices"],
+  )
 
   def fn(s_):
     return losses.ibot_loss(s_, t, m, c, ST, TT, False)
@@ -210,8 +230,7 @@ def test_ibot_loss_masked_and_gradient(ref):
   visible[idx] = False
   np.testing.assert_array_equal(flat[visible], 0.0)  # iBOT: no gradient on visible tokens
   # From the dense teacher probabilities.
-  from_probs = losses.ibot_loss_from_probs(s, ref["ibot_teacher_probs_dense_softmax_centered"], m,
-                                           ST, False)
+  from_probs = losses.ibot_loss_from_probs(s, ref["ibot_teacher_probs_dense_softmax_centered"], m, ST, False)
   np.testing.assert_allclose(from_probs, ref["ibot_loss_dense_forward_with_mask"], **LOSS_TOL)
 
 
@@ -230,8 +249,12 @@ def test_ibot_masks_weight(ref):
 
 
 def test_ibotpp_all_patches_and_gradient(ref):
-  s, t, m, c = (ref["student_patch_logits"], ref["teacher_patch_logits"], ref["masks"],
-                ref["ibot_center_init"])
+  s, t, m, c = (
+    ref["student_patch_logits"],
+    ref["teacher_patch_logits"],
+    ref["masks"],
+    ref["ibot_center_init"],
+  )
 
   def fn(s_, mask):
     return losses.ibot_loss(s_, t, mask, c, ST, TT, True)
@@ -241,8 +264,9 @@ def test_ibotpp_all_patches_and_gradient(ref):
   np.testing.assert_allclose(g, ref["ibotpp_loss_all_patches_grad_student"], **PROB_TOL)
   # iBOT++ ignores the mask (None or all-True give the same), and equals iBOT with an all-True mask.
   np.testing.assert_allclose(fn(s, None), ref["ibotpp_loss_all_patches"], **LOSS_TOL)
-  np.testing.assert_allclose(losses.ibot_loss(s, t, np.ones_like(m), c, ST, TT, False),
-                             ref["ibotpp_loss_all_patches"], **LOSS_TOL)
+  np.testing.assert_allclose(
+    losses.ibot_loss(s, t, np.ones_like(m), c, ST, TT, False), ref["ibotpp_loss_all_patches"], **LOSS_TOL
+  )
   # all_patches as a traced bool (e.g. a config-driven jnp value inside jit).
   jfn = jax.jit(lambda s_, ap: losses.ibot_loss(s_, t, m, c, ST, TT, ap))
   np.testing.assert_allclose(jfn(s, jnp.array(True)), ref["ibotpp_loss_all_patches"], **LOSS_TOL)
@@ -251,8 +275,12 @@ def test_ibotpp_all_patches_and_gradient(ref):
 
 def test_ibot_accepts_grid_masks(ref):
   """Pipeline masks are (B, gh, gw); they are flattened row-major like the patch tokens."""
-  s, t, m, c = (ref["student_patch_logits"], ref["teacher_patch_logits"], ref["masks"],
-                ref["ibot_center_init"])
+  s, t, m, c = (
+    ref["student_patch_logits"],
+    ref["teacher_patch_logits"],
+    ref["masks"],
+    ref["ibot_center_init"],
+  )
   got = losses.ibot_loss(s, t, m.reshape(8, 4, 4), c, ST, TT, False)
   np.testing.assert_allclose(got, ref["ibot_loss_masked"], **LOSS_TOL)
 

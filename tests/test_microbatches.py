@@ -9,6 +9,7 @@ Why one subprocess: the 8 fake devices need `XLA_FLAGS` before JAX starts, and e
 K in {1, 4} x {1 device, FSDP over 8} + the naive mutation) then shares one process and the faster
 unoptimised XLA:CPU backend (`--xla_backend_optimization_level=0`, as tests/test_train_sharding.py).
 """
+
 import json
 import os
 import subprocess
@@ -28,7 +29,7 @@ RECIPES = ("clip", "siglip", "ito", "tips", "tipsv2", "tipsito", "distill")
 # the suite (CI: 30 minutes on 2 cores for everything) runs a batch-coupled contrastive recipe on both
 # meshes and the TIPSv2 recipe (DINO/iBOT centres, two CLS) on one device, with the naive mutation on both.
 FULL = bool(os.environ.get("TIPSITO_ALL_MICROBATCH_RECIPES"))
-CASES = ({r: ("one", "fsdp8") for r in RECIPES} if FULL else {"clip": ("one", "fsdp8"), "tipsv2": ("one",)})
+CASES = {r: ("one", "fsdp8") for r in RECIPES} if FULL else {"clip": ("one", "fsdp8"), "tipsv2": ("one",)}
 STEPS = 3
 RTOL = 1e-5
 
@@ -37,6 +38,7 @@ def tiny(recipe: str, k: int, batch_size: int):
   """The tiny config of `recipe` (depth-1 towers; 'distill' with the tiny official-format teacher)."""
   if recipe == "distill":
     from test_recipes_distill import tiny_student  # pylint: disable=import-outside-toplevel
+
     c = tiny_student(npz=True)
     c.input.batch_size = batch_size
   else:
@@ -65,12 +67,21 @@ def relative_errors(a_state, b_state) -> dict:
   gradient as the gradient itself; per leaf they differ by up to ~1.5e-5 relative between two summation
   orders, while every part agrees to a few 1e-6."""
   import jax  # pylint: disable=import-outside-toplevel
+
   parts = set(a_state.params)
   groups: dict = {}
-  a_tree = {"params": a_state.params, "opt_state": a_state.opt_state, "ema": a_state.ema,
-            "centers": a_state.centers}
-  b_tree = {"params": b_state.params, "opt_state": b_state.opt_state, "ema": b_state.ema,
-            "centers": b_state.centers}
+  a_tree = {
+    "params": a_state.params,
+    "opt_state": a_state.opt_state,
+    "ema": a_state.ema,
+    "centers": a_state.centers,
+  }
+  b_tree = {
+    "params": b_state.params,
+    "opt_state": b_state.opt_state,
+    "ema": b_state.ema,
+    "centers": b_state.centers,
+  }
   a_leaves = jax.tree_util.tree_leaves_with_path(jax.device_get(a_tree))
   b_leaves = jax.tree.leaves(jax.device_get(b_tree))
   assert len(a_leaves) == len(b_leaves)
@@ -79,10 +90,10 @@ def relative_errors(a_state, b_state) -> dict:
     if key_bias(jax.tree_util.keystr(path)) or a.dtype.kind not in "fc" or not a.size:
       continue
     cut = next((i for i, p in enumerate(path) if i and getattr(p, "key", None) in parts), len(path) - 1)
-    name = jax.tree_util.keystr(path[:cut + 1]) if path[0].key != "centers" else jax.tree_util.keystr(path)
+    name = jax.tree_util.keystr(path[: cut + 1]) if path[0].key != "centers" else jax.tree_util.keystr(path)
     a, b = a.astype(np.float64), b.astype(np.float64)
     d, n = groups.get(name, (0.0, 0.0))
-    groups[name] = (d + float(np.sum((a - b) ** 2)), n + float(np.sum(a ** 2)))
+    groups[name] = (d + float(np.sum((a - b) ** 2)), n + float(np.sum(a**2)))
   return {k: float(np.sqrt(d / max(n, 1e-60))) for k, (d, n) in groups.items()}
 
 
@@ -91,6 +102,7 @@ def naive_loss_and_grads(ctx, k, params, ema, centers, frozen, batch, step, rng,
   neighbours and centre statistics), gradients and losses averaged, centres from the last micro-batch."""
   import jax  # pylint: disable=import-outside-toplevel
   from tipsito.objective import accumulate, compute_losses  # pylint: disable=import-outside-toplevel
+
   del constrain_grads
   mbs = accumulate.split(batch, k)
 
@@ -109,6 +121,7 @@ def worker() -> None:
   """Runs in the subprocess: every recipe's K = 1 and K = 4 steps on both meshes; prints the worst
   relative error per (recipe, mesh), and the naive mutation's on 'clip' and 'tipsv2'."""
   import jax  # pylint: disable=import-outside-toplevel
+
   jax.config.update("jax_threefry_partitionable", True)
   jax.config.update("jax_default_matmul_precision", "highest")
   from tipsito.objective import accumulate  # pylint: disable=import-outside-toplevel
@@ -126,8 +139,10 @@ def worker() -> None:
       state, _ = fn(state, batch, frozen)
     return state
 
-  meshes = {"one": (jax.devices()[:1], {"data": 1, "fsdp": 1, "model": 1}, 8),
-            "fsdp8": (jax.devices(), {"data": 1, "fsdp": 8, "model": 1}, 32)}
+  meshes = {
+    "one": (jax.devices()[:1], {"data": 1, "fsdp": 1, "model": 1}, 8),
+    "fsdp8": (jax.devices(), {"data": 1, "fsdp": 8, "model": 1}, 32),
+  }
   out = {}
   for recipe, mesh_names in CASES.items():
     for name in mesh_names:
@@ -152,23 +167,29 @@ def worker() -> None:
           finally:
             accumulate.loss_and_grads = exact
           out[f"{recipe}/naive"] = {"worst": max(errs.values())}
-      print("PROGRESS", recipe, {k: v["worst"] for k, v in out.items() if k.startswith(recipe)},
-            flush=True)
+      print("PROGRESS", recipe, {k: v["worst"] for k, v in out.items() if k.startswith(recipe)}, flush=True)
   print("RESULT" + json.dumps(out), flush=True)
 
 
 @pytest.fixture(scope="module")
 def results():
   env = dict(os.environ)
-  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-                      " --xla_backend_optimization_level=0").strip()
+  env["XLA_FLAGS"] = (
+    env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
+  ).strip()
   env["JAX_PLATFORMS"] = "cpu"
   env["PYTHONPATH"] = os.pathsep.join([ROOT, TESTS, env.get("PYTHONPATH", "")])
-  proc = subprocess.run([sys.executable, "-c", "import test_microbatches as t; t.worker()"], env=env,
-                        capture_output=True, text=True, timeout=1500, cwd=ROOT)
+  proc = subprocess.run(
+    [sys.executable, "-c", "import test_microbatches as t; t.worker()"],
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=1500,
+    cwd=ROOT,
+  )
   assert proc.returncode == 0, proc.stderr[-4000:]
   line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT")][-1]
-  return json.loads(line[len("RESULT"):])
+  return json.loads(line[len("RESULT") :])
 
 
 @pytest.mark.parametrize("mesh", ["one", "fsdp8"])
@@ -188,12 +209,18 @@ def test_naive_accumulation_fails_the_comparison(results, recipe):
 
 def test_validation_names_both_numbers():
   c = tiny("clip", 3, 8)
-  with pytest.raises(config_validation.ConfigError, match=r"batch_size=8 must be a multiple of "
-                     r"config.input.microbatches=3"):
+  with pytest.raises(
+    config_validation.ConfigError,
+    match=r"batch_size=8 must be a multiple of "
+    r"config.input.microbatches=3",
+  ):
     config_validation.validate(c, num_devices=1, check_tokenizer=False)
   c = tiny("clip", 4, 16)
-  with pytest.raises(config_validation.ConfigError, match=r"batch_size=16 / config.input.microbatches=4 = 4 "
-                     r"per micro-batch must be divisible by mesh data\*fsdp=8"):
+  with pytest.raises(
+    config_validation.ConfigError,
+    match=r"batch_size=16 / config.input.microbatches=4 = 4 "
+    r"per micro-batch must be divisible by mesh data\*fsdp=8",
+  ):
     config_validation.validate(c, num_devices=8, check_tokenizer=False)
   c = tiny("clip", 0, 8)
   with pytest.raises(config_validation.ConfigError, match="input.microbatches=0"):

@@ -5,6 +5,7 @@ conformance vectors do not cover: bf16 compute with fp32 params, non-square
 posemb resizing, mask-token placement, remat equivalence, padding invariance
 of the text towers, and gradient flow through the ITO fusion module.
 """
+
 import chex
 import flax.linen as nn
 import jax
@@ -12,9 +13,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tipsito.models import (DINOHead, FusionTransformer, TextEncoder,
-                            VisionTransformer, presets, text_config,
-                            vit_config)
+from tipsito.models import (
+  DINOHead,
+  FusionTransformer,
+  TextEncoder,
+  VisionTransformer,
+  presets,
+  text_config,
+  vit_config,
+)
 from tipsito.models import vit as vit_lib
 
 KEY = jax.random.PRNGKey(0)
@@ -47,38 +54,31 @@ def apply(m, params, *args, rngs=None, **kw):
 
   Python scalars in `kw` are static; arrays (e.g. `mask`) are traced.
   """
-  static = {k: v for k, v in kw.items()
-            if isinstance(v, (bool, int, float, str, type(None)))}
+  static = {k: v for k, v in kw.items() if isinstance(v, (bool, int, float, str, type(None)))}
   dyn = {k: v for k, v in kw.items() if k not in static}
-  key = (repr(m), tuple(sorted(static.items())), tuple(sorted(dyn)),
-         rngs is None)
+  key = (repr(m), tuple(sorted(static.items())), tuple(sorted(dyn)), rngs is None)
   if key not in _JITTED:
-    _JITTED[key] = jax.jit(lambda p, a, d, r: m.apply(
-        {'params': p}, *a, rngs=r, **d, **static))
+    _JITTED[key] = jax.jit(lambda p, a, d, r: m.apply({'params': p}, *a, rngs=r, **d, **static))
   return _JITTED[key](params, args, dyn, rngs)
 
 
 def _images(b, h, w, seed=0):
   # numpy, not jax.random: compiling threefry for each shape costs seconds.
-  return jnp.asarray(np.random.default_rng(seed).uniform(size=(b, h, w, 3)),
-                     jnp.float32)
+  return jnp.asarray(np.random.default_rng(seed).uniform(size=(b, h, w, 3)), jnp.float32)
 
 
 def _normal(seed, shape):
-  return jnp.asarray(np.random.default_rng(seed).normal(size=shape),
-                     jnp.float32)
+  return jnp.asarray(np.random.default_rng(seed).normal(size=shape), jnp.float32)
 
 
-@pytest.mark.parametrize('variant,n_cls,dtype', [
-    ('tiny/14', 2, jnp.float32), ('tiny/16', 1, jnp.bfloat16)])
+@pytest.mark.parametrize('variant,n_cls,dtype', [('tiny/14', 2, jnp.float32), ('tiny/16', 1, jnp.bfloat16)])
 def test_vit_shapes_dtypes(variant, n_cls, dtype):
   cfg = vit_config(variant, num_cls_tokens=n_cls, dtype=dtype, posemb_grid=8)
   m = VisionTransformer(**cfg)
   p = cfg['patch_size']
   x = _images(2, 3 * p, 4 * p)
   params = init(m, x)
-  chex.assert_trees_all_equal_dtypes(
-      params, jax.tree_util.tree_map(lambda a: a.astype(jnp.float32), params))
+  chex.assert_trees_all_equal_dtypes(params, jax.tree_util.tree_map(lambda a: a.astype(jnp.float32), params))
   out = apply(m, params, x, return_values=True)
   chex.assert_shape(out['cls'], (2, n_cls, 64))
   chex.assert_shape(out['patches'], (2, 3, 4, 64))
@@ -102,8 +102,7 @@ def test_uint8_and_pixel_stats():
   mean, std = presets.CLIP_PIXEL_MEAN, presets.CLIP_PIXEL_STD
   mc = VisionTransformer(**dict(cfg, pixel_mean=mean, pixel_std=std))
   c = apply(mc, params, img8)
-  manual = (jnp.asarray(img8, jnp.float32) / 255.0 - jnp.asarray(mean)) / (
-      jnp.asarray(std))
+  manual = (jnp.asarray(img8, jnp.float32) / 255.0 - jnp.asarray(mean)) / (jnp.asarray(std))
   d = apply(m, params, manual)
   np.testing.assert_allclose(c['patches'], d['patches'], atol=1e-5)
 
@@ -118,10 +117,11 @@ def test_posemb_resize_non_square():
   resized = vit_lib.resize_posemb(pos, (5, 9))
   chex.assert_shape(resized, (1, 5, 9, 64))
   np.testing.assert_allclose(
-      resized, jax.image.resize(pos, (1, 5, 9, 64), 'bilinear',
-                                antialias=True), atol=1e-6)
-  assert not np.allclose(resized, jax.image.resize(
-      pos, (1, 5, 9, 64), 'bilinear', antialias=False), atol=1e-4)
+    resized, jax.image.resize(pos, (1, 5, 9, 64), 'bilinear', antialias=True), atol=1e-6
+  )
+  assert not np.allclose(
+    resized, jax.image.resize(pos, (1, 5, 9, 64), 'bilinear', antialias=False), atol=1e-4
+  )
   # The model with the 32x32 table equals a model whose table is already the
   # resized (5, 9) grid (no resize inside): the resize is what the model does.
   m2 = VisionTransformer(**dict(cfg, posemb_grid=(5, 9)))
@@ -134,8 +134,7 @@ def test_posemb_resize_non_square():
 
 def test_mask_token_applied_where_true():
   """depth=0: each output token is LN(own embedding), so placement is visible."""
-  cfg = vit_config('tiny/14', depth=0, num_cls_tokens=1, use_mask_token=True,
-                   posemb_grid=4)
+  cfg = vit_config('tiny/14', depth=0, num_cls_tokens=1, use_mask_token=True, posemb_grid=4)
   m = VisionTransformer(**cfg)
   x = _images(2, 56, 56)
   mask = jnp.asarray(np.random.default_rng(3).uniform(size=(2, 4, 4)) < 0.5)
@@ -144,14 +143,10 @@ def test_mask_token_applied_where_true():
   plain = apply(m, params, x)['patches']
   masked = apply(m, params, x, mask=mask)['patches']
   ln = nn.LayerNorm(epsilon=1e-6)
-  expect = ln.apply({'params': params['norm']},
-                    params['mask_token'] + params['posemb'][0])
+  expect = ln.apply({'params': params['norm']}, params['mask_token'] + params['posemb'][0])
   mk = np.asarray(mask)
-  np.testing.assert_allclose(np.asarray(masked)[~mk], np.asarray(plain)[~mk],
-                             atol=1e-6)
-  np.testing.assert_allclose(
-      np.asarray(masked)[mk],
-      np.broadcast_to(expect, (2, 4, 4, 64))[mk], atol=1e-5)
+  np.testing.assert_allclose(np.asarray(masked)[~mk], np.asarray(plain)[~mk], atol=1e-6)
+  np.testing.assert_allclose(np.asarray(masked)[mk], np.broadcast_to(expect, (2, 4, 4, 64))[mk], atol=1e-5)
   assert not np.allclose(np.asarray(masked)[mk], np.asarray(plain)[mk])
   # No mask token parameter unless asked for; a mask without it is an error.
   m0 = VisionTransformer(**dict(cfg, use_mask_token=False))
@@ -166,8 +161,7 @@ def test_remat_identical():
   x = _images(2, 28, 42)
   m, mr = VisionTransformer(**cfg), VisionTransformer(**dict(cfg, remat=True))
   params = init(m, x)
-  assert (jax.tree_util.tree_structure(params) ==
-          jax.tree_util.tree_structure(init(mr, x)))
+  assert jax.tree_util.tree_structure(params) == jax.tree_util.tree_structure(init(mr, x))
 
   def loss(p, mod):
     o = mod.apply({'params': p}, x, return_values=True)
@@ -188,23 +182,20 @@ def test_dropout_and_stochastic_depth_train_only():
   e1 = apply(m, params, x)['cls']
   e2 = apply(m, params, x)['cls']
   np.testing.assert_array_equal(e1, e2)
-  t1 = apply(m, params, x, train=True,
-               rngs={'dropout': jax.random.PRNGKey(1)})['cls']
+  t1 = apply(m, params, x, train=True, rngs={'dropout': jax.random.PRNGKey(1)})['cls']
   assert not np.allclose(t1, e1)
 
 
-@pytest.mark.parametrize('flavour,out_dim,dtype', [
-    ('tips', None, jnp.float32), ('clip', None, jnp.float32),
-    ('clip', 32, jnp.bfloat16)])
+@pytest.mark.parametrize(
+  'flavour,out_dim,dtype',
+  [('tips', None, jnp.float32), ('clip', None, jnp.float32), ('clip', 32, jnp.bfloat16)],
+)
 def test_text_shapes_dtypes(flavour, out_dim, dtype):
-  cfg = text_config('tiny', flavour=flavour, vocab_size=100, max_len=8,
-                    out_dim=out_dim, dtype=dtype)
+  cfg = text_config('tiny', flavour=flavour, vocab_size=100, max_len=8, out_dim=out_dim, dtype=dtype)
   m = TextEncoder(**cfg)
-  ids = jnp.array([[5, 6, 7, 0, 0, 0, 0, 0], [9, 9, 9, 9, 9, 9, 9, 9],
-                   [4, 0, 0, 0, 0, 0, 0, 0]], jnp.int32)
+  ids = jnp.array([[5, 6, 7, 0, 0, 0, 0, 0], [9, 9, 9, 9, 9, 9, 9, 9], [4, 0, 0, 0, 0, 0, 0, 0]], jnp.int32)
   params = init(m, ids)
-  chex.assert_trees_all_equal_dtypes(
-      params, jax.tree_util.tree_map(lambda a: a.astype(jnp.float32), params))
+  chex.assert_trees_all_equal_dtypes(params, jax.tree_util.tree_map(lambda a: a.astype(jnp.float32), params))
   out = apply(m, params, ids)
   chex.assert_shape(out['pooled'], (3, out_dim or 64))
   chex.assert_shape(out['tokens'], (3, 8, 64))
@@ -221,8 +212,7 @@ def test_text_shapes_dtypes(flavour, out_dim, dtype):
     # Causal: changing a later token does not change earlier tokens.
     ids2 = ids.at[1, 7].set(3)
     out2 = apply(m, params, ids2)
-    np.testing.assert_allclose(out2['tokens'][1, :7], out['tokens'][1, :7],
-                               atol=1e-6)
+    np.testing.assert_allclose(out2['tokens'][1, :7], out['tokens'][1, :7], atol=1e-6)
 
 
 def test_dino_head():
@@ -235,8 +225,7 @@ def test_dino_head():
   # Weight norm with fixed gain: prototypes are unit directions, so logits
   # are cosines and rescaling a prototype's raw weights changes nothing.
   assert np.all(np.abs(logits) <= 1.0 + 1e-5)
-  scaled = dict(params, last_layer=params['last_layer'] *
-                jnp.linspace(0.5, 3.0, 16)[None, :])
+  scaled = dict(params, last_layer=params['last_layer'] * jnp.linspace(0.5, 3.0, 16)[None, :])
   np.testing.assert_allclose(apply(h, scaled, x), logits, atol=1e-5)
   assert sorted(params) == ['Dense_0', 'Dense_1', 'Dense_2', 'last_layer']
   assert params['Dense_2']['kernel'].shape == (32, 8)
@@ -264,6 +253,5 @@ def test_fusion_grads_and_norm():
   assert float(jnp.abs(gt[0, :3]).sum()) > 0
   # Padded text tokens are masked as keys: no gradient, no effect.
   np.testing.assert_array_equal(gt[0, 3:], 0.0)
-  out2 = apply(f, params, cls, patches,
-                 text.at[0, 4].set(100.0), valid)
+  out2 = apply(f, params, cls, patches, text.at[0, 4].set(100.0), valid)
   np.testing.assert_allclose(out2, out, atol=1e-6)

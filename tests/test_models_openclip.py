@@ -10,6 +10,7 @@ only the mapped state dicts. It must equal the Flax towers (tipsito/models/vit.p
 tipsito/models/presets.py's 'openclip' structure, as the CLIP-style recipes do
 (tipsito/config/defaults.py). The TIPS towers are covered by tests/test_models_conformance.py.
 """
+
 import json
 import math
 
@@ -37,48 +38,60 @@ from tipsito.models import vit as vit_lib
 # nn.Linear in Hugging Face (T). logit_scale is log(1 / export temperature) in all three.
 # ------------------------------------------------------------------------------------------------
 TOP_MAP = [  # (tipsito, OpenCLIP, Hugging Face, layout)
-    ('image_proj/kernel', 'visual.proj', 'visual_projection.weight', 'same|T'),
-    ('text/proj/kernel', 'text_projection', 'text_projection.weight', 'same|T'),
+  ('image_proj/kernel', 'visual.proj', 'visual_projection.weight', 'same|T'),
+  ('text/proj/kernel', 'text_projection', 'text_projection.weight', 'same|T'),
 ]
 IMAGE_MAP = [
-    ('image/patch_embed/kernel', 'visual.conv1.weight',
-     'vision_model.embeddings.patch_embedding.weight', 'conv'),
-    ('image/cls', 'visual.class_embedding', 'vision_model.embeddings.class_embedding', 'vec'),
-    ('image/posemb', 'visual.positional_embedding',
-     'vision_model.embeddings.position_embedding.weight', 'same'),
-    ('image/norm_pre/scale', 'visual.ln_pre.weight', 'vision_model.pre_layrnorm.weight', 'same'),
-    ('image/norm_pre/bias', 'visual.ln_pre.bias', 'vision_model.pre_layrnorm.bias', 'same'),
-    ('image/norm/scale', 'visual.ln_post.weight', 'vision_model.post_layernorm.weight', 'same'),
-    ('image/norm/bias', 'visual.ln_post.bias', 'vision_model.post_layernorm.bias', 'same'),
+  (
+    'image/patch_embed/kernel',
+    'visual.conv1.weight',
+    'vision_model.embeddings.patch_embedding.weight',
+    'conv',
+  ),
+  ('image/cls', 'visual.class_embedding', 'vision_model.embeddings.class_embedding', 'vec'),
+  (
+    'image/posemb',
+    'visual.positional_embedding',
+    'vision_model.embeddings.position_embedding.weight',
+    'same',
+  ),
+  ('image/norm_pre/scale', 'visual.ln_pre.weight', 'vision_model.pre_layrnorm.weight', 'same'),
+  ('image/norm_pre/bias', 'visual.ln_pre.bias', 'vision_model.pre_layrnorm.bias', 'same'),
+  ('image/norm/scale', 'visual.ln_post.weight', 'vision_model.post_layernorm.weight', 'same'),
+  ('image/norm/bias', 'visual.ln_post.bias', 'vision_model.post_layernorm.bias', 'same'),
 ]
 TEXT_MAP = [
-    ('text/token_emb/embedding', 'token_embedding.weight',
-     'text_model.embeddings.token_embedding.weight', 'same'),
-    ('text/posemb', 'positional_embedding', 'text_model.embeddings.position_embedding.weight', 'same'),
-    ('text/norm/scale', 'ln_final.weight', 'text_model.final_layer_norm.weight', 'same'),
-    ('text/norm/bias', 'ln_final.bias', 'text_model.final_layer_norm.bias', 'same'),
+  (
+    'text/token_emb/embedding',
+    'token_embedding.weight',
+    'text_model.embeddings.token_embedding.weight',
+    'same',
+  ),
+  ('text/posemb', 'positional_embedding', 'text_model.embeddings.position_embedding.weight', 'same'),
+  ('text/norm/scale', 'ln_final.weight', 'text_model.final_layer_norm.weight', 'same'),
+  ('text/norm/bias', 'ln_final.bias', 'text_model.final_layer_norm.bias', 'same'),
 ]
 BLOCK_PREFIX = {  # tower -> (tipsito block, OpenCLIP block, Hugging Face block)
-    'image': ('image/block_{i}/', 'visual.transformer.resblocks.{i}.', 'vision_model.encoder.layers.{i}.'),
-    'text': ('text/block_{i}/', 'transformer.resblocks.{i}.', 'text_model.encoder.layers.{i}.'),
+  'image': ('image/block_{i}/', 'visual.transformer.resblocks.{i}.', 'vision_model.encoder.layers.{i}.'),
+  'text': ('text/block_{i}/', 'transformer.resblocks.{i}.', 'text_model.encoder.layers.{i}.'),
 }
 BLOCK_MAP = [
-    ('norm1/scale', 'ln_1.weight', 'layer_norm1.weight', 'same'),
-    ('norm1/bias', 'ln_1.bias', 'layer_norm1.bias', 'same'),
-    ('attn/query/kernel', 'attn.in_proj_weight', 'self_attn.q_proj.weight', 'q'),
-    ('attn/key/kernel', 'attn.in_proj_weight', 'self_attn.k_proj.weight', 'k'),
-    ('attn/value/kernel', 'attn.in_proj_weight', 'self_attn.v_proj.weight', 'v'),
-    ('attn/query/bias', 'attn.in_proj_bias', 'self_attn.q_proj.bias', 'q'),
-    ('attn/key/bias', 'attn.in_proj_bias', 'self_attn.k_proj.bias', 'k'),
-    ('attn/value/bias', 'attn.in_proj_bias', 'self_attn.v_proj.bias', 'v'),
-    ('attn/out/kernel', 'attn.out_proj.weight', 'self_attn.out_proj.weight', 'out'),
-    ('attn/out/bias', 'attn.out_proj.bias', 'self_attn.out_proj.bias', 'same'),
-    ('norm2/scale', 'ln_2.weight', 'layer_norm2.weight', 'same'),
-    ('norm2/bias', 'ln_2.bias', 'layer_norm2.bias', 'same'),
-    ('mlp/Dense_0/kernel', 'mlp.c_fc.weight', 'mlp.fc1.weight', 'T'),
-    ('mlp/Dense_0/bias', 'mlp.c_fc.bias', 'mlp.fc1.bias', 'same'),
-    ('mlp/Dense_1/kernel', 'mlp.c_proj.weight', 'mlp.fc2.weight', 'T'),
-    ('mlp/Dense_1/bias', 'mlp.c_proj.bias', 'mlp.fc2.bias', 'same'),
+  ('norm1/scale', 'ln_1.weight', 'layer_norm1.weight', 'same'),
+  ('norm1/bias', 'ln_1.bias', 'layer_norm1.bias', 'same'),
+  ('attn/query/kernel', 'attn.in_proj_weight', 'self_attn.q_proj.weight', 'q'),
+  ('attn/key/kernel', 'attn.in_proj_weight', 'self_attn.k_proj.weight', 'k'),
+  ('attn/value/kernel', 'attn.in_proj_weight', 'self_attn.v_proj.weight', 'v'),
+  ('attn/query/bias', 'attn.in_proj_bias', 'self_attn.q_proj.bias', 'q'),
+  ('attn/key/bias', 'attn.in_proj_bias', 'self_attn.k_proj.bias', 'k'),
+  ('attn/value/bias', 'attn.in_proj_bias', 'self_attn.v_proj.bias', 'v'),
+  ('attn/out/kernel', 'attn.out_proj.weight', 'self_attn.out_proj.weight', 'out'),
+  ('attn/out/bias', 'attn.out_proj.bias', 'self_attn.out_proj.bias', 'same'),
+  ('norm2/scale', 'ln_2.weight', 'layer_norm2.weight', 'same'),
+  ('norm2/bias', 'ln_2.bias', 'layer_norm2.bias', 'same'),
+  ('mlp/Dense_0/kernel', 'mlp.c_fc.weight', 'mlp.fc1.weight', 'T'),
+  ('mlp/Dense_0/bias', 'mlp.c_fc.bias', 'mlp.fc1.bias', 'same'),
+  ('mlp/Dense_1/kernel', 'mlp.c_proj.weight', 'mlp.fc2.weight', 'T'),
+  ('mlp/Dense_1/bias', 'mlp.c_proj.bias', 'mlp.fc2.bias', 'same'),
 ]
 
 
@@ -88,8 +101,9 @@ def mapping_rows(depth_image: int, depth_text: int):
   for tower, depth in (('image', depth_image), ('text', depth_text)):
     pre = BLOCK_PREFIX[tower]
     for i in range(depth):
-      rows += [tuple(p.format(i=i) + n for p, n in zip(pre, names)) + (layout,)
-               for *names, layout in BLOCK_MAP]
+      rows += [
+        tuple(p.format(i=i) + n for p, n in zip(pre, names)) + (layout,) for *names, layout in BLOCK_MAP
+      ]
   return rows
 
 
@@ -192,11 +206,26 @@ def _openclip_blocks(sd, prefix, depth):
   for i in range(depth):
     g = lambda n, i=i: sd[f'{prefix}{i}.{n}']  # noqa: E731
     w, bias = np.split(g('attn.in_proj_weight'), 3), np.split(g('attn.in_proj_bias'), 3)
-    out.append(dict(ln1_w=g('ln_1.weight'), ln1_b=g('ln_1.bias'), q_w=w[0], k_w=w[1], v_w=w[2],
-                    q_b=bias[0], k_b=bias[1], v_b=bias[2], o_w=g('attn.out_proj.weight'),
-                    o_b=g('attn.out_proj.bias'), ln2_w=g('ln_2.weight'), ln2_b=g('ln_2.bias'),
-                    fc1_w=g('mlp.c_fc.weight'), fc1_b=g('mlp.c_fc.bias'),
-                    fc2_w=g('mlp.c_proj.weight'), fc2_b=g('mlp.c_proj.bias')))
+    out.append(
+      dict(
+        ln1_w=g('ln_1.weight'),
+        ln1_b=g('ln_1.bias'),
+        q_w=w[0],
+        k_w=w[1],
+        v_w=w[2],
+        q_b=bias[0],
+        k_b=bias[1],
+        v_b=bias[2],
+        o_w=g('attn.out_proj.weight'),
+        o_b=g('attn.out_proj.bias'),
+        ln2_w=g('ln_2.weight'),
+        ln2_b=g('ln_2.bias'),
+        fc1_w=g('mlp.c_fc.weight'),
+        fc1_b=g('mlp.c_fc.bias'),
+        fc2_w=g('mlp.c_proj.weight'),
+        fc2_b=g('mlp.c_proj.bias'),
+      )
+    )
   return out
 
 
@@ -205,11 +234,18 @@ def _hf_blocks(sd, prefix, depth):
   out = []
   for i in range(depth):
     g = lambda n, i=i: sd[f'{prefix}{i}.{n}']  # noqa: E731
-    p = dict(ln1_w=g('layer_norm1.weight'), ln1_b=g('layer_norm1.bias'),
-             o_w=g('self_attn.out_proj.weight'), o_b=g('self_attn.out_proj.bias'),
-             ln2_w=g('layer_norm2.weight'), ln2_b=g('layer_norm2.bias'),
-             fc1_w=g('mlp.fc1.weight'), fc1_b=g('mlp.fc1.bias'),
-             fc2_w=g('mlp.fc2.weight'), fc2_b=g('mlp.fc2.bias'))
+    p = dict(
+      ln1_w=g('layer_norm1.weight'),
+      ln1_b=g('layer_norm1.bias'),
+      o_w=g('self_attn.out_proj.weight'),
+      o_b=g('self_attn.out_proj.bias'),
+      ln2_w=g('layer_norm2.weight'),
+      ln2_b=g('layer_norm2.bias'),
+      fc1_w=g('mlp.fc1.weight'),
+      fc1_b=g('mlp.fc1.bias'),
+      fc2_w=g('mlp.fc2.weight'),
+      fc2_b=g('mlp.fc2.bias'),
+    )
     for c in 'qkv':
       p[f'{c}_w'], p[f'{c}_b'] = g(f'self_attn.{c}_proj.weight'), g(f'self_attn.{c}_proj.bias')
     out.append(p)
@@ -231,7 +267,11 @@ def ref_image(sd, images, *, hf, depth, heads, mean, std, eps=1e-5, posemb=None)
     ln_post = (sd[pre + 'post_layernorm.weight'], sd[pre + 'post_layernorm.bias'])
     blocks, proj = _hf_blocks(sd, pre + 'encoder.layers.', depth), sd['visual_projection.weight'].T
   else:
-    w_patch, cls, pos = sd['visual.conv1.weight'], sd['visual.class_embedding'], sd['visual.positional_embedding']
+    w_patch, cls, pos = (
+      sd['visual.conv1.weight'],
+      sd['visual.class_embedding'],
+      sd['visual.positional_embedding'],
+    )
     ln_pre = (sd['visual.ln_pre.weight'], sd['visual.ln_pre.bias'])
     ln_post = (sd['visual.ln_post.weight'], sd['visual.ln_post.bias'])
     blocks, proj = _openclip_blocks(sd, 'visual.transformer.resblocks.', depth), sd['visual.proj']
@@ -284,14 +324,20 @@ def tok():
 
 
 def image_cfg(**kw):
-  return vit_config('tiny/16', num_cls_tokens=1, posemb_grid=IMG_SIZE // PATCH,
-                    pixel_mean=presets.CLIP_PIXEL_MEAN, pixel_std=presets.CLIP_PIXEL_STD,
-                    **{**presets.IMAGE_STRUCTURE['openclip'], **kw})
+  return vit_config(
+    'tiny/16',
+    num_cls_tokens=1,
+    posemb_grid=IMG_SIZE // PATCH,
+    pixel_mean=presets.CLIP_PIXEL_MEAN,
+    pixel_std=presets.CLIP_PIXEL_STD,
+    **{**presets.IMAGE_STRUCTURE['openclip'], **kw},
+  )
 
 
 def text_cfg(vocab, **kw):
-  return text_config('tiny', vocab_size=vocab, max_len=MAX_LEN, out_dim=EMBED,
-                     **{**presets.TEXT_STRUCTURE['openclip'], **kw})
+  return text_config(
+    'tiny', vocab_size=vocab, max_len=MAX_LEN, out_dim=EMBED, **{**presets.TEXT_STRUCTURE['openclip'], **kw}
+  )
 
 
 def _randomise(tree, seed):
@@ -315,7 +361,7 @@ def towers(tok):
   txt = TextEncoder(**text_cfg(tok.vocab_size))
   pi = vit.init(jax.random.PRNGKey(0), jnp.zeros((1, IMG_SIZE, IMG_SIZE, 3)))['params']
   pt = txt.init(jax.random.PRNGKey(1), jnp.zeros((1, MAX_LEN), jnp.int32))['params']
-  proj = jax.random.normal(jax.random.PRNGKey(2), (vit.width, EMBED)) * vit.width ** -0.5
+  proj = jax.random.normal(jax.random.PRNGKey(2), (vit.width, EMBED)) * vit.width**-0.5
   tree = _randomise({'image': pi, 'text': pt, 'image_proj': {'kernel': proj}}, 0)
   return vit, txt, jax.tree.map(np.asarray, tree)
 
@@ -326,8 +372,12 @@ def state_dicts(towers):
   return to_state_dicts(jax.tree.map(lambda a: a.astype(np.float64), tree), vit.depth, txt.depth)
 
 
-TEXTS = ['a red circle', '', 'A large blue star at the top left, on a plain white background.',
-         ' '.join(['circle'] * 30)]  # the last one is truncated
+TEXTS = [
+  'a red circle',
+  '',
+  'A large blue star at the top left, on a plain white background.',
+  ' '.join(['circle'] * 30),
+]  # the last one is truncated
 
 
 def _images(n=3, size=IMG_SIZE, seed=0):
@@ -360,8 +410,15 @@ def test_image_tower_equals_openclip_forward(towers, state_dicts, hf):
   vit, _, tree = towers
   sd = Strict(state_dicts[hf])
   images = _images()
-  pooled, tokens = ref_image(sd, images, hf=hf, depth=vit.depth, heads=vit.num_heads,
-                             mean=presets.CLIP_PIXEL_MEAN, std=presets.CLIP_PIXEL_STD)
+  pooled, tokens = ref_image(
+    sd,
+    images,
+    hf=hf,
+    depth=vit.depth,
+    heads=vit.num_heads,
+    mean=presets.CLIP_PIXEL_MEAN,
+    std=presets.CLIP_PIXEL_STD,
+  )
   image_keys = {k for k in sd if 'vision' in k or 'visual' in k}
   assert sd.read == image_keys
   out = vit.apply({'params': tree['image']}, images)
@@ -369,8 +426,7 @@ def test_image_tower_equals_openclip_forward(towers, state_dicts, hf):
   np.testing.assert_allclose(emb, pooled, atol=1e-5, rtol=0)
   if not hf:  # OpenCLIP returns ln_post'ed patch tokens (HF's last_hidden_state is before its LN)
     g = IMG_SIZE // PATCH
-    np.testing.assert_allclose(out['patches'], tokens[:, 1:].reshape(-1, g, g, vit.width),
-                               atol=1e-5, rtol=0)
+    np.testing.assert_allclose(out['patches'], tokens[:, 1:].reshape(-1, g, g, vit.width), atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize('hf', [False, True], ids=['openclip', 'hf'])
@@ -411,16 +467,25 @@ def test_image_tower_other_resolution(towers, state_dicts):
   size = 3 * PATCH
   pos = oc['visual.positional_embedding']
   g = IMG_SIZE // PATCH
-  grid = np.asarray(vit_lib.resize_posemb(jnp.asarray(pos[1:], jnp.float32).reshape(1, g, g, -1),
-                                          (3, 3)), np.float64).reshape(9, -1)
+  grid = np.asarray(
+    vit_lib.resize_posemb(jnp.asarray(pos[1:], jnp.float32).reshape(1, g, g, -1), (3, 3)), np.float64
+  ).reshape(9, -1)
   images = _images(2, size, seed=1)
-  pooled, _ = ref_image(oc, images, hf=False, depth=vit.depth, heads=vit.num_heads,
-                        mean=presets.CLIP_PIXEL_MEAN, std=presets.CLIP_PIXEL_STD,
-                        posemb=np.concatenate([pos[:1], grid], 0))
+  pooled, _ = ref_image(
+    oc,
+    images,
+    hf=False,
+    depth=vit.depth,
+    heads=vit.num_heads,
+    mean=presets.CLIP_PIXEL_MEAN,
+    std=presets.CLIP_PIXEL_STD,
+    posemb=np.concatenate([pos[:1], grid], 0),
+  )
   out = vit.apply({'params': tree['image']}, images)
   assert out['patches'].shape[1:3] == (3, 3)
-  np.testing.assert_allclose(np.asarray(out['cls'][:, 0]) @ tree['image_proj']['kernel'], pooled,
-                             atol=1e-5, rtol=0)
+  np.testing.assert_allclose(
+    np.asarray(out['cls'][:, 0]) @ tree['image_proj']['kernel'], pooled, atol=1e-5, rtol=0
+  )
 
 
 def _count(module, x):
@@ -440,6 +505,7 @@ def test_ito_towers_are_openclip_sized(variant):
   import importlib.util
   import pathlib
   from tipsito.models.kwargs import module_kwargs
+
   name = f"ito_{variant.replace('/', '').lower()}.py"
   path = pathlib.Path(__file__).parent.parent / 'configs' / name
   spec = importlib.util.spec_from_file_location(f'cfg_{name[:-3]}', path)
@@ -454,8 +520,11 @@ def test_ito_towers_are_openclip_sized(variant):
   print(f'ITO {variant}: image {n_img:,} (+image_proj), text {n_txt:,} (+text_projection)')
   want_img, want_txt = OPENCLIP_MPARAMS[variant]
   assert abs(n_img / 1e6 - want_img) < 0.006 and abs(n_txt / 1e6 - want_txt) < 0.006
-  tree = {'image': p_img, 'text': p_txt,
-          'image_proj': {'kernel': jax.ShapeDtypeStruct((vit.width, c.model.embed_dim), jnp.float32)}}
+  tree = {
+    'image': p_img,
+    'text': p_txt,
+    'image_proj': {'kernel': jax.ShapeDtypeStruct((vit.width, c.model.embed_dim), jnp.float32)},
+  }
   zeros = jax.tree.map(lambda s: np.broadcast_to(np.float32(0), s.shape), tree)  # no memory
   oc, _ = to_state_dicts(zeros, vit.depth, txt.depth)
   assert oc['visual.positional_embedding'].shape == (197, vit.width)  # 14 x 14 + 1
@@ -468,11 +537,18 @@ def test_export_round_trip_rebuilds_towers_and_tokenizer(towers, tok, tmp_path):
   tokenizes strings with SOT/EOT as training does."""
   import tipsito
   from tipsito import export_format
+
   vit, txt, tree = towers
   icfg, tcfg = image_cfg(), text_cfg(tok.vocab_size)
-  out = export_format.write_export(tmp_path / 'e', image_config=icfg, text_config=tcfg, params=tree,
-                                   temperature=0.07, tokenizer_path=tok_lib.DEFAULT_TOKENIZER,
-                                   image_proj=True)
+  out = export_format.write_export(
+    tmp_path / 'e',
+    image_config=icfg,
+    text_config=tcfg,
+    params=tree,
+    temperature=0.07,
+    tokenizer_path=tok_lib.DEFAULT_TOKENIZER,
+    image_proj=True,
+  )
   cfg = json.loads((tmp_path / 'e' / 'config.json').read_text())
   for k, v in presets.IMAGE_STRUCTURE['openclip'].items():
     assert cfg['image'][k] == v, k
@@ -485,7 +561,9 @@ def test_export_round_trip_rebuilds_towers_and_tokenizer(towers, tok, tmp_path):
   np.testing.assert_allclose(enc.embed_texts(TEXTS), want, atol=1e-5, rtol=0)
   images = _images()
   want_img = np.asarray(vit.apply({'params': tree['image']}, images)['cls'])
-  np.testing.assert_allclose(enc.embed_images(images, values=False, project=False)['cls'], want_img, atol=1e-5, rtol=0)
+  np.testing.assert_allclose(
+    enc.embed_images(images, values=False, project=False)['cls'], want_img, atol=1e-5, rtol=0
+  )
 
 
 def test_clip_text_export_with_too_small_vocab_refuses_strings(towers, tok, tmp_path):
@@ -493,13 +571,19 @@ def test_clip_text_export_with_too_small_vocab_refuses_strings(towers, tok, tmp_
   before they existed) loads for ids but refuses strings, instead of clamping the ids silently."""
   import tipsito
   from tipsito import export_format
+
   vit, txt, tree = towers
   small = tok.vocab_size - 2
   text = dict(tree['text'], token_emb={'embedding': tree['text']['token_emb']['embedding'][:small]})
-  out = export_format.write_export(tmp_path / 'old', image_config=image_cfg(),
-                                   text_config=text_cfg(small), params={**tree, 'text': text},
-                                   temperature=0.07, tokenizer_path=tok_lib.DEFAULT_TOKENIZER,
-                                   image_proj=True)
+  out = export_format.write_export(
+    tmp_path / 'old',
+    image_config=image_cfg(),
+    text_config=text_cfg(small),
+    params={**tree, 'text': text},
+    temperature=0.07,
+    tokenizer_path=tok_lib.DEFAULT_TOKENIZER,
+    image_proj=True,
+  )
   enc = tipsito.load(out)
   with pytest.raises(ValueError, match=rf"'clip' tokenizer has {tok.vocab_size} ids.*embeds {small}"):
     enc.embed_texts(['a red circle'])
@@ -512,9 +596,11 @@ def test_id_only_evals_tokenize_with_the_text_flavour(tok, flavour):
   flavour (SOT/EOT for 'clip'), as training did."""
   import types
   from tipsito.evals import make_evaluator
+
   n = tok.vocab_size
-  enc = types.SimpleNamespace(tokenizer=None, text_config={'flavour': flavour, 'max_len': MAX_LEN,
-                                                           'vocab_size': n})
+  enc = types.SimpleNamespace(
+    tokenizer=None, text_config={'flavour': flavour, 'max_len': MAX_LEN, 'vocab_size': n}
+  )
   ev = make_evaluator('zs', {'type': 'zeroshot', 'dataset': 'shapes'})
   ids = ev._text_input(enc, ['a red circle'])
   want = tok_lib.Tokenizer(max_len=MAX_LEN, flavour=flavour).tokenize(['a red circle'])
@@ -528,6 +614,7 @@ def test_training_encoder_of_ito_is_openclip():
   from tipsito.train import exporting
   from tipsito.config import defaults
   from tipsito.train import step as step_lib
+
   c = defaults.tiny_config('ito', image_size=IMG_SIZE)
   setup = step_lib.build(c)
   params = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), setup.state_shapes.params)
@@ -543,6 +630,7 @@ def test_scanned_openclip_towers_equal_unrolled(towers, tok):
   """`scan=True` (params stacked by tipsito/models/layer_stack.py) gives the unrolled OpenCLIP towers'
   outputs: ln_pre, the class position row and the block settings (eps, GELU) reach the scanned blocks."""
   from tipsito.models import layer_stack
+
   vit, txt, tree = towers
   images, ids = _images(2), tok.tokenize(TEXTS)
   svit = VisionTransformer(**image_cfg(scan=True))
@@ -557,12 +645,14 @@ def test_scanned_openclip_towers_equal_unrolled(towers, tok):
 def test_activations_by_name():
   """The FFN activations a config (and an exporter) can name; an unknown one lists the valid names."""
   from tipsito.models import layers
+
   x = jnp.linspace(-4.0, 4.0, 101)
-  np.testing.assert_allclose(layers.activation_fn('quick_gelu')(x), x * jax.nn.sigmoid(1.702 * x),
-                             atol=1e-7)
-  np.testing.assert_allclose(layers.activation_fn('gelu_exact')(x),
-                             _gelu(np.asarray(x, np.float64)), atol=1e-6)
-  assert not np.allclose(layers.activation_fn('gelu')(x), layers.activation_fn('gelu_exact')(x),
-                         atol=1e-5)  # tanh GELU (TIPS) is not OpenCLIP's
+  np.testing.assert_allclose(layers.activation_fn('quick_gelu')(x), x * jax.nn.sigmoid(1.702 * x), atol=1e-7)
+  np.testing.assert_allclose(
+    layers.activation_fn('gelu_exact')(x), _gelu(np.asarray(x, np.float64)), atol=1e-6
+  )
+  assert not np.allclose(
+    layers.activation_fn('gelu')(x), layers.activation_fn('gelu_exact')(x), atol=1e-5
+  )  # tanh GELU (TIPS) is not OpenCLIP's
   with pytest.raises(ValueError, match=r"activation 'swish' unknown.*'gelu_exact'.*'quick_gelu'"):
     layers.activation_fn('swish')

@@ -4,6 +4,7 @@ Why: the presets must be the official TIPS architectures (so released weights
 load) and reproduce TIPSv2 Table 16. Everything goes through jax.eval_shape,
 so g/14 (1.1B) costs nothing.
 """
+
 import functools
 import json
 import types
@@ -19,16 +20,13 @@ from tipsito.models import TextEncoder, VisionTransformer, text_config, vit_conf
 
 # TIPSv2 Table 16 (g/14 image: the official tree has 1.136B, the table rounds
 # to 1.1B); text with 12 layers, So400m with 27.
-TABLE16_IMAGE = {'B/14': 86.3e6, 'L/14': 304.0e6, 'So400m/14': 413.3e6,
-                 'g/14': 1.136e9}
-TABLE16_TEXT = {'B/14': 109.6e6, 'L/14': 183.9e6, 'So400m/14': 448.3e6,
-                'g/14': 389.1e6}
+TABLE16_IMAGE = {'B/14': 86.3e6, 'L/14': 304.0e6, 'So400m/14': 413.3e6, 'g/14': 1.136e9}
+TABLE16_TEXT = {'B/14': 109.6e6, 'L/14': 183.9e6, 'So400m/14': 448.3e6, 'g/14': 389.1e6}
 
 
 def _shapes(module, x):
   tree = jax.eval_shape(module.init, jax.random.PRNGKey(0), x)['params']
-  return {k: tuple(v.shape) for k, v in
-          traverse_util.flatten_dict(tree, sep='/').items()}
+  return {k: tuple(v.shape) for k, v in traverse_util.flatten_dict(tree, sep='/').items()}
 
 
 def _count(shapes):
@@ -44,8 +42,7 @@ def image_shapes(variant):
 
 @functools.lru_cache(maxsize=None)
 def text_shapes(variant):
-  return _shapes(TextEncoder(**text_config(variant)),
-                 jnp.zeros((1, 4), jnp.int32))
+  return _shapes(TextEncoder(**text_config(variant)), jnp.zeros((1, 4), jnp.int32))
 
 
 @pytest.mark.parametrize('variant', list(TABLE16_IMAGE))
@@ -79,9 +76,10 @@ def test_presets_match_official_trees(official_trees, variant):
   for k in ('width', 'depth', 'num_heads', 'mlp_dim', 'ffn', 'patch_size'):
     assert cfg[k] == vit_config(variant)[k], k
   ours = image_shapes(variant)
-  mapped = {tips_import._official_to_tipsito(k, tips_import._VISION_MAP,
-                                            'encoder/transformer/'): v.shape
-            for k, v in vflat.items()}
+  mapped = {
+    tips_import._official_to_tipsito(k, tips_import._VISION_MAP, 'encoder/transformer/'): v.shape
+    for k, v in vflat.items()
+  }
   assert mapped == ours
   assert _count(ours) == official_trees[f'vision {variant}']['num_params']
 
@@ -93,9 +91,10 @@ def test_presets_match_official_trees(official_trees, variant):
     # Official code builds 12 text layers; Table 16 (and our preset) says 27.
     assert tcfg['depth'] == 12 and text_config(variant)['depth'] == 27
   else:
-    mapped = {tips_import._official_to_tipsito(k, tips_import._TEXT_MAP,
-                                              'transformer/'): v.shape
-              for k, v in tflat.items()}
+    mapped = {
+      tips_import._official_to_tipsito(k, tips_import._TEXT_MAP, 'transformer/'): v.shape
+      for k, v in tflat.items()
+    }
     assert mapped == ours_t
     assert _count(ours_t) + 1 == official_trees[f'text {variant}']['num_params']
   for k in ('width', 'num_heads', 'mlp_dim'):

@@ -5,6 +5,7 @@ the stacked params of an unrolled one must give the same outputs and the same gr
 every remat policy; and the per-layer formats (export, TIPS import) must round-trip exactly through
 `tipsito.models.layer_stack`.
 """
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -21,8 +22,9 @@ def _fill(shapes):
   """Random non-trivial params of the given abstract tree (no compiled init)."""
   rng = np.random.default_rng(0)
   return jax.tree_util.tree_map_with_path(
-      lambda p, s: jnp.asarray(rng.normal(0.0, 0.1, s.shape) + ("'scale'" in jax.tree_util.keystr(p)),
-                               s.dtype), shapes)
+    lambda p, s: jnp.asarray(rng.normal(0.0, 0.1, s.shape) + ("'scale'" in jax.tree_util.keystr(p)), s.dtype),
+    shapes,
+  )
 
 
 def _params(m, *args, **kw):
@@ -33,8 +35,9 @@ def _images(b=2, h=32, w=48):
   return jax.random.randint(jax.random.PRNGKey(1), (b, h, w, 3), 0, 256).astype(jnp.uint8)
 
 
-@pytest.mark.parametrize("remat,policy", [(False, "nothing_saveable"), (True, "nothing_saveable"),
-                                          (True, "dots_saveable")])
+@pytest.mark.parametrize(
+  "remat,policy", [(False, "nothing_saveable"), (True, "nothing_saveable"), (True, "dots_saveable")]
+)
 def test_vit_scan_forward_and_grads_equal_unrolled(remat, policy):
   cfg = vit_config("tiny/16", depth=3, num_cls_tokens=2, posemb_grid=4, use_mask_token=True)
   x = _images()
@@ -44,7 +47,7 @@ def test_vit_scan_forward_and_grads_equal_unrolled(remat, policy):
   p = _params(unrolled, x, mask=mask)
   ps = layer_stack.stack_tower(p)
   # The stacked tree is exactly the tree the scanned module creates.
-  assert (jax.tree.structure(ps) == jax.tree.structure(_params(scanned, x, mask=mask)))
+  assert jax.tree.structure(ps) == jax.tree.structure(_params(scanned, x, mask=mask))
   assert ps["blocks"]["attn"]["query"]["kernel"].shape == (3, 64, 4, 16)
 
   def loss(params, mod):
@@ -64,8 +67,9 @@ def test_vit_scan_forward_and_grads_equal_unrolled(remat, policy):
 
 @pytest.mark.parametrize("flavour", ["tips", "clip"])
 def test_text_scan_forward_and_grads_equal_unrolled(flavour):
-  cfg = text_config("tiny", flavour=flavour, vocab_size=50, max_len=8, depth=3,
-                    out_dim=32 if flavour == "clip" else None)
+  cfg = text_config(
+    "tiny", flavour=flavour, vocab_size=50, max_len=8, depth=3, out_dim=32 if flavour == "clip" else None
+  )
   ids = jnp.array([[3, 4, 5, 0, 0, 0, 0, 0], [1, 2, 3, 4, 5, 6, 7, 8]], jnp.int32)
   unrolled, scanned = TextEncoder(**cfg), TextEncoder(**dict(cfg, scan=True, remat=True))
   p = _params(unrolled, ids)
@@ -101,8 +105,10 @@ def test_scan_stochastic_depth_rates_per_layer():
 
 def test_layer_stack_round_trip_and_errors():
   rng = np.random.default_rng(0)
-  tower = {f"block_{i}": {"attn": {"kernel": rng.normal(size=(4, 3))}, "norm1": {"scale": rng.normal(size=3)}}
-           for i in range(3)}
+  tower = {
+    f"block_{i}": {"attn": {"kernel": rng.normal(size=(4, 3))}, "norm1": {"scale": rng.normal(size=3)}}
+    for i in range(3)
+  }
   tower["norm"] = {"scale": np.ones(3)}
   st = layer_stack.stack_tower(tower)
   assert set(st) == {"blocks", "norm"} and st["blocks"]["attn"]["kernel"].shape == (3, 4, 3)
@@ -127,6 +133,7 @@ def test_scanned_training_model_exports_per_layer(tmp_path):
   from tipsito.train import exporting
   from tipsito.train import step as step_lib
   from tipsito.config import defaults
+
   c = defaults.tiny_config("clip", image_size=32)
   for tower in ("image", "text"):
     c.model[tower].update(dict(scan=True, remat=True, remat_policy="dots_saveable"))
@@ -137,8 +144,9 @@ def test_scanned_training_model_exports_per_layer(tmp_path):
   exported = exporting.export_params(params)
   c.model.image.scan = c.model.text.scan = False
   plain = step_lib.build(c).state_shapes.params
-  assert (jax.tree.structure(exported) ==
-          jax.tree.structure({k: plain[k] for k in export_format.ALLOWED_EXPORT_KEYS}))
+  assert jax.tree.structure(exported) == jax.tree.structure(
+    {k: plain[k] for k in export_format.ALLOWED_EXPORT_KEYS}
+  )
   img_cfg, txt_cfg = exporting.export_configs(setup)
   assert img_cfg["scan"] is False and txt_cfg["scan"] is False
   enc = inference.Encoder.from_params(img_cfg, txt_cfg, exported, 1.0)
@@ -156,6 +164,7 @@ def test_remat_policy_is_validated():
   with pytest.raises(ValueError, match="dots_saveable"):
     VisionTransformer(**vit_config("tiny/16", remat=True, remat_policy="dots")).init(KEY, _images(1, 16, 16))
   from tipsito.config import defaults
+
   c = defaults.tiny_config("clip")
   c.model.image.remat_policy = "dots"
   with pytest.raises(config_validation.ConfigError, match="model.image.remat_policy"):

@@ -13,6 +13,7 @@ CPU collectives) driving `tipsito.train.loop.train_and_evaluate` on the real gra
   * elastic restore: a checkpoint written on 8 devices continues on 4 and on 1 device.
 All runs share one module-scoped fixture; every process is killed at the end, also on failure.
 """
+
 import json
 import os
 import shutil
@@ -27,10 +28,10 @@ import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TOTAL = 8          # steps of every run
-CKPT_EVERY = 4     # periodic checkpoints (the elastic runs restart from step 4 of the 1-process run)
-SIGTERM_AT = 2     # process 1 of the preempted run sends itself SIGTERM when it fetches this step's batch
-TIMEOUT = 420      # seconds per launch
+TOTAL = 8  # steps of every run
+CKPT_EVERY = 4  # periodic checkpoints (the elastic runs restart from step 4 of the 1-process run)
+SIGTERM_AT = 2  # process 1 of the preempted run sends itself SIGTERM when it fetches this step's batch
+TIMEOUT = 420  # seconds per launch
 # The cheapest recipe to compile (the multi-host machinery does not depend on the loss; per-term losses
 # of every recipe on 1 vs 8 devices: tests/test_train_sharding.py). TIPSITO_MULTIHOST_RECIPE=tipsito
 # runs the same checks on the full recipe (about twice as long).
@@ -112,8 +113,7 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def launch(workdir, data_dir, *, processes=2, devices=4, shards=2, max_steps=None, sigterm_at=0,
-           evals=True):
+def launch(workdir, data_dir, *, processes=2, devices=4, shards=2, max_steps=None, sigterm_at=0, evals=True):
   """Runs the worker as `processes` processes x `devices` CPU devices; returns [(rc, result, log)]."""
   env = dict(os.environ)
   env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
@@ -127,13 +127,31 @@ def launch(workdir, data_dir, *, processes=2, devices=4, shards=2, max_steps=Non
   procs, logs = [], []
   try:
     for i in range(processes):
-      args = dict(coordinator=coordinator, num_processes=processes, process_id=i, workdir=str(workdir),
-                  data_dir=data_dir, total=TOTAL, ckpt_every=CKPT_EVERY, shards=shards,
-                  max_steps=max_steps, sigterm_at=sigterm_at, evals=evals, recipe=RECIPE)
+      args = dict(
+        coordinator=coordinator,
+        num_processes=processes,
+        process_id=i,
+        workdir=str(workdir),
+        data_dir=data_dir,
+        total=TOTAL,
+        ckpt_every=CKPT_EVERY,
+        shards=shards,
+        max_steps=max_steps,
+        sigterm_at=sigterm_at,
+        evals=evals,
+        recipe=RECIPE,
+      )
       log = open(os.path.join(str(workdir) + f".p{i}.log"), "w+")
       logs.append(log)
-      procs.append(subprocess.Popen([sys.executable, "-c", WORKER, json.dumps(args)], cwd=ROOT, env=env,
-                                    stdout=log, stderr=subprocess.STDOUT))
+      procs.append(
+        subprocess.Popen(
+          [sys.executable, "-c", WORKER, json.dumps(args)],
+          cwd=ROOT,
+          env=env,
+          stdout=log,
+          stderr=subprocess.STDOUT,
+        )
+      )
     deadline = time.time() + TIMEOUT
     for p in procs:
       p.wait(timeout=max(1.0, deadline - time.time()))
@@ -148,7 +166,7 @@ def launch(workdir, data_dir, *, processes=2, devices=4, shards=2, max_steps=Non
     text = log.read()
     log.close()
     lines = [l for l in text.splitlines() if l.startswith("RESULT")]
-    out.append((p.returncode, json.loads(lines[-1][len("RESULT"):]) if lines else None, text))
+    out.append((p.returncode, json.loads(lines[-1][len("RESULT") :]) if lines else None, text))
   return out
 
 
@@ -171,9 +189,11 @@ def runs(tmp_path_factory, data_dir):
 
 def _checkpoint(workdir, step=None, *, with_data=True):
   from tipsito.train import checkpointing, step as step_lib, workdir as workdir_lib
+
   setup = step_lib.build(workdir_lib.load_config(workdir))
-  ck = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"), every_steps=0, keep=5,
-                                  async_save=False)
+  ck = checkpointing.Checkpointer(
+    os.path.join(workdir, "checkpoints"), every_steps=0, keep=5, async_save=False
+  )
   try:
     abstract = checkpointing.abstract_with_shardings(setup.state_shapes, setup.state_shardings)
     return ck.restore(abstract, step, with_data=with_data)
@@ -223,6 +243,7 @@ def test_every_host_saves_its_own_data_state(runs):
 
 def test_sigterm_on_one_host_stops_both_at_the_same_step(runs):
   from tipsito.train import checkpointing
+
   term = runs["term"]
   rcs = [rc for rc, _, _ in term]
   assert rcs == [checkpointing.PREEMPTED_EXIT_CODE] * 2, [t[-3000:] for _, _, t in term]
@@ -247,17 +268,21 @@ def test_resume_after_sigterm_is_bitwise_equal_to_uninterrupted(runs):
 
 def test_export_written_once_and_loads(runs):
   import tipsito
+
   two = runs["dirs"]["two"]
   enc = tipsito.load(os.path.join(two, "export"))
   state, _ = _checkpoint(two, TOTAL, with_data=False)
-  np.testing.assert_array_equal(np.asarray(enc.params["image"]["patch_embed"]["kernel"]),
-                                np.asarray(state.params["image"]["patch_embed"]["kernel"]))
+  np.testing.assert_array_equal(
+    np.asarray(enc.params["image"]["patch_embed"]["kernel"]),
+    np.asarray(state.params["image"]["patch_embed"]["kernel"]),
+  )
   emb = enc.embed_texts(["a red circle"])
   assert emb.shape == (1, 64) and np.all(np.isfinite(np.asarray(emb)))
 
 
 def test_restore_with_other_process_count_names_both(runs):
   from tipsito.train import checkpointing
+
   with pytest.raises(checkpointing.DataStateMismatch, match="saved by 2 processes but this run has 1"):
     _checkpoint(runs["dirs"]["two"])
   state, data = _checkpoint(runs["dirs"]["two"], with_data=False)  # params alone restore fine

@@ -3,6 +3,7 @@
 Why: outside Cloud TPU a multi-host run is only possible if `--coordinator_address/--num_processes/
 --process_id` exist and are documented where users look (`--help`), for train, evaluate and bench.
 """
+
 import os
 import subprocess
 import sys
@@ -16,13 +17,19 @@ FLAGS = ("--distributed", "--coordinator_address", "--num_processes", "--process
 def _run(*args):
   env = dict(os.environ)
   env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-  return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                        timeout=300)
+  return subprocess.run(
+    [sys.executable, "-m", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+  )
 
 
-@pytest.mark.parametrize("module,own", [("tipsito.train", ("--config", "--workdir")),
-                                        ("tipsito.evaluate", ("--config", "--checkpoint")),
-                                        ("tipsito.step_bench", ("--config", "--steps"))])
+@pytest.mark.parametrize(
+  "module,own",
+  [
+    ("tipsito.train", ("--config", "--workdir")),
+    ("tipsito.evaluate", ("--config", "--checkpoint")),
+    ("tipsito.step_bench", ("--config", "--steps")),
+  ],
+)
 def test_help_lists_the_distributed_flags(module, own):
   proc = _run(module, "--help")
   text = proc.stdout + proc.stderr
@@ -32,7 +39,8 @@ def test_help_lists_the_distributed_flags(module, own):
 
 
 def test_process_flags_without_distributed_are_refused():
-  proc = _run("tipsito.train", "--config", "configs/demo.py", "--workdir", "/nonexistent/w",
-              "--num_processes=2")
+  proc = _run(
+    "tipsito.train", "--config", "configs/demo.py", "--workdir", "/nonexistent/w", "--num_processes=2"
+  )
   assert proc.returncode != 0
   assert "--num_processes needs --distributed" in proc.stderr

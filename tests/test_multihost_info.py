@@ -3,12 +3,12 @@
 Why: the specs printed must be those of the target mesh (not of the 1-device mesh of the machine
 running `info`), and the per-process summary must state what each host does.
 """
+
 import numpy as np
 import pytest
 
 from tipsito.config import defaults
 from tipsito import info
-
 
 
 def _config():

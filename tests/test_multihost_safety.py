@@ -11,6 +11,7 @@ Why: a pod run must survive what a single host survives, and every host must tak
 Every process of every launch is killed at the end, also on failure. How the processes are started is
 the same as tests/test_multihost.py (with the loop's own grain pipeline here).
 """
+
 import json
 import os
 import re
@@ -28,7 +29,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOTAL = 8
 EVERY = 2
-TIMEOUT = 480      # seconds per launch
+TIMEOUT = 480  # seconds per launch
 PEER_LOST_BOUND = 120  # seconds from the SIGKILL to the survivor's own exit
 QUARANTINE = re.compile(r"^(\d+)\.corrupt-\d{8}T\d{6}Z(-\d+)?$")
 
@@ -83,12 +84,27 @@ def launch(workdir, data_dir, *, max_steps=None, kill_after_step=None, workers=1
   t_kill = t_exit0 = None
   try:
     for i in range(2):
-      args = dict(coordinator=coordinator, process_id=i, workdir=str(workdir), data_dir=data_dir,
-                  total=TOTAL, every=EVERY, max_steps=max_steps, workers=workers)
+      args = dict(
+        coordinator=coordinator,
+        process_id=i,
+        workdir=str(workdir),
+        data_dir=data_dir,
+        total=TOTAL,
+        every=EVERY,
+        max_steps=max_steps,
+        workers=workers,
+      )
       paths.append(f"{workdir}.p{i}.log")
       logs.append(open(paths[-1], "w+"))
-      procs.append(subprocess.Popen([sys.executable, "-c", WORKER, json.dumps(args)], cwd=ROOT, env=env,
-                                    stdout=logs[-1], stderr=subprocess.STDOUT))
+      procs.append(
+        subprocess.Popen(
+          [sys.executable, "-c", WORKER, json.dumps(args)],
+          cwd=ROOT,
+          env=env,
+          stdout=logs[-1],
+          stderr=subprocess.STDOUT,
+        )
+      )
     deadline = time.time() + TIMEOUT
     while time.time() < deadline and any(p.poll() is None for p in procs):
       if kill_after_step and t_kill is None and procs[1].poll() is None:
@@ -112,7 +128,7 @@ def launch(workdir, data_dir, *, max_steps=None, kill_after_step=None, workers=1
     text = log.read()
     log.close()
     lines = [l for l in text.splitlines() if l.startswith("RESULT")]
-    out.append((p.returncode, json.loads(lines[-1][len("RESULT"):]) if lines else None, text))
+    out.append((p.returncode, json.loads(lines[-1][len("RESULT") :]) if lines else None, text))
   return out, (None if t_kill is None or t_exit0 is None else t_exit0 - t_kill)
 
 
@@ -123,14 +139,21 @@ def _ok(results):
 
 
 def _largest_array_file(step_dir):
-  files = [os.path.join(r, f) for r, _, fs in os.walk(os.path.join(step_dir, "state")) for f in fs
-           if os.path.basename(r) == "d"]
+  files = [
+    os.path.join(r, f)
+    for r, _, fs in os.walk(os.path.join(step_dir, "state"))
+    for f in fs
+    if os.path.basename(r) == "d"
+  ]
   return max(files, key=os.path.getsize)
 
 
 def _tree(d):
-  return {os.path.relpath(os.path.join(r, f), d): os.path.getsize(os.path.join(r, f))
-          for r, _, fs in os.walk(d) for f in fs}
+  return {
+    os.path.relpath(os.path.join(r, f), d): os.path.getsize(os.path.join(r, f))
+    for r, _, fs in os.walk(d)
+    for f in fs
+  }
 
 
 @pytest.fixture(scope="module")
@@ -170,9 +193,11 @@ def peer(base, data_dir):
 
 def _state(workdir, step):
   from tipsito.train import checkpointing, step as step_lib, workdir as workdir_lib
+
   setup = step_lib.build(workdir_lib.load_config(workdir))
-  ck = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"), every_steps=0, keep=10,
-                                  async_save=False)
+  ck = checkpointing.Checkpointer(
+    os.path.join(workdir, "checkpoints"), every_steps=0, keep=10, async_save=False
+  )
   try:
     abstract = checkpointing.abstract_with_shardings(setup.state_shapes, setup.state_shardings)
     return ck.restore(abstract, step, with_data=False)[0]
@@ -212,7 +237,9 @@ def test_damaged_steps_are_moved_aside_on_both_processes(damaged):
   assert _tree(os.path.join(ck, "2")) == before["2"]
   for _, _, text in rerun:  # every process says the same, and restored step 2
     for s in ("4", "6"):
-      assert f"Moved unreadable checkpoint {os.path.join(ck, s)} aside to {os.path.join(ck, moved[s])}" in text
+      assert (
+        f"Moved unreadable checkpoint {os.path.join(ck, s)} aside to {os.path.join(ck, moved[s])}" in text
+      )
     assert "Restored step 2 of" in text
   # process 1 is the one that could not read step 4; process 0 learnt it from the agreement
   p0, p1 = rerun[0][2], rerun[1][2]
@@ -228,6 +255,7 @@ def test_damaged_rerun_ends_bitwise_equal_to_uninterrupted(reference, damaged):
 
 def test_survivor_of_a_lost_peer_exits_by_itself_with_the_documented_status(peer):
   from tipsito import peer_loss
+
   w, killed, exit_s, steps, _ = peer
   (rc0, _, log0), (rc1, _, _) = killed
   assert rc1 == -signal.SIGKILL
@@ -238,11 +266,17 @@ def test_survivor_of_a_lost_peer_exits_by_itself_with_the_documented_status(peer
   last = log0.strip().splitlines()[-1]
   ck = os.path.join(w, "checkpoints")
   assert re.fullmatch(
-      r"tipsito: peer process 1 of 2 disappeared \(sent no heartbeat for \d+s\); process 0 stops with "
-      rf"exit status 76: run the same command again on every host to resume from step {committed} "
-      rf"\({re.escape(os.path.join(ck, str(committed)))}\)\.", last), last
-  for noise in ("Fatal Python error", "Check failure stack trace", "Event loop is closed",
-                "leaked shared_memory"):
+    r"tipsito: peer process 1 of 2 disappeared \(sent no heartbeat for \d+s\); process 0 stops with "
+    rf"exit status 76: run the same command again on every host to resume from step {committed} "
+    rf"\({re.escape(os.path.join(ck, str(committed)))}\)\.",
+    last,
+  ), last
+  for noise in (
+    "Fatal Python error",
+    "Check failure stack trace",
+    "Event loop is closed",
+    "leaked shared_memory",
+  ):
     assert noise not in log0, log0[-6000:]
 
 

@@ -4,6 +4,7 @@ Why: the plan table in README.md is only worth something if the per-chip numbers
 The compile test needs libtpu (`pip install -e ".[tpu-plan]"`, which .ci/run installs) and skips without
 it; the flag/search plumbing is tested without it.
 """
+
 import jax
 import numpy as np
 import pytest
@@ -12,8 +13,9 @@ from tipsito import plan
 from tipsito.config import defaults
 from tipsito.config import validation as config_validation
 
-needs_libtpu = pytest.mark.skipif(not plan.libtpu_available(),
-                                  reason="libtpu not installed (pip install -e '.[tpu-plan]')")
+needs_libtpu = pytest.mark.skipif(
+  not plan.libtpu_available(), reason="libtpu not installed (pip install -e '.[tpu-plan]')"
+)
 
 
 def _tiny():
@@ -27,8 +29,15 @@ def test_v5e_2x2_compile_reports_fsdp_quarter_bytes_per_chip():
   devices = plan.topology_devices("v5e:2x2")
   assert len(devices) == 4 and all(d.platform == "tpu" for d in devices)
   config = _tiny()
-  res = plan.search(config, devices, topology="v5e:2x2", remats=("none",), scans=(True,),
-                    meshes=[(1, 4, 1)], log=lambda s: None)
+  res = plan.search(
+    config,
+    devices,
+    topology="v5e:2x2",
+    remats=("none",),
+    scans=(True,),
+    meshes=[(1, 4, 1)],
+    log=lambda s: None,
+  )
   r = res["best"]
   assert r is not None and r["fits"] and r["mesh"] == {"data": 1, "fsdp": 4, "model": 1}
   # FSDP over 4 chips: about a quarter of the replicated parameter bytes on each chip (a few small
@@ -39,13 +48,12 @@ def test_v5e_2x2_compile_reports_fsdp_quarter_bytes_per_chip():
   assert r["opt_state_bytes"] <= 2.2 * r["params_bytes"]
   # The compiler's per-device argument size holds at least that (plus TPU tile padding: (8, 128) tiles,
   # several times the data on towers this small, negligible at real sizes).
-  ours = (r["params_bytes"] + r["opt_state_bytes"] + r["ema_bytes"] + r["other_state_bytes"]
-          + r["batch_bytes"])
+  ours = r["params_bytes"] + r["opt_state_bytes"] + r["ema_bytes"] + r["other_state_bytes"] + r["batch_bytes"]
   assert ours <= r["argument_bytes"], (r["argument_bytes"], ours)
   # The state is donated: the new state is written in place of the old one.
   assert r["alias_bytes"] >= r["params_bytes"] + r["opt_state_bytes"]
   assert r["flops"] and r["flops"] > 0 and r["compile_s"] > 0
-  assert r["total_bytes"] < r["hbm_bytes"] == 16 * 2 ** 30
+  assert r["total_bytes"] < r["hbm_bytes"] == 16 * 2**30
   # The search answer is a pasteable override set that validates on the same 4 chips.
   flags = plan.format_overrides(r["overrides"])
   assert "--config.model.image.scan=True" in flags and "--config.mesh.fsdp=4" in flags
@@ -80,8 +88,17 @@ def test_search_grid_and_overrides():
 @needs_libtpu
 def test_search_tries_microbatches_after_every_remat_setting():
   devices = plan.topology_devices("v5e:2x2")
-  rows = plan.search(_tiny(), devices, topology="v5e:2x2", remats=("none",), scans=(True,),
-                     meshes=[(1, 4, 1)], microbatches=(2, 1), headroom=1.0 - 1e-9, log=lambda s: None)
+  rows = plan.search(
+    _tiny(),
+    devices,
+    topology="v5e:2x2",
+    remats=("none",),
+    scans=(True,),
+    meshes=[(1, 4, 1)],
+    microbatches=(2, 1),
+    headroom=1.0 - 1e-9,
+    log=lambda s: None,
+  )
   rows = rows["rows"]  # nothing fits in a billionth of HBM: every candidate is compiled, K ascending
   assert [r["microbatches"] for r in rows] == [1, 2]
   one, two = rows
@@ -91,6 +108,7 @@ def test_search_tries_microbatches_after_every_remat_setting():
 
 def test_per_chip_bytes_follows_sharding():
   from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
   mesh = Mesh(np.asarray(jax.devices()[:1]).reshape(1, 1, 1), ("data", "fsdp", "model"))
   x = jax.ShapeDtypeStruct((8, 4), np.float32, sharding=NamedSharding(mesh, P("fsdp")))
   assert plan.per_chip_bytes({"a": x, "b": jax.ShapeDtypeStruct((3,), np.int32)}) == 8 * 4 * 4 + 12
@@ -117,4 +135,4 @@ def test_fsdp_keeps_activations_batch_sharded_like_data_parallel():
   fsdp = plan.plan_train(_tiny_ito(fsdp=8), devices, topology="v5p:2x2x2")
   dp = plan.plan_train(_tiny_ito(fsdp=1), devices, topology="v5p:2x2x2")
   assert fsdp["params_bytes"] < 0.2 * dp["params_bytes"]  # the weights really are FSDP-sharded
-  assert fsdp["temp_bytes"] <= 2.0 * dp["temp_bytes"], (fsdp["temp_bytes"] / 2 ** 20, dp["temp_bytes"] / 2 ** 20)
+  assert fsdp["temp_bytes"] <= 2.0 * dp["temp_bytes"], (fsdp["temp_bytes"] / 2**20, dp["temp_bytes"] / 2**20)

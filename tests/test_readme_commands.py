@@ -6,6 +6,7 @@ each command line (one subprocess per absl tool, since absl flags are process-gl
 commands are also validated with `tipsito.config.validation`, and the launch scripts run with fake
 `gcloud` / `python` executables that record the command they would run on the pod.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,9 +24,15 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 
 # Module of each CLI (absl tools are parsed in a subprocess each; argparse ones in-process).
-ABSL_TOOLS = {"train": "tipsito.train.cli", "evaluate": "tipsito.evaluate", "export": "tipsito.export",
-              "info": "tipsito.info", "step_bench": "tipsito.step_bench", "plan": "tipsito.plan",
-              "sweep": "tipsito.sweep"}
+ABSL_TOOLS = {
+  "train": "tipsito.train.cli",
+  "evaluate": "tipsito.evaluate",
+  "export": "tipsito.export",
+  "info": "tipsito.info",
+  "step_bench": "tipsito.step_bench",
+  "plan": "tipsito.plan",
+  "sweep": "tipsito.sweep",
+}
 ARGPARSE_TOOLS = ("data.convert", "data.pipeline_bench", "data.convert_bench", "data.train_tokenizer")
 
 
@@ -65,7 +72,7 @@ def readme_commands() -> tuple[list[str], dict[str, str]]:
     if span.startswith(("python -m tipsito", "bash launch/", "FAKE_DEVICES=")):
       cmds.append(span)
     elif span.startswith("--config.") and "=" in span and "k=v" not in span and "key=value" not in span:
-      key = span.split("=", 1)[0][len("--config."):]
+      key = span.split("=", 1)[0][len("--config.") :]
       if key.startswith("evals."):
         cmds.append(f"python -m tipsito.evaluate --config configs/eval_shapes.py --checkpoint E {span}")
       elif key.startswith("distill."):
@@ -92,12 +99,14 @@ def _fake_bin(tmp_path: pathlib.Path) -> pathlib.Path:
   bin_dir.mkdir()
   for name in ("gcloud", "python"):
     p = bin_dir / name
-    p.write_text(textwrap.dedent(f"""\
+    p.write_text(
+      textwrap.dedent(f"""\
         #!{sys.executable}
         import json, os, sys
         with open(os.environ["FAKE_LOG"], "a") as f:
           f.write(json.dumps([{name!r}] + sys.argv[1:]) + "\\n")
-        """))
+        """)
+    )
     p.chmod(0o755)
   return bin_dir
 
@@ -107,15 +116,20 @@ def _run_launch(cmd: str, env: dict, tmp_path: pathlib.Path) -> list[list[str]]:
   log = tmp_path / "fake.log"
   log.unlink(missing_ok=True)
   bin_dir = tmp_path / "bin" if (tmp_path / "bin").exists() else _fake_bin(tmp_path)
-  full_env = {**os.environ, **env, "FAKE_LOG": str(log), "PATH": f"{bin_dir}:{os.environ['PATH']}",
-              "PROJECT": "p", "REPO_URL": "https://example.invalid/tipsito.git"}
+  full_env = {
+    **os.environ,
+    **env,
+    "FAKE_LOG": str(log),
+    "PATH": f"{bin_dir}:{os.environ['PATH']}",
+    "PROJECT": "p",
+    "REPO_URL": "https://example.invalid/tipsito.git",
+  }
   words = shlex.split(cmd)
   assigns = {}
   while "=" in words[0] and not words[0].startswith("-"):
     k, v = words.pop(0).split("=", 1)
     assigns[k] = v
-  r = subprocess.run(words, cwd=ROOT, env={**full_env, **assigns}, capture_output=True, text=True,
-                     timeout=60)
+  r = subprocess.run(words, cwd=ROOT, env={**full_env, **assigns}, capture_output=True, text=True, timeout=60)
   assert r.returncode == 0, f"{cmd!r} exited {r.returncode}: {r.stderr[-2000:]}"
   return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
@@ -161,24 +175,34 @@ _WORKER = textwrap.dedent("""\
 
 def _parse_absl(tool: str, argvs: list[list[str]]) -> list:
   env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "3"}
-  r = subprocess.run([sys.executable, "-c", _WORKER, tool, ABSL_TOOLS[tool]], input=json.dumps(argvs),
-                     cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  r = subprocess.run(
+    [sys.executable, "-c", _WORKER, tool, ABSL_TOOLS[tool]],
+    input=json.dumps(argvs),
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   line = [s for s in r.stdout.splitlines() if s.startswith("RESULT ")]
   assert line, f"parser subprocess for {tool} failed: {r.stderr[-3000:]}"
-  return json.loads(line[-1][len("RESULT "):])
+  return json.loads(line[-1][len("RESULT ") :])
 
 
 def _parse_argparse(tool: str, argv: list[str], monkeypatch) -> None:
   if tool == "data.convert":
     from tipsito.data import convert
+
     convert._parser().parse_args(argv)
   elif tool in ("data.pipeline_bench", "data.convert_bench"):  # `pipeline_bench --convert` = convert_bench
     from tipsito.data import convert_bench, pipeline_bench
+
     monkeypatch.setattr(pipeline_bench, "run_data_bench", lambda *a, **k: {"parsed": 1.0})
     monkeypatch.setattr(convert_bench, "run_convert_bench", lambda *a, **k: {"parsed": 1.0})
     (pipeline_bench if tool == "data.pipeline_bench" else convert_bench).main(argv)
   elif tool == "data.train_tokenizer":
     from tipsito.data import train_tokenizer
+
     monkeypatch.setattr(train_tokenizer, "train", lambda *a, **k: __file__)
     train_tokenizer.main(argv)
 
@@ -187,12 +211,21 @@ def test_readme_lists_the_documented_commands():
   cmds, env = readme_commands()
   joined = "\n".join(cmds)
   # The commands the run-safety issue found broken, and one of each tool, must be among those checked.
-  for needle in ("--config.data.data_dir=/data/tfds", "--config.tokenizer=", "--config.init_from=",
-                 "tipsv2_g14_hires.py:init=W1", "--config.distill.teacher_image_npz=",
-                 "bash launch/tpu_v5p.sh run configs/tipsv2_g14.py --config.data.data_dir=/mnt/tfds",
-                 "python -m tipsito.evaluate", "python -m tipsito.export", "python -m tipsito.info",
-                 "python -m tipsito.step_bench", "python -m tipsito.data.pipeline_bench",
-                 "python -m tipsito.data.convert table", "FAKE_DEVICES=8"):
+  for needle in (
+    "--config.data.data_dir=/data/tfds",
+    "--config.tokenizer=",
+    "--config.init_from=",
+    "tipsv2_g14_hires.py:init=W1",
+    "--config.distill.teacher_image_npz=",
+    "bash launch/tpu_v5p.sh run configs/tipsv2_g14.py --config.data.data_dir=/mnt/tfds",
+    "python -m tipsito.evaluate",
+    "python -m tipsito.export",
+    "python -m tipsito.info",
+    "python -m tipsito.step_bench",
+    "python -m tipsito.data.pipeline_bench",
+    "python -m tipsito.data.convert table",
+    "FAKE_DEVICES=8",
+  ):
     assert needle in joined, needle
   assert "WORKDIR" in env
 
@@ -208,7 +241,7 @@ def test_every_readme_and_launch_command_parses(tmp_path, monkeypatch):
       by_tool["train"] += _train_argv_from_launch(calls)
       continue
     words = shlex.split(cmd)
-    tool, argv = words[2][len("tipsito."):], words[3:]
+    tool, argv = words[2][len("tipsito.") :], words[3:]
     if argv == ["--help"]:
       continue  # absl's --help exits from app.run; tests/test_multihost_cli.py runs it for real
     if tool in ARGPARSE_TOOLS:

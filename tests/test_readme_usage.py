@@ -5,6 +5,7 @@ two python blocks and the export command between them) with the demo's paths rep
 tipsito trained (tests/interop_workdir.py), and checks the printed answer and that transformers gives the
 same probabilities.
 """
+
 import contextlib
 import io
 import os
@@ -28,7 +29,7 @@ DEMO_EXPORT, DEMO_HF = "workdirs/demo/export", "exports/demo_hf"
 def _section() -> str:
   text = (ROOT / "README.md").read_text()
   start = text.index("## Using a trained model")
-  return text[start:text.index("\n## ", start + 1)]
+  return text[start : text.index("\n## ", start + 1)]
 
 
 def _blocks() -> list[str]:
@@ -38,8 +39,10 @@ def _blocks() -> list[str]:
 @pytest.fixture(scope="module")
 def paths(trained_workdir, tmp_path_factory):
   wd, _, _ = trained_workdir
-  return {DEMO_EXPORT: exporting.export_from_workdir(str(wd), str(tmp_path_factory.mktemp("e") / "export")),
-          DEMO_HF: str(tmp_path_factory.mktemp("hf") / "demo_hf")}
+  return {
+    DEMO_EXPORT: exporting.export_from_workdir(str(wd), str(tmp_path_factory.mktemp("e") / "export")),
+    DEMO_HF: str(tmp_path_factory.mktemp("hf") / "demo_hf"),
+  }
 
 
 def _swap(code: str, paths) -> str:
@@ -70,11 +73,19 @@ def test_transformers_example_gives_the_same_probabilities(paths):
   pytest.importorskip("torch")
   pytest.importorskip("transformers")
   blocks = _blocks()
-  cmd = re.search(rf"`(python -m tipsito\.export --from {re.escape(DEMO_EXPORT)} --format hf_tipsv2 "
-                  rf"--output {re.escape(DEMO_HF)})`", _section())
+  cmd = re.search(
+    rf"`(python -m tipsito\.export --from {re.escape(DEMO_EXPORT)} --format hf_tipsv2 "
+    rf"--output {re.escape(DEMO_HF)})`",
+    _section(),
+  )
   argv = shlex.split(_swap(cmd.group(1), paths))
-  subprocess.run([sys.executable] + argv[1:], check=True, cwd=ROOT, capture_output=True,
-                 env=dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT)))
+  subprocess.run(
+    [sys.executable] + argv[1:],
+    check=True,
+    cwd=ROOT,
+    capture_output=True,
+    env=dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT)),
+  )
   ns = {}
   _run(_swap(blocks[0], paths), ns)
   printed = _run(_swap(blocks[1], paths), ns)
@@ -88,6 +99,7 @@ def test_every_export_command_of_the_section_uses_real_flags_and_formats():
   it writes (tests/test_interop_*.py run each format's command from a workdir or an export)."""
   from absl import flags
   from tipsito.interop import sources
+
   export._define_flags()  # pylint: disable=protected-access
   cmds = re.findall(r"`(python -m tipsito\.export [^`]*)`", _section())
   formats = set()

@@ -5,6 +5,7 @@ composition is wired (parts exist, fields are read, EMA/centres update) and actu
 Tiny towers (depth 1, 32px) keep each compile small; the decrease is checked on the total and on every
 contrastive term.
 """
+
 import pathlib
 
 import jax

@@ -4,6 +4,7 @@ training workdir as teacher brings its own frozen EMA DINO/iBOT heads (no EMA in
 Why: with only encoder weights (export, official .npz) the teacher heads have to be invented (EMA of the
 student heads); with a workdir the paper's frozen teacher, heads included, is available and must be used.
 """
+
 import importlib.util
 import pathlib
 
@@ -91,15 +92,24 @@ def test_distill_from_training_workdir_uses_the_teachers_own_heads(teacher_workd
   assert setup.teacher.heads is not None and state.ema == {}
   for k in ("dino_head", "ibot_head"):  # the teacher's EMA heads, not its student heads
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(frozen[k]), t_state.ema[k])
-  jax.tree.map(np.testing.assert_array_equal, jax.device_get(frozen["image"]),
-               {k: v for k, v in t_state.params["image"].items() if k != "mask_token"})
+  jax.tree.map(
+    np.testing.assert_array_equal,
+    jax.device_get(frozen["image"]),
+    {k: v for k, v in t_state.params["image"].items() if k != "mask_token"},
+  )
   assert all(np.isfinite(v) for h in hist for v in h.values())
   # The targets come from the frozen heads: other head values change the DINO and iBOT losses.
   batch = jax.tree.map(jnp.asarray, synthetic_batch(c, seed=1))
-  other = dict(frozen, dino_head=jax.tree.map(lambda x: -x, frozen["dino_head"]),
-               ibot_head=jax.tree.map(lambda x: -x, frozen["ibot_head"]))
-  f = jax.jit(lambda fr: objective.compute_losses(setup.ctx, state.params, state.ema, state.centers, fr,
-                                                  batch, state.step, jax.random.PRNGKey(0))[1][0])
+  other = dict(
+    frozen,
+    dino_head=jax.tree.map(lambda x: -x, frozen["dino_head"]),
+    ibot_head=jax.tree.map(lambda x: -x, frozen["ibot_head"]),
+  )
+  f = jax.jit(
+    lambda fr: objective.compute_losses(
+      setup.ctx, state.params, state.ema, state.centers, fr, batch, state.step, jax.random.PRNGKey(0)
+    )[1][0]
+  )
   a, b = f(frozen), f(other)
   assert abs(float(a["loss/dino"]) - float(b["loss/dino"])) > 1e-4
   assert abs(float(a["loss/ibot"]) - float(b["loss/ibot"])) > 1e-4

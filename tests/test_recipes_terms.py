@@ -3,6 +3,7 @@
 Why: `compute_losses` runs whatever `TERMS` says; a recipe naming a term the table lacks would silently
 train without it, and the mask decision must be the same for the model's mask token and the loss.
 """
+
 import dataclasses
 
 import ml_collections as mlc
@@ -18,8 +19,15 @@ def test_every_recipe_term_is_in_the_table():
 
 
 def test_term_table_names_known_features_and_centres():
-  known = {features.CAPTION, features.SYNTHETIC_CAPTION, features.CONTRASTIVE_VIEW, features.STUDENT_MASK,
-           features.VIEW2, features.TEACHER, features.LOCAL_CROPS}
+  known = {
+    features.CAPTION,
+    features.SYNTHETIC_CAPTION,
+    features.CONTRASTIVE_VIEW,
+    features.STUDENT_MASK,
+    features.VIEW2,
+    features.TEACHER,
+    features.LOCAL_CROPS,
+  }
   for name, term in objective.TERMS.items():
     assert term.features <= known, name
     assert "image" in term.fields or "image2" in term.fields, name

@@ -6,6 +6,7 @@ and lower its loss. These tests pin the wiring: the arguments each loss function
 here from the model's own methods on the intended inputs (spies on the loss functions record them), and
 gradients are checked to reach only the parts they should. Tiny depth-1 towers, eager forward, one batch.
 """
+
 import dataclasses
 
 import jax
@@ -26,7 +27,6 @@ from tipsito.train import sharding
 from tipsito.train import step as step_lib
 
 
-
 def build(recipe="tipsv2", ema_mode=None, **loss_opts):
   """(setup, state, batch) of a depth-1 tiny config; CLS tokens and the EMA teacher are perturbed so that
   CLS1 != CLS2 and teacher heads != student heads (at init they are equal, which would hide swaps)."""
@@ -44,8 +44,12 @@ def build(recipe="tipsv2", ema_mode=None, **loss_opts):
   cls = params["image"]["cls"]
   params["image"]["cls"] = cls + jnp.asarray(rs.normal(size=cls.shape), cls.dtype)
   ema = jax.tree.map(lambda x: x * 1.5 + 0.01, jax.device_get(state.ema))
-  state = state.replace(params=params, ema=jax.tree.map(jnp.asarray, ema),
-                        centers=jax.device_get(state.centers), step=jnp.int32(0))
+  state = state.replace(
+    params=params,
+    ema=jax.tree.map(jnp.asarray, ema),
+    centers=jax.device_get(state.centers),
+    step=jnp.int32(0),
+  )
   batch = jax.tree.map(jnp.asarray, synthetic_batch(c, seed=1))
   return setup, state, batch
 
@@ -61,8 +65,9 @@ def _fresh_jit_cache():
   _JITTED.clear()
 
 
-def losses(setup, state, batch, weights, *, params=None, ema=None, frozen=None, step=None, record=(),
-           cache=True):
+def losses(
+  setup, state, batch, weights, *, params=None, ema=None, frozen=None, step=None, record=(), cache=True
+):
   """Jitted compute_losses with `weights`; returns (total, metrics, recorded) where `recorded` holds the
   positional array arguments of every call of the spied loss functions (`record`: [(module, name)]).
   Compiled once per (setup, weights, record) unless `cache=False` (a test patched a loss function)."""
@@ -76,14 +81,17 @@ def losses(setup, state, batch, weights, *, params=None, ema=None, frozen=None, 
       names.clear()
       recorded = []
       for m, n, orig in saved:
+
         def rec(*args, _orig=orig, _n=n, **kw):
           names.append(_n)
           recorded.append([a for a in args if isinstance(a, jax.Array)])
           return _orig(*args, **kw)
+
         setattr(m, n, rec)
       try:
-        total, (metrics, _) = objective.compute_losses(ctx, params, ema, centers, frozen, batch, step,
-                                                       jax.random.PRNGKey(0))
+        total, (metrics, _) = objective.compute_losses(
+          ctx, params, ema, centers, frozen, batch, step, jax.random.PRNGKey(0)
+        )
       finally:
         for m, n, orig in saved:
           setattr(m, n, orig)
@@ -91,9 +99,14 @@ def losses(setup, state, batch, weights, *, params=None, ema=None, frozen=None, 
 
     _JITTED[key] = (jax.jit(run), names)
   fn, names = _JITTED[key]
-  out = fn(state.params if params is None else params, state.ema if ema is None else ema,
-           state.centers, {} if frozen is None else frozen, batch,
-           state.step if step is None else jnp.int32(step))
+  out = fn(
+    state.params if params is None else params,
+    state.ema if ema is None else ema,
+    state.centers,
+    {} if frozen is None else frozen,
+    batch,
+    state.step if step is None else jnp.int32(step),
+  )
   if not cache:
     del _JITTED[key]
   return out[0], out[1], list(zip(names, out[2]))
@@ -105,9 +118,9 @@ def grad_of(setup, state, batch, weights, key="total", argnums=(0,), **kw):
   ctx = dataclasses.replace(setup.ctx, weights=weights)
 
   def f(params, ema, frozen, image):
-    total, (metrics, _) = objective.compute_losses(ctx, params, ema, state.centers, frozen,
-                                                   dict(batch, image=image), state.step,
-                                                   jax.random.PRNGKey(0))
+    total, (metrics, _) = objective.compute_losses(
+      ctx, params, ema, state.centers, frozen, dict(batch, image=image), state.step, jax.random.PRNGKey(0)
+    )
     if isinstance(key, tuple):
       return jnp.stack([metrics[k] for k in key])
     return total if key == "total" else metrics[key]
@@ -135,6 +148,7 @@ def all_zero(tree):
 
 # --- teacher: no gradient --------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("ema_mode", ["head", "full"])
 def test_no_gradient_reaches_teacher_features_or_heads(ema_mode):
   """DINO + iBOT with every patch masked: the student never sees the global image's pixels (mask tokens
@@ -142,8 +156,7 @@ def test_no_gradient_reaches_teacher_features_or_heads(ema_mode):
   the teacher."""
   setup, state, batch = build("tipsv2", ema_mode)
   assert set(state.ema) == ({"dino_head", "ibot_head"} | ({"image"} if ema_mode == "full" else set()))
-  batch = dict(batch, image=batch["image"].astype(jnp.float32) / 255.0,
-               mask=jnp.ones_like(batch["mask"]))
+  batch = dict(batch, image=batch["image"].astype(jnp.float32) / 255.0, mask=jnp.ones_like(batch["mask"]))
   gp, ge, gi = grad_of(setup, state, batch, {"dino": 1.0, "ibot": 2.0}, argnums=(0, 1, 3))
   assert all_zero(ge), "gradient reached the EMA teacher"
   assert all_zero(gi), "gradient reached the teacher's input through the teacher features"
@@ -153,13 +166,15 @@ def test_no_gradient_reaches_teacher_features_or_heads(ema_mode):
 def test_distill_no_gradient_reaches_frozen_teacher():
   """Distillation: the frozen teacher's params and the EMA heads get no gradient; the student does."""
   setup, state, batch, frozen = distill_setup(feature=1.0)
-  gp, ge, gf = grad_of(setup, state, batch, {"dino": 1.0, "ibot": 2.0, "feature": 1.0}, argnums=(0, 1, 2),
-                       frozen=frozen)
+  gp, ge, gf = grad_of(
+    setup, state, batch, {"dino": 1.0, "ibot": 2.0, "feature": 1.0}, argnums=(0, 1, 2), frozen=frozen
+  )
   assert all_zero(ge) and all_zero(gf)
   assert nonzero(gp["image"]) and nonzero(gp["distill_proj"]) and nonzero(gp["dino_head"])
 
 
 # --- contrastive: CLS1 <- alt-text, CLS2 <- synthetic caption, view 2 <- alt-text ----------------------
+
 
 def test_contrastive_terms_read_the_right_cls_caption_and_view():
   """tipsito: clip = InfoNCE(CLS1 of unmasked view 1, 'text') and InfoNCE(CLS2, 'text2'), clip_view2 =
@@ -216,23 +231,31 @@ def test_fusion_module_only_from_fusion_term_and_not_exported():
 
 # --- self-distillation inputs ----------------------------------------------------------------------
 
+
 def test_dino_reads_local_crops_and_teacher_global_view():
   """Student DINO logits = student head on the local crops' CLS1 (M, B, K); teacher logits = EMA head on
   CLS1 of the unmasked global view (head-only EMA: the student encoder's features)."""
   setup, state, batch = build("tipsv2")
   _, _, calls = losses(setup, state, batch, {"dino": 1.0}, record=[(sd_lib, "dino_loss")])
-  (_, args), = calls
+  ((_, args),) = calls
   p, t = state.params, {**state.params, **state.ema}
   loc = batch["local_crops"]
   b, m = loc.shape[:2]
 
   @jax.jit
   def ref():
-    l_cls = apply(setup, p, loc.reshape((b * m,) + loc.shape[2:]), train=True,
-                  method=TrainModel.encode_image)["cls"][:, 0].reshape(b, m, -1).swapaxes(0, 1)
+    l_cls = (
+      apply(setup, p, loc.reshape((b * m,) + loc.shape[2:]), train=True, method=TrainModel.encode_image)[
+        "cls"
+      ][:, 0]
+      .reshape(b, m, -1)
+      .swapaxes(0, 1)
+    )
     g_cls = apply(setup, p, batch["image"], method=TrainModel.encode_image)["cls"][:, 0]
-    return (apply(setup, p, l_cls, method=TrainModel.dino),
-            apply(setup, t, g_cls, method=TrainModel.dino)[None])
+    return (
+      apply(setup, p, l_cls, method=TrainModel.dino),
+      apply(setup, t, g_cls, method=TrainModel.dino)[None],
+    )
 
   s_want, t_want = ref()
   close(args[0], s_want)
@@ -248,7 +271,7 @@ def test_ibot_vs_ibot_plus_plus_visible_tokens(all_patches):
   flat = batch["mask"].reshape(batch["mask"].shape[0], -1)
   assert 0 < int(flat.sum()) < flat.size
   _, metrics, calls = losses(setup, state, batch, {"ibot": 1.0}, record=[(sd_lib, "ibot_loss")])
-  (_, args), = calls
+  ((_, args),) = calls
   p, t = state.params, {**state.params, **state.ema}
   b = flat.shape[0]
 
@@ -257,8 +280,10 @@ def test_ibot_vs_ibot_plus_plus_visible_tokens(all_patches):
     s_feat = apply(setup, p, batch["image"], mask=batch["mask"], train=True, method=TrainModel.encode_image)
     t_feat = apply(setup, p, batch["image"], method=TrainModel.encode_image)
     d = s_feat["patches"].shape[-1]
-    return (apply(setup, p, s_feat["patches"].reshape(b, -1, d), method=TrainModel.ibot),
-            apply(setup, t, t_feat["patches"].reshape(b, -1, d), method=TrainModel.ibot))
+    return (
+      apply(setup, p, s_feat["patches"].reshape(b, -1, d), method=TrainModel.ibot),
+      apply(setup, t, t_feat["patches"].reshape(b, -1, d), method=TrainModel.ibot),
+    )
 
   s_want, t_want = ref()
   close(args[0], s_want)
@@ -270,6 +295,7 @@ def test_ibot_vs_ibot_plus_plus_visible_tokens(all_patches):
   def shifted(where):
     def patched(sp, *a, **kw):
       return real(sp + 3.0 * jnp.where(where[..., None], bump, 0.0), *a, **kw)
+
     sd_lib.ibot_loss = patched
     try:
       return float(losses(setup, state, batch, {"ibot": 1.0}, cache=False)[1]["loss/ibot"])
@@ -288,17 +314,25 @@ def test_teacher_temperature_schedule():
   """Linear warmup warmup_teacher_temp -> teacher_temp over teacher_temp_warmup_steps, then constant; the
   value reaches the DINO and iBOT losses and the metrics."""
   setup, state, batch = build("tipsv2")
-  setup.ctx = dataclasses.replace(setup.ctx, teacher_temp_warmup_steps=10, warmup_teacher_temp=0.04,
-                                  teacher_temp=0.07)
+  setup.ctx = dataclasses.replace(
+    setup.ctx, teacher_temp_warmup_steps=10, warmup_teacher_temp=0.04, teacher_temp=0.07
+  )
   for step, want in [(0, 0.04), (5, 0.055), (10, 0.07), (30, 0.07)]:
-    _, metrics, calls = losses(setup, state, batch, {"dino": 1.0, "ibot": 1.0}, step=step,
-                               record=[(sd_lib, "dino_loss"), (sd_lib, "ibot_loss")])
+    _, metrics, calls = losses(
+      setup,
+      state,
+      batch,
+      {"dino": 1.0, "ibot": 1.0},
+      step=step,
+      record=[(sd_lib, "dino_loss"), (sd_lib, "ibot_loss")],
+    )
     assert float(metrics["teacher_temp"]) == pytest.approx(want, abs=1e-7)
     temps = {name: float(args[-1]) for name, args in calls}  # the last array argument is tau_t
     assert temps == pytest.approx({"dino_loss": want, "ibot_loss": want}, abs=1e-7)
 
 
 # --- EMA update inside the train step -------------------------------------------------------------
+
 
 @pytest.mark.parametrize("momentum", [0.0, 1.0])
 def test_ema_momentum_extremes_in_train_step(momentum):
@@ -322,6 +356,7 @@ def test_ema_momentum_extremes_in_train_step(momentum):
 def distill_setup(**loss):
   """Tiny distillation from the official-format tiny TIPS teacher in tests/data/tips_model."""
   import pathlib  # pylint: disable=import-outside-toplevel
+
   data = pathlib.Path(__file__).parent / "data" / "tips_model"
   c = defaults.tiny_config("distill", image_size=28)
   c.model.image.update(dict(patch_size=14, depth=1, posemb_grid=4))

@@ -6,6 +6,7 @@ pointed nowhere (TFDS's "No examples were yielded", a converter that does not ex
 format_version None", `AttributeError: 'mesh'`, a 57-line traceback for a typo). Runs are tiny CLIP
 configs on 32 px shapes so that they compile in seconds.
 """
+
 import json
 import math
 import os
@@ -33,9 +34,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
   from tipsito.data import convert
+
   d = str(tmp_path_factory.mktemp("data"))
-  convert.convert("shapes", d, split_sizes={"train": 32, "test": 8}, image_size=32, verbose=False,
-                  num_workers=1)
+  convert.convert(
+    "shapes", d, split_sizes={"train": 32, "test": 8}, image_size=32, verbose=False, num_workers=1
+  )
   return d
 
 
@@ -74,12 +77,16 @@ def _snapshot(w):
 
 # --- resume guard ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("change,key", [
+
+@pytest.mark.parametrize(
+  "change,key",
+  [
     (dict(input__batch_size=16), "input.batch_size: 8 -> 16"),
     (dict(steps=3), "total_steps: 2 -> 3"),
     (dict(optim__lr=0.5), "optim.lr: 0.001 -> 0.5"),
     (dict(model__image__depth=2), "model.image.depth: 1 -> 2"),
-])
+  ],
+)
 def test_resume_refuses_unsafe_change_before_writing(trained, data_dir, change, key):
   before = _snapshot(trained)
   cfg_json = open(os.path.join(trained, "config.json")).read()
@@ -119,9 +126,20 @@ def test_resume_guard_classification():
   b.data.data_dir = "gs://bucket/tfds"
   b.mesh.fsdp = 4
   assert set(resume_guard.check(a.to_dict(), b, "W")) == {
-      "evals.x.type", "evals.x.dataset", "ckpt.every_steps", "data.data_dir", "mesh.fsdp"}
-  for key, value in (("seed", 1), ("tokenizer", "/x.model"), ("input.views", "two_views"),
-                     ("data.name", "table/x"), ("input.num_workers", 3), ("optim.name", "adafactor")):
+    "evals.x.type",
+    "evals.x.dataset",
+    "ckpt.every_steps",
+    "data.data_dir",
+    "mesh.fsdp",
+  }
+  for key, value in (
+    ("seed", 1),
+    ("tokenizer", "/x.model"),
+    ("input.views", "two_views"),
+    ("data.name", "table/x"),
+    ("input.num_workers", 3),
+    ("optim.name", "adafactor"),
+  ):
     c = defaults.tiny_config("clip")
     node = c
     *path, last = key.split(".")
@@ -134,8 +152,10 @@ def test_resume_guard_classification():
 
 # --- non-finite guard ------------------------------------------------------------------------------
 
+
 def test_nonfinite_step_leaves_state_unchanged(data_dir):
   from tipsito.train import step as step_lib
+
   c = tiny(data_dir)
   setup = step_lib.build(c)
   state = setup.init_state()
@@ -143,21 +163,28 @@ def test_nonfinite_step_leaves_state_unchanged(data_dir):
   step_fn = jax.jit(lambda s, b: step_lib.train_step(setup, s, b, {}))
   good, m_good = step_fn(state, batch)
   assert int(m_good[nonfinite.FLAG]) == 0
-  assert any(not np.array_equal(np.asarray(a), np.asarray(b))
-             for a, b in zip(jax.tree.leaves(good.params), jax.tree.leaves(state.params)))
-  poisoned = state.replace(params={**state.params, "logit_scale": jnp.full_like(state.params["logit_scale"], jnp.nan)})
+  assert any(
+    not np.array_equal(np.asarray(a), np.asarray(b))
+    for a, b in zip(jax.tree.leaves(good.params), jax.tree.leaves(state.params))
+  )
+  poisoned = state.replace(
+    params={**state.params, "logit_scale": jnp.full_like(state.params["logit_scale"], jnp.nan)}
+  )
   new, m = step_fn(poisoned, batch)
   assert int(m[nonfinite.FLAG]) == 1 and int(new.step) == int(state.step) + 1
   assert "loss/clip=nan" in nonfinite.nonfinite_terms(m)
-  same = jax.tree.map(lambda x, y: bool(np.array_equal(np.asarray(x), np.asarray(y), equal_nan=True)),
-                      (new.params, new.opt_state, new.ema, new.centers, new.rng),
-                      (poisoned.params, poisoned.opt_state, poisoned.ema, poisoned.centers, poisoned.rng))
+  same = jax.tree.map(
+    lambda x, y: bool(np.array_equal(np.asarray(x), np.asarray(y), equal_nan=True)),
+    (new.params, new.opt_state, new.ema, new.centers, new.rng),
+    (poisoned.params, poisoned.opt_state, poisoned.ema, poisoned.centers, poisoned.rng),
+  )
   assert all(jax.tree.leaves(same))
   assert not bool(step_lib.all_finite(new.params)) and bool(step_lib.all_finite(good.params))
 
 
 def test_nonfinite_run_stops_and_checkpoints_stay_finite(tmp_path, data_dir):
   from tipsito.train import checkpointing, step as step_lib
+
   w = str(tmp_path / "w")
   c = tiny(data_dir, steps=6, optim__lr=1e30, nonfinite__max_consecutive=2)
   with pytest.raises(nonfinite.NonFiniteError) as e:
@@ -190,8 +217,10 @@ def test_monitor_counts_consecutive_steps():
 
 # --- collapse metrics ------------------------------------------------------------------------------
 
+
 def test_collapse_signal_values():
   from tipsito.objective import collapse
+
   k = 16
   assert math.isclose(float(collapse.entropy(jnp.full((4, k), 1.0 / k))), math.log(k), rel_tol=1e-6)
   assert float(collapse.entropy(jax.nn.one_hot(jnp.arange(4), k))) == 0.0
@@ -202,20 +231,29 @@ def test_collapse_signal_values():
 
 def test_self_distillation_recipes_log_collapse_metrics():
   from tipsito.train import step as step_lib
+
   c = defaults.tiny_config("tipsv2", batch_size=4)
   setup = step_lib.build(c, vocab_size=100)
   batch = jax.tree.map(jnp.asarray, synthetic_batch(c))
-  _, metrics, _, _ = jax.eval_shape(lambda s, b: step_lib.loss_and_grads(setup, s, b, {}),
-                                    setup.state_shapes, batch)
-  for k in ("collapse/dino_teacher_entropy", "collapse/ibot_teacher_entropy", "collapse/dino_center_norm",
-            "collapse/ibot_center_norm", "collapse/cls_effective_rank"):
+  _, metrics, _, _ = jax.eval_shape(
+    lambda s, b: step_lib.loss_and_grads(setup, s, b, {}), setup.state_shapes, batch
+  )
+  for k in (
+    "collapse/dino_teacher_entropy",
+    "collapse/ibot_teacher_entropy",
+    "collapse/dino_center_norm",
+    "collapse/ibot_center_norm",
+    "collapse/cls_effective_rank",
+  ):
     assert k in metrics, sorted(metrics)
 
 
 # --- errors that name the fix ----------------------------------------------------------------------
 
+
 def test_all_skipped_conversion_names_image_root(tmp_path):
   from tipsito.data import convert
+
   imgs = tmp_path / "images"
   imgs.mkdir()
   rows = ["path\talt"]
@@ -223,8 +261,17 @@ def test_all_skipped_conversion_names_image_root(tmp_path):
     Image.new("RGB", (8, 8), (80 * i, 0, 0)).save(imgs / f"{i}.png")
     rows.append(f"{i}.png\ta red square number {i}")
   (tmp_path / "caps.tsv").write_text("\n".join(rows) + "\n")
-  args = ["table", "--data_dir", str(tmp_path / "d"), "--input", str(tmp_path / "caps.tsv"),
-          "--config_name", "mycaps", "--num_workers", "1"]
+  args = [
+    "table",
+    "--data_dir",
+    str(tmp_path / "d"),
+    "--input",
+    str(tmp_path / "caps.tsv"),
+    "--config_name",
+    "mycaps",
+    "--num_workers",
+    "1",
+  ]
   with pytest.raises(convert.ConversionError) as e:
     convert.main(args)
   msg = str(e.value)
@@ -249,6 +296,7 @@ def test_missing_dataset_names_the_converter_and_writes_nothing(tmp_path):
 def test_load_of_a_workdir_says_how_to_export(trained):
   import tipsito
   from tipsito import export_format
+
   with pytest.raises(export_format.NotAnExportError) as e:
     tipsito.load(trained)
   msg = str(e.value)
@@ -268,23 +316,42 @@ def test_export_of_an_export_says_so(trained):
 
 def test_unknown_config_key_is_one_line():
   env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
-  r = subprocess.run([sys.executable, "-m", "tipsito.train", "--config", "configs/demo.py", "--workdir",
-                      "/nonexistent/w", "--config.loss.ibott=1"], cwd=ROOT, env=env, capture_output=True,
-                     text=True, timeout=120)
+  r = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "tipsito.train",
+      "--config",
+      "configs/demo.py",
+      "--workdir",
+      "/nonexistent/w",
+      "--config.loss.ibott=1",
+    ],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
   assert r.returncode == 1
   err = r.stderr.strip().splitlines()
-  assert err[-1] == ("FATAL Flags parsing error: --config.loss.ibott: unknown config key 'ibott' under "
-                     "config.loss; did you mean --config.loss.ibot? Valid keys under config.loss: "
-                     "['clip', 'clip_view2', 'dino', 'fusion', 'ibot', 'koleo']")
+  assert err[-1] == (
+    "FATAL Flags parsing error: --config.loss.ibott: unknown config key 'ibott' under "
+    "config.loss; did you mean --config.loss.ibot? Valid keys under config.loss: "
+    "['clip', 'clip_view2', 'dino', 'fusion', 'ibot', 'koleo']"
+  )
   assert "Traceback" not in r.stderr
 
 
-@pytest.mark.skipif(not os.path.isdir("/usr/share/datasets/fashion-mnist"),
-                    reason="Debian dataset-fashion-mnist not installed (CI installs it)")
+@pytest.mark.skipif(
+  not os.path.isdir("/usr/share/datasets/fashion-mnist"),
+  reason="Debian dataset-fashion-mnist not installed (CI installs it)",
+)
 def test_fashion_mnist_read_path_never_reaches_the_catalog(tmp_path, monkeypatch):
   """TFDS ships its own `fashion_mnist`; the documented read path resolves ours from the directory."""
   import tensorflow_datasets as tfds
   from tipsito.data import convert, sources
+
   d = str(tmp_path)
   convert.main(["fashion_mnist", "--data_dir", d, "--limit", "12", "--num_workers", "1"])
 
@@ -294,8 +361,9 @@ def test_fashion_mnist_read_path_never_reaches_the_catalog(tmp_path, monkeypatch
   monkeypatch.setattr(tfds, "builder", no_catalog)
   monkeypatch.setattr(tfds, "data_source", no_catalog)
   monkeypatch.setattr(tfds, "load", no_catalog)
-  src, info = sources.open_source({"name": "fashion_mnist", "split": "test", "data_dir": d,
-                                   "label_key": "label"})
+  src, info = sources.open_source(
+    {"name": "fashion_mnist", "split": "test", "data_dir": d, "label_key": "label"}
+  )
   assert len(src) == 12 and info.label_names[0] == "t-shirt"
   ds = sources.data_source("fashion_mnist", split="test", data_dir=d)
   assert len(ds) == 12

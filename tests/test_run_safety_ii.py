@@ -8,6 +8,7 @@ instead of its error; with the `[tpu-plan]` extra installed every CPU run starte
 errors and fought over its lock file. The multi-process cases (2 processes x 4 CPU devices, peer loss)
 are tests/test_multihost_safety.py. Runs are tiny CLIP configs on 32 px shapes.
 """
+
 import os
 import re
 import shutil
@@ -38,9 +39,11 @@ QUARANTINE = re.compile(r"^(\d+)\.corrupt-\d{8}T\d{6}Z(-\d+)?$")
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
   from tipsito.data import convert
+
   d = str(tmp_path_factory.mktemp("data"))
-  convert.convert("shapes", d, split_sizes={"train": 32, "test": 8}, image_size=32, verbose=False,
-                  num_workers=1)
+  convert.convert(
+    "shapes", d, split_sizes={"train": 32, "test": 8}, image_size=32, verbose=False, num_workers=1
+  )
   return d
 
 
@@ -48,6 +51,7 @@ def data_dir(tmp_path_factory):
 def compile_cache(tmp_path_factory):
   """The in-process runs compile the same step: share it through JAX's persistent compilation cache."""
   import jax
+
   old = (jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs)
   jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("jax_cache")))
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
@@ -83,14 +87,21 @@ def reference(tmp_path_factory, data_dir):
 
 def _tree(d):
   """{relative path: size} of every file under d."""
-  return {os.path.relpath(os.path.join(r, f), d): os.path.getsize(os.path.join(r, f))
-          for r, _, fs in os.walk(d) for f in fs}
+  return {
+    os.path.relpath(os.path.join(r, f), d): os.path.getsize(os.path.join(r, f))
+    for r, _, fs in os.walk(d)
+    for f in fs
+  }
 
 
 def _array_files(step_dir):
   """The array data files of a step's train state (OCDBT `d/` folders), largest first."""
-  files = [os.path.join(r, f) for r, _, fs in os.walk(os.path.join(step_dir, "state")) for f in fs
-           if os.path.basename(r) == "d"]
+  files = [
+    os.path.join(r, f)
+    for r, _, fs in os.walk(os.path.join(step_dir, "state"))
+    for f in fs
+    if os.path.basename(r) == "d"
+  ]
   return sorted(files, key=os.path.getsize, reverse=True)
 
 
@@ -109,12 +120,13 @@ def damage(step_dir, how, *, every_file=False):
 
 def _state(workdir, step):
   from tipsito.train import step as step_lib
+
   setup = step_lib.build(workdir_lib.load_config(workdir))
-  ck = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"), every_steps=0, keep=10,
-                                  async_save=False)
+  ck = checkpointing.Checkpointer(
+    os.path.join(workdir, "checkpoints"), every_steps=0, keep=10, async_save=False
+  )
   try:
-    return ck.restore(checkpointing.abstract_with_shardings(setup.state_shapes, setup.state_shardings),
-                      step)
+    return ck.restore(checkpointing.abstract_with_shardings(setup.state_shapes, setup.state_shardings), step)
   finally:
     ck.close()
 
@@ -148,8 +160,7 @@ CONFIG_FILE = textwrap.dedent('''
 
 def _cli_env(**extra):
   """The test's environment without JAX_PLATFORMS and TPU variables; C++ logs shown (level 0)."""
-  env = {k: v for k, v in os.environ.items()
-         if k != "JAX_PLATFORMS" and k not in distributed.TPU_ENV_VARS}
+  env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS" and k not in distributed.TPU_ENV_VARS}
   env.update(PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="0")
   env.update(extra)
   env.pop("JAX_COMPILATION_CACHE_DIR", None)
@@ -165,9 +176,11 @@ def _train_cmd(tmp_path, data_dir, workdir, *args, **cfg):
 
 # --- corrupt-step quarantine ------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("how", ["truncate", "delete"])
-def test_damaged_latest_step_is_moved_aside_and_the_run_ends_bitwise_equal(tmp_path, data_dir, reference,
-                                                                           caplog, how):
+def test_damaged_latest_step_is_moved_aside_and_the_run_ends_bitwise_equal(
+  tmp_path, data_dir, reference, caplog, how
+):
   w = str(tmp_path / "w")
   ckdir = os.path.join(w, "checkpoints")
   loop.train_and_evaluate(tiny(data_dir), w, max_steps=4)  # as if killed right after step 4 was saved
@@ -189,8 +202,10 @@ def test_damaged_latest_step_is_moved_aside_and_the_run_ends_bitwise_equal(tmp_p
   ck = checkpointing.Checkpointer(ckdir, every_steps=0, keep=10, async_save=False)
   assert ck.all_steps() == [2, 4, TOTAL]
   ck.close()
-  assert f"Moved unreadable checkpoint {os.path.join(ckdir, '4')} aside to {os.path.join(ckdir, moved[0])}" \
-      in caplog.text
+  assert (
+    f"Moved unreadable checkpoint {os.path.join(ckdir, '4')} aside to {os.path.join(ckdir, moved[0])}"
+    in caplog.text
+  )
   assert "Restored step 2 of" in caplog.text
 
   ref_state, ref_data = _state(reference, TOTAL)
@@ -217,6 +232,7 @@ def test_every_step_unreadable_stops_before_writing(tmp_path, data_dir):
 
 def test_readers_of_a_workdir_fall_back_and_move_nothing(tmp_path, reference):
   from tipsito.train import step as step_lib
+
   w = str(tmp_path / "copy")
   shutil.copytree(reference, w)
   damage(os.path.join(w, "checkpoints", str(TOTAL)), "truncate", every_file=True)
@@ -226,9 +242,12 @@ def test_readers_of_a_workdir_fall_back_and_move_nothing(tmp_path, reference):
   # export --workdir (evaluate --checkpoint W and workdir teachers read through the same function)
   exporting.export_from_workdir(w, str(tmp_path / "export"))
   import tipsito
+
   enc = tipsito.load(str(tmp_path / "export"))
-  np.testing.assert_array_equal(np.asarray(enc.params["image"]["patch_embed"]["kernel"]),
-                                np.asarray(good.params["image"]["patch_embed"]["kernel"]))
+  np.testing.assert_array_equal(
+    np.asarray(enc.params["image"]["patch_embed"]["kernel"]),
+    np.asarray(good.params["image"]["patch_embed"]["kernel"]),
+  )
   _, state = assembly.restore_latest(w, what="test")
   assert int(state.step) == 4
   # config.init_from (params only)
@@ -239,8 +258,9 @@ def test_readers_of_a_workdir_fall_back_and_move_nothing(tmp_path, reference):
   assert sorted(os.listdir(os.path.join(w, "checkpoints"))) == listing  # read-only: nothing moved
 
 
-def test_init_from_a_run_whose_latest_step_is_corrupt_starts_from_the_previous_one(tmp_path, data_dir,
-                                                                                   reference):
+def test_init_from_a_run_whose_latest_step_is_corrupt_starts_from_the_previous_one(
+  tmp_path, data_dir, reference
+):
   """`config.init_from` reads another run read-only, as a resume reads its own workdir: a corrupt latest
   step of the init run is skipped (the previous readable one is used) and nothing in that run's
   directory is moved or written."""
@@ -258,30 +278,52 @@ def test_init_from_a_run_whose_latest_step_is_corrupt_starts_from_the_previous_o
 
 # --- clean failure path ------------------------------------------------------------------------------
 
+
 def test_failed_run_closes_once_and_ends_with_the_error_and_what_to_do(tmp_path, data_dir):
   """A run that stops on an error while grain worker processes and an async checkpoint manager are open
   (here: the non-finite guard) ends with the error and the way on, nothing after it."""
   w = tmp_path / "w"
-  cmd = _train_cmd(tmp_path, data_dir, w, "--config.optim.lr=1e30", "--config.nonfinite.max_consecutive=2",
-                   steps=6, workers=1)
-  r = subprocess.run(cmd, cwd=ROOT, env=_cli_env(JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2"), capture_output=True, text=True,
-                     timeout=600)
+  cmd = _train_cmd(
+    tmp_path,
+    data_dir,
+    w,
+    "--config.optim.lr=1e30",
+    "--config.nonfinite.max_consecutive=2",
+    steps=6,
+    workers=1,
+  )
+  r = subprocess.run(
+    cmd,
+    cwd=ROOT,
+    env=_cli_env(JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2"),
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
   out = r.stdout + r.stderr
   lines = r.stderr.strip().splitlines()
   assert r.returncode == 1, out[-4000:]
   assert lines[-2].startswith("tipsito.train.nonfinite.NonFiniteError: Stopping at step 2"), lines[-5:]
-  assert lines[-1] == (f"tipsito: the run stopped; fix the cause above, then run the same command again "
-                       f"to resume from step 1 ({w}/checkpoints/1)."), lines[-5:]
+  assert lines[-1] == (
+    f"tipsito: the run stopped; fix the cause above, then run the same command again "
+    f"to resume from step 1 ({w}/checkpoints/1)."
+  ), lines[-5:]
   assert out.count("Traceback (most recent call last)") == 1, out[-4000:]
-  for cascade in ("Event loop is closed", "leaked shared_memory", "handle is closed",
-                  "cannot schedule new futures"):
+  for cascade in (
+    "Event loop is closed",
+    "leaked shared_memory",
+    "handle is closed",
+    "cannot schedule new futures",
+  ):
     assert cascade not in out, out[-4000:]
 
 
 # --- CPU runs never start libtpu ---------------------------------------------------------------------
 
+
 def test_accelerator_evidence_reads_files_and_environment_only(tmp_path, monkeypatch):
   from jax._src import hardware_utils
+
   monkeypatch.setattr(hardware_utils, "num_available_tpu_chips_and_device_id", lambda: (0, None))
   globs = (str(tmp_path / "accel*"), str(tmp_path / "vfio" / "[0-9]*"))
   assert distributed.accelerator_evidence({}, globs) is None
@@ -300,16 +342,20 @@ def test_accelerator_evidence_reads_files_and_environment_only(tmp_path, monkeyp
 def test_platform_is_cpu_on_a_machine_without_accelerators():
   if distributed.accelerator_evidence() is not None:
     pytest.skip(f"this machine has an accelerator ({distributed.accelerator_evidence()})")
-  code = ("from tipsito import distributed; import jax; print(distributed.select_platform()); "
-          "print(jax.config.jax_platforms, jax.devices()[0].platform)")
-  r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_cli_env(), capture_output=True,
-                     text=True, timeout=300)
+  code = (
+    "from tipsito import distributed; import jax; print(distributed.select_platform()); "
+    "print(jax.config.jax_platforms, jax.devices()[0].platform)"
+  )
+  r = subprocess.run(
+    [sys.executable, "-c", code], cwd=ROOT, env=_cli_env(), capture_output=True, text=True, timeout=300
+  )
   assert r.returncode == 0, r.stderr
   assert r.stdout.split() == ["cpu", "cpu", "cpu"], r.stdout
 
 
 def test_two_cpu_trainings_at_once_never_touch_libtpu(tmp_path, data_dir):
   from tipsito import plan
+
   if not plan.libtpu_available():
     pytest.skip("libtpu not installed (pip install -e '.[tpu-plan]'): nothing to keep away")
   if distributed.accelerator_evidence() is not None:
@@ -319,8 +365,18 @@ def test_two_cpu_trainings_at_once_never_touch_libtpu(tmp_path, data_dir):
   procs = []
   for name in ("a", "b"):
     log = open(tmp_path / f"{name}.log", "w+")
-    procs.append((subprocess.Popen(_train_cmd(tmp_path, data_dir, tmp_path / name, steps=2), cwd=ROOT,
-                                   env=env, stdout=log, stderr=subprocess.STDOUT), log))
+    procs.append(
+      (
+        subprocess.Popen(
+          _train_cmd(tmp_path, data_dir, tmp_path / name, steps=2),
+          cwd=ROOT,
+          env=env,
+          stdout=log,
+          stderr=subprocess.STDOUT,
+        ),
+        log,
+      )
+    )
   deadline = time.time() + 600
   try:
     for p, _ in procs:
@@ -341,6 +397,7 @@ def test_two_cpu_trainings_at_once_never_touch_libtpu(tmp_path, data_dir):
 
 
 # --- the peer-loss watch's decision ------------------------------------------------------------------
+
 
 class _Clock:
   def __init__(self):
@@ -391,6 +448,7 @@ def test_peer_watch_ignores_finished_processes_and_names_a_lost_coordinator():
 
 def test_lost_peer_exit_is_one_line_after_the_cleanups(monkeypatch, capfd):
   import threading
+
   calls = []
   monkeypatch.setattr(os, "_exit", lambda code: calls.append(("exit", code)))
   monkeypatch.setattr(peer_loss, "_watch", peer_loss.PeerWatch(None, 0, 2))
@@ -407,9 +465,11 @@ def test_lost_peer_exit_is_one_line_after_the_cleanups(monkeypatch, capfd):
   assert calls == [("cleanup",), ("release",), ("exit", peer_loss.PEER_LOST_EXIT_CODE)]
   assert peer_loss.PEER_LOST_EXIT_CODE == 76
   err = capfd.readouterr().err
-  assert err == ("tipsito: peer process 1 of 2 disappeared (sent no heartbeat for 30s); process 0 stops "
-                 "with exit status 76: run the same command again on every host to resume from step 4 "
-                 "(W).\n")
+  assert err == (
+    "tipsito: peer process 1 of 2 disappeared (sent no heartbeat for 30s); process 0 stops "
+    "with exit status 76: run the same command again on every host to resume from step 4 "
+    "(W).\n"
+  )
 
 
 def test_peer_watch_needs_two_new_heartbeats_to_call_a_peer_alive():

@@ -8,6 +8,7 @@ The uninterrupted sweep runs its jobs in its own process (--parallel 1), the rer
 (--parallel 2), so the equality also covers both ways of running a job. A wrong override key must fail
 before anything runs, naming the arm and the key.
 """
+
 import importlib.util
 import json
 import os
@@ -22,14 +23,25 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # 2 arms x 2 seeds, 8 steps of batch 8 at 32 px, a checkpoint every 2 steps, zero-shot eval on 16 images.
-ARGS = ("study=smoke,steps=8,batch=8,size=32,train_images=48,test_images=16,evals=zeroshot,log_every=1,"
-        "ckpt_every=2")
+ARGS = (
+  "study=smoke,steps=8,batch=8,size=32,train_images=48,test_images=16,evals=zeroshot,log_every=1,ckpt_every=2"
+)
 FIRST, SECOND = "augment_ito", "augment_none"
 
 
 def _sweep(workdir, *extra):
-  return [sys.executable, "-m", "tipsito.sweep", "--config", f"{ROOT}/configs/ablations.py:{ARGS}",
-          "--seeds", "2", "--workdir", str(workdir), *extra]
+  return [
+    sys.executable,
+    "-m",
+    "tipsito.sweep",
+    "--config",
+    f"{ROOT}/configs/ablations.py:{ARGS}",
+    "--seeds",
+    "2",
+    "--workdir",
+    str(workdir),
+    *extra,
+  ]
 
 
 def _run_dir(workdir, arm, seed):
@@ -38,6 +50,7 @@ def _run_dir(workdir, arm, seed):
 
 def _latest_step(run_dir):
   from tipsito.train import workdir as workdir_lib
+
   return workdir_lib.latest_checkpoint_step(str(run_dir)) if run_dir.is_dir() else None
 
 
@@ -45,8 +58,13 @@ def _latest_step(run_dir):
 def sweeps(tmp_path_factory):
   tmp = tmp_path_factory.mktemp("sweep")
   # One compilation cache for all three sweeps (the first compiles, the others load the same programs).
-  env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "3",
-         "JAX_COMPILATION_CACHE_DIR": str(tmp / "jax_cache")}
+  env = {
+    **os.environ,
+    "PYTHONPATH": str(ROOT),
+    "JAX_PLATFORMS": "cpu",
+    "TF_CPP_MIN_LOG_LEVEL": "3",
+    "JAX_COMPILATION_CACHE_DIR": str(tmp / "jax_cache"),
+  }
   w1, w2 = tmp / "uninterrupted", tmp / "killed"
   t0 = time.time()
   r = subprocess.run(_sweep(w1), env=env, capture_output=True, text=True, timeout=600)
@@ -66,9 +84,11 @@ def sweeps(tmp_path_factory):
     p.wait()
   assert p.returncode == -signal.SIGKILL, (tmp / "killed.log").read_text()[-3000:]
   assert not (mid / "result.json").exists() and not (_run_dir(w2, SECOND, 1) / "result.json").exists()
-  killed = {"step": _latest_step(mid),
-            "first": {f: (f.stat().st_mtime_ns, f.read_bytes()) for f in first},
-            "first_logs": {f: (f.parent / "log.txt").stat().st_size for f in first}}
+  killed = {
+    "step": _latest_step(mid),
+    "first": {f: (f.stat().st_mtime_ns, f.read_bytes()) for f in first},
+    "first_logs": {f: (f.parent / "log.txt").stat().st_size for f in first},
+  }
 
   rerun = subprocess.run(_sweep(w2, "--parallel", "2"), env=env, capture_output=True, text=True, timeout=600)
   assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
@@ -87,18 +107,24 @@ def test_rerun_runs_only_the_unfinished_runs(sweeps):
   for f, size in killed["first_logs"].items():
     assert (f.parent / "log.txt").stat().st_size == size
   ran = re.findall(r"\] (arm \d/\d \S+, seed \d): (started|resumed at step \d+)", sweeps["rerun"])
-  assert sorted(ran) == [(f"arm 2/2 {SECOND}, seed 0", f"resumed at step {killed['step']}"),
-                         (f"arm 2/2 {SECOND}, seed 1", "started")], sweeps["rerun"]
+  assert sorted(ran) == [
+    (f"arm 2/2 {SECOND}, seed 0", f"resumed at step {killed['step']}"),
+    (f"arm 2/2 {SECOND}, seed 1", "started"),
+  ], sweeps["rerun"]
   # The half-finished run resumed from the checkpoint it had when it was killed.
   assert 0 < killed["step"] <= 8
   res = json.loads((_run_dir(w2, SECOND, 0) / "result.json").read_text())
   assert res["resumed_from_step"] == killed["step"]
-  assert re.search(rf"Resumed from \S+ at step {killed['step']}\b",
-                   (_run_dir(w2, SECOND, 0) / "log.txt").read_text())
+  assert re.search(
+    rf"Resumed from \S+ at step {killed['step']}\b", (_run_dir(w2, SECOND, 0) / "log.txt").read_text()
+  )
   assert json.loads((_run_dir(w2, SECOND, 1) / "result.json").read_text())["resumed_from_step"] is None
   # Progress: arm i/n, seed, run counts and an ETA from the finished runs' durations.
-  assert re.search(r"arm 2/2 augment_none, seed \d: finished in \S+ \(zeroshot/top1 [\d.]+, loss/total [\d.]+\)"
-                   r" \| 4/4 runs done \| ETA 0s", sweeps["rerun"]), sweeps["rerun"]
+  assert re.search(
+    r"arm 2/2 augment_none, seed \d: finished in \S+ \(zeroshot/top1 [\d.]+, loss/total [\d.]+\)"
+    r" \| 4/4 runs done \| ETA 0s",
+    sweeps["rerun"],
+  ), sweeps["rerun"]
 
 
 def test_results_equal_the_uninterrupted_sweep(sweeps):
@@ -124,8 +150,11 @@ def test_results_md_and_plots(sweeps):
   md = (w1 / "results.md").read_text()
   table = md.split("## Arms")[0]  # the results table; the arms table follows
   assert "| arm | `zeroshot/top1` | `loss/total` | wall time per run |" in table
-  rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:4]]
-          for line in table.splitlines() if line.startswith((f"| {FIRST} |", f"| {SECOND} |"))}
+  rows = {
+    line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:4]]
+    for line in table.splitlines()
+    if line.startswith((f"| {FIRST} |", f"| {SECOND} |"))
+  }
   assert set(rows) == {FIRST, SECOND}
   for col, metric, pick in ((0, "zeroshot/top1", max), (1, "loss/total", min)):
     means = {arm: res["arms"][arm]["summary"][metric]["mean"] for arm in rows}
@@ -152,6 +181,7 @@ def _study():
 def test_every_study_plans(tmp_path):
   """Each study of configs/ablations.py: a claim, metrics, and every arm's config valid for every seed."""
   from tipsito.studies import arms
+
   mod = _ablations()
   assert set(mod.STUDIES) == {"smoke", "ito", "ibot", "distill", "ema", "captions", "tipsito", "optimizer"}
   for name in mod.STUDIES:
@@ -164,9 +194,10 @@ def test_every_study_plans(tmp_path):
       assert job.config.data.data_dir == str(tmp_path / "data")  # built once, shared by the runs
   distill = arms.plan(mod.get_config("study=distill"), [1], str(tmp_path))
   assert {j.arm.name: j.config.distill.teacher for j in distill if j.arm.name != "teacher"} == {
-      "student_mask0": str(tmp_path / "teacher" / "seed_1"),
-      "student_mask75": str(tmp_path / "teacher" / "seed_1"),
-      "student_mask0_init_teacher": str(tmp_path / "teacher" / "seed_1")}
+    "student_mask0": str(tmp_path / "teacher" / "seed_1"),
+    "student_mask75": str(tmp_path / "teacher" / "seed_1"),
+    "student_mask0_init_teacher": str(tmp_path / "teacher" / "seed_1"),
+  }
   ema = {j.arm.name: j.config.ema.mode for j in arms.plan(mod.get_config("study=ema"), [0], str(tmp_path))}
   assert ema == {"ema_head": "head", "ema_full": "full"}
 
@@ -175,6 +206,7 @@ def test_paper_studies_train_on_openclipart_and_judge_on_its_test_split(tmp_path
   """The paper studies train on openclipart's train split, every eval reads its held-out test split, and
   the views are the papers' (TIPS global view = the whole image, ITO's 0.5-1.0), not the demo's."""
   from tipsito.studies import arms
+
   mod = _ablations()
   for name in set(mod.STUDIES) - {"smoke"}:
     for job in arms.plan(mod.get_config(f"study={name}"), [0], str(tmp_path)):
@@ -194,6 +226,7 @@ def test_paper_studies_train_on_openclipart_and_judge_on_its_test_split(tmp_path
 
 def test_wrong_override_fails_before_anything_runs(tmp_path):
   from tipsito.studies import arms, runner
+
   study = _study()
   # The wrong key is in the last arm: the first arm must not have started either.
   study.arms = study.arms + (dict(name="typo", base="clip", overrides={"loss.clipp": 2.0}),)
@@ -208,6 +241,7 @@ def test_wrong_override_fails_before_anything_runs(tmp_path):
 def test_plots_need_the_studies_extra(tmp_path, monkeypatch):
   """Without matplotlib the sweep stops before anything runs, naming the extra that installs it."""
   from tipsito.studies import runner
+
   monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now raises ImportError
   with pytest.raises(ImportError, match=r'pip install -e "\.\[studies\]"'):
     runner.run_sweep(_study(), seeds=[0], workdir=str(tmp_path / "w"))
@@ -217,6 +251,7 @@ def test_plots_need_the_studies_extra(tmp_path, monkeypatch):
 def test_dependency_placeholder_resolves_per_seed(tmp_path):
   """'{workdir:ARM}' (the distillation teacher) is ARM's run directory of the same seed."""
   from tipsito.studies import arms
+
   study = _study()
   student = dict(name="student", base="clip", overrides={"init_from": "{workdir:augment_ito}"})
   study.arms = study.arms + (student,)

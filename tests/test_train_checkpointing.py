@@ -5,6 +5,7 @@ Why: a preempted pod can leave a truncated latest step (killed mid-write on a fi
 atomic rename, a bucket with lost objects); the run must resume from the previous step and say why,
 not crash in a restart loop or silently start over.
 """
+
 import logging
 import os
 
@@ -105,6 +106,7 @@ def test_preempted_exits_with_documented_code():
 
 def test_single_process_sigterm_sets_the_preemption_flag(tmp_path):
   import signal
+
   old = signal.getsignal(signal.SIGTERM)
   ck = checkpointing.Checkpointer(tmp_path / "c", every_steps=0, keep=1, async_save=False)
   try:

@@ -5,6 +5,7 @@ tiny config and the real `shapes` pipeline, read the event file back, and check 
 against real Orbax and TFDS calls. No timing assertions: only formats, tags and the identities between
 the logged figures (images/s = batch x steps/s, utilisation = TFLOP/s / peak).
 """
+
 import contextlib
 import glob
 import logging
@@ -93,6 +94,7 @@ def run(tmp_path_factory, data_dir):
 def _events(workdir):
   """{tag: {step: value}} from the run's TensorBoard event files."""
   import tensorflow as tf
+
   out = {}
   for f in glob.glob(os.path.join(workdir, "events.out.tfevents*")):
     for e in tf.compat.v1.train.summary_iterator(f):
@@ -111,9 +113,11 @@ def test_console_line_per_log_step(run):
   _, _, h = run
   lines = [m for m in h.messages() if m.startswith("step ")]
   assert [m.split(" |")[0] for m in lines] == ["step 2/4", "step 4/4"]
-  pat = (r"^step 4/4 \| [0-9.e+-]+ it/s \| \d+ img/s \| ETA 0s \| loss [0-9.e+-]+ "
-         r"\(clip [0-9.e+-]+, clip_view2 [0-9.e+-]+, dino [0-9.e+-]+, fusion [0-9.e+-]+, "
-         r"ibot [0-9.e+-]+\) \| data wait \d+% \| lr [0-9.e+-]+ \| MFU [0-9.]+%$")
+  pat = (
+    r"^step 4/4 \| [0-9.e+-]+ it/s \| \d+ img/s \| ETA 0s \| loss [0-9.e+-]+ "
+    r"\(clip [0-9.e+-]+, clip_view2 [0-9.e+-]+, dino [0-9.e+-]+, fusion [0-9.e+-]+, "
+    r"ibot [0-9.e+-]+\) \| data wait \d+% \| lr [0-9.e+-]+ \| MFU [0-9.]+%$"
+  )
   assert re.match(pat, lines[-1]), lines[-1]
   # clu's LoggingWriter line ("[4] clip/cls1=..., loss/total=...") is gone from the console.
   assert not [m for m in h.messages() if "loss/total=" in m]
@@ -123,11 +127,32 @@ def test_console_line_per_log_step(run):
 def test_tensorboard_tags_and_their_identities(run):
   workdir, metrics, _ = run
   ev = _events(workdir)
-  perf = {"perf/step_time_s", "perf/steps_per_sec", "perf/images_per_sec", "perf/data_wait_fraction",
-          "perf/eta_s", "perf/tflops_per_sec", "perf/flop_utilisation"}
-  expected = perf | {"loss/total", "loss/clip", "loss/clip_view2", "loss/fusion", "loss/dino",
-                     "loss/ibot", "clip/cls1", "clip/cls2", "grad_norm", "lr", "logit_scale",
-                     "teacher_temp", "data/seen", "data/skipped", "data/skip_fraction"}
+  perf = {
+    "perf/step_time_s",
+    "perf/steps_per_sec",
+    "perf/images_per_sec",
+    "perf/data_wait_fraction",
+    "perf/eta_s",
+    "perf/tflops_per_sec",
+    "perf/flop_utilisation",
+  }
+  expected = perf | {
+    "loss/total",
+    "loss/clip",
+    "loss/clip_view2",
+    "loss/fusion",
+    "loss/dino",
+    "loss/ibot",
+    "clip/cls1",
+    "clip/cls2",
+    "grad_norm",
+    "lr",
+    "logit_scale",
+    "teacher_temp",
+    "data/seen",
+    "data/skipped",
+    "data/skip_fraction",
+  }
   assert expected <= set(ev), sorted(expected - set(ev))
   assert not {"steps_per_sec", "uptime"} & set(ev)  # clu ReportProgress's dispatch-timed rate is gone
   mem = {"perf/mem_in_use_GiB", "perf/mem_peak_GiB"}
@@ -153,8 +178,7 @@ def test_flops_logged_match_step_cost(run):
   assert len(msg) == 1 and "utilisation against 1 TFLOP/s per device x 1 devices" in msg[0], msg
   tflop = float(msg[0].split()[2])
   ev = _events(workdir)
-  assert ev["perf/tflops_per_sec"][STEPS] == pytest.approx(tflop * ev["perf/steps_per_sec"][STEPS],
-                                                          rel=1e-3)
+  assert ev["perf/tflops_per_sec"][STEPS] == pytest.approx(tflop * ev["perf/steps_per_sec"][STEPS], rel=1e-3)
 
 
 def test_profiler_trace_written(run):
@@ -182,6 +206,7 @@ def test_library_info_lines_follow_verbosity(records, tmp_path, data_dir):
   """Real Orbax and TFDS calls: INFO lines gone by default, back with --verbosity=1."""
   import orbax.checkpoint as ocp
   import tensorflow_datasets as tfds
+
   builder_dir = os.path.join(data_dir, "shapes", "default", "1.0.0")
   for verbosity, path in ((0, "quiet"), (1, "loud")):
     records.records.clear()
@@ -249,25 +274,52 @@ def test_step_monitor_intervals_on_a_fake_clock():
 
 
 def test_console_line_format():
-  s = {"perf/steps_per_sec": 3.14, "perf/images_per_sec": 99.4, "perf/eta_s": 130.2,
-       "perf/data_wait_fraction": 0.034, "perf/flop_utilisation": 0.4123, "perf/tflops_per_sec": 81.0,
-       "perf/mem_in_use_GiB": 12.345, "perf/mem_peak_GiB": 14.0, "loss/total": 4.1234,
-       "loss/clip": 1.3, "loss/dino": 2.8234, "lr": 0.00123, "data/skipped": 0.0, "grad_norm": 1.0}
+  s = {
+    "perf/steps_per_sec": 3.14,
+    "perf/images_per_sec": 99.4,
+    "perf/eta_s": 130.2,
+    "perf/data_wait_fraction": 0.034,
+    "perf/flop_utilisation": 0.4123,
+    "perf/tflops_per_sec": 81.0,
+    "perf/mem_in_use_GiB": 12.345,
+    "perf/mem_peak_GiB": 14.0,
+    "loss/total": 4.1234,
+    "loss/clip": 1.3,
+    "loss/dino": 2.8234,
+    "lr": 0.00123,
+    "data/skipped": 0.0,
+    "grad_norm": 1.0,
+  }
   assert ob.console_line(400, 800, s) == (
-      "step 400/800 | 3.1 it/s | 99 img/s | ETA 2m10s | loss 4.12 (clip 1.3, dino 2.82) | "
-      "data wait 3% | lr 1.23e-03 | MFU 41.2% | mem 12.35 (peak 14.00) GiB")
+    "step 400/800 | 3.1 it/s | 99 img/s | ETA 2m10s | loss 4.12 (clip 1.3, dino 2.82) | "
+    "data wait 3% | lr 1.23e-03 | MFU 41.2% | mem 12.35 (peak 14.00) GiB"
+  )
   # Without a timed step, peak or memory (first log step, CPU): only what is known; skipped records show.
-  assert ob.console_line(1, 10, {"loss/total": 2.0, "loss/clip": 2.0, "data/skipped": 3.0,
-                                 "train/nonfinite_steps": 2.0}) == (
-      "step 1/10 | loss 2 (clip 2) | skipped 3 | non-finite steps 2")
-  assert ob.console_line(5, 10, {"perf/steps_per_sec": 0.25, "perf/images_per_sec": 2.0,
-                                 "perf/eta_s": 7300, "perf/tflops_per_sec": 0.0123}) == (
-      "step 5/10 | 0.25 it/s | 2 img/s | ETA 2h01m | 0.0123 TFLOP/s")
+  assert ob.console_line(
+    1, 10, {"loss/total": 2.0, "loss/clip": 2.0, "data/skipped": 3.0, "train/nonfinite_steps": 2.0}
+  ) == ("step 1/10 | loss 2 (clip 2) | skipped 3 | non-finite steps 2")
+  assert ob.console_line(
+    5,
+    10,
+    {
+      "perf/steps_per_sec": 0.25,
+      "perf/images_per_sec": 2.0,
+      "perf/eta_s": 7300,
+      "perf/tflops_per_sec": 0.0123,
+    },
+  ) == ("step 5/10 | 0.25 it/s | 2 img/s | ETA 2h01m | 0.0123 TFLOP/s")
 
 
 def test_format_duration():
   assert [ob.format_duration(s) for s in (0, 45.4, 60, 130, 3599, 3600, 7300)] == [
-      "0s", "45s", "1m00s", "2m10s", "59m59s", "1h00m", "2h01m"]
+    "0s",
+    "45s",
+    "1m00s",
+    "2m10s",
+    "59m59s",
+    "1h00m",
+    "2h01m",
+  ]
 
 
 def _scan_fn(x, ws):
@@ -296,12 +348,12 @@ def test_scan_flops_counted_per_iteration():
 
 def test_matmul_flops_of_a_convolution_and_a_while_loop():
   img, k = jnp.ones((2, 8, 8, 3)), jnp.ones((3, 3, 3, 5))
-  conv = lambda a, b: jax.lax.conv_general_dilated(a, b, (1, 1), "SAME",
-                                                   dimension_numbers=("NHWC", "HWIO", "NHWC"))
+  conv = lambda a, b: jax.lax.conv_general_dilated(
+    a, b, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
+  )
   flops, has_while = ob.matmul_flops(jax.make_jaxpr(conv)(img, k))
   assert flops == 2 * (2 * 8 * 8 * 5) * (3 * 3 * 3) and not has_while
-  loop_fn = lambda a, n: jax.lax.while_loop(lambda c: c[1] < n, lambda c: (c[0] @ c[0], c[1] + 1),
-                                            (a, 0))[0]
+  loop_fn = lambda a, n: jax.lax.while_loop(lambda c: c[1] < n, lambda c: (c[0] @ c[0], c[1] + 1), (a, 0))[0]
   flops, has_while = ob.matmul_flops(jax.make_jaxpr(loop_fn)(jnp.ones((4, 4)), 3))
   assert flops == 2 * 4 * 4 * 4 and has_while
 
@@ -326,18 +378,26 @@ def test_device_memory_where_reported():
     def memory_stats(self):
       return self.stats
 
-  gib = 2 ** 30
-  got = ob.device_memory([Dev({"bytes_in_use": 2 * gib, "peak_bytes_in_use": 3 * gib}),
-                          Dev({"bytes_in_use": 1 * gib, "peak_bytes_in_use": 5 * gib,
-                               "bytes_limit": 16 * gib}), Dev(None)])
+  gib = 2**30
+  got = ob.device_memory(
+    [
+      Dev({"bytes_in_use": 2 * gib, "peak_bytes_in_use": 3 * gib}),
+      Dev({"bytes_in_use": 1 * gib, "peak_bytes_in_use": 5 * gib, "bytes_limit": 16 * gib}),
+      Dev(None),
+    ]
+  )
   assert got == {"perf/mem_in_use_GiB": 2.0, "perf/mem_peak_GiB": 5.0, "perf/mem_limit_GiB": 16.0}
   assert ob.device_memory([Dev(None)]) == {}
 
 
 def test_parameter_summary_rows_are_parts():
-  p = {"image": {"block_0": {"kernel": jax.ShapeDtypeStruct((4, 8), jnp.float32)},
-                 "cls": jax.ShapeDtypeStruct((1, 2, 8), jnp.float32)},
-       "logit_scale": jax.ShapeDtypeStruct((), jnp.float32)}
+  p = {
+    "image": {
+      "block_0": {"kernel": jax.ShapeDtypeStruct((4, 8), jnp.float32)},
+      "cls": jax.ShapeDtypeStruct((1, 2, 8), jnp.float32),
+    },
+    "logit_scale": jax.ShapeDtypeStruct((), jnp.float32),
+  }
   lines = ob.parameter_summary(p).splitlines()
   assert [ln.split("|")[0].strip() for ln in lines] == ["part", "image", "logit_scale", "total"]
   assert [int(ln.split("|")[1].replace(",", "")) for ln in lines[1:]] == [48, 1, 49]
@@ -357,6 +417,7 @@ def test_config_keys_validated():
 def test_resume_guard_allows_observability_keys():
   """Profiling or setting the peak on a resumed run is safe, also for a workdir saved before the keys."""
   from tipsito.train import resume_guard
+
   saved = defaults.tiny_config("clip").to_dict()
   new = defaults.tiny_config("clip")
   new.profile_steps, new.peak_tflops = 3, 100.0

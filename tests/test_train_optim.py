@@ -4,6 +4,7 @@ learning-rate multipliers by regex, and the EMA update rule.
 Why: these are the knobs the paper recipes set; each is a config key and must do exactly
 what it says on small, hand-checkable trees.
 """
+
 import jax
 import jax.numpy as jnp
 import ml_collections as mlc
@@ -14,16 +15,34 @@ from tipsito.train import optim, state as state_lib
 
 
 def cfg(**kw):
-  o = dict(name="adafactor", lr=1.0, warmup_steps=10, schedule="cosine", min_lr_ratio=0.1,
-           weight_decay=0.0, clip_norm=None, momentum=None, momentum_dtype="float32", decay_rate=0.8,
-           beta2_cap=0.999, min_dim_size_to_factor=4, eps=1e-30, clip_block_rms=None, b1=0.9, b2=0.98, lr_mults={},
-           frozen=())
+  o = dict(
+    name="adafactor",
+    lr=1.0,
+    warmup_steps=10,
+    schedule="cosine",
+    min_lr_ratio=0.1,
+    weight_decay=0.0,
+    clip_norm=None,
+    momentum=None,
+    momentum_dtype="float32",
+    decay_rate=0.8,
+    beta2_cap=0.999,
+    min_dim_size_to_factor=4,
+    eps=1e-30,
+    clip_block_rms=None,
+    b1=0.9,
+    b2=0.98,
+    lr_mults={},
+    frozen=(),
+  )
   o.update(kw)
   return mlc.ConfigDict(dict(optim=o, total_steps=110))
 
 
-PARAMS = {"image": {"block": {"kernel": jnp.ones((8, 16)), "bias": jnp.ones((16,))}},
-          "text": {"kernel": jnp.ones((4, 4))}}
+PARAMS = {
+  "image": {"block": {"kernel": jnp.ones((8, 16)), "bias": jnp.ones((16,))}},
+  "text": {"kernel": jnp.ones((4, 4))},
+}
 
 
 def test_warmup_cosine_schedule():
@@ -39,14 +58,13 @@ def test_adafactor_is_factored():
   tx, _ = optim.make_optimizer(cfg(momentum=0.9), PARAMS)
   st = tx.init(PARAMS)
   shapes = [x.shape for x in jax.tree.leaves(st)]
-  assert (8,) in shapes and (16,) in shapes        # row / column second moments of the (8,16) kernel
-  assert (8, 16) in shapes                          # momentum (full size)
-  assert shapes.count((8, 16)) == 1                 # ... but no full second moment
+  assert (8,) in shapes and (16,) in shapes  # row / column second moments of the (8,16) kernel
+  assert (8, 16) in shapes  # momentum (full size)
+  assert shapes.count((8, 16)) == 1  # ... but no full second moment
 
 
 def test_weight_decay_on_kernels_only():
-  tx, _ = optim.make_optimizer(cfg(name="sgd", weight_decay=0.5, warmup_steps=0, schedule="constant"),
-                               PARAMS)
+  tx, _ = optim.make_optimizer(cfg(name="sgd", weight_decay=0.5, warmup_steps=0, schedule="constant"), PARAMS)
   zeros = jax.tree.map(jnp.zeros_like, PARAMS)
   upd, _ = tx.update(zeros, tx.init(PARAMS), PARAMS)
   assert float(upd["image"]["block"]["kernel"][0, 0]) == pytest.approx(-0.5)
@@ -54,8 +72,7 @@ def test_weight_decay_on_kernels_only():
 
 
 def test_frozen_and_lr_multipliers():
-  c = cfg(name="sgd", warmup_steps=0, schedule="constant", frozen=("^text/",),
-          lr_mults={"bias$": 0.1})
+  c = cfg(name="sgd", warmup_steps=0, schedule="constant", frozen=("^text/",), lr_mults={"bias$": 0.1})
   tx, _ = optim.make_optimizer(c, PARAMS)
   st = tx.init(PARAMS)
   grads = jax.tree.map(jnp.ones_like, PARAMS)
@@ -66,8 +83,9 @@ def test_frozen_and_lr_multipliers():
 
 
 def test_adamw_clipping():
-  tx, _ = optim.make_optimizer(cfg(name="adamw", clip_norm=1.0, warmup_steps=0, schedule="constant",
-                                   eps=1e-6), PARAMS)
+  tx, _ = optim.make_optimizer(
+    cfg(name="adamw", clip_norm=1.0, warmup_steps=0, schedule="constant", eps=1e-6), PARAMS
+  )
   grads = jax.tree.map(lambda x: 100.0 * jnp.ones_like(x), PARAMS)
   upd, _ = tx.update(grads, tx.init(PARAMS), PARAMS)
   assert np.all(np.isfinite(np.asarray(upd["text"]["kernel"])))
@@ -96,4 +114,5 @@ def test_ema_momentum_schedule():
   assert float(state_lib.ema_momentum(cos, 500, 1000)) == pytest.approx(0.995, abs=1e-6)
   assert float(state_lib.ema_momentum(cos, 1000, 1000)) == pytest.approx(1.0)
   assert float(state_lib.ema_momentum(cos, 250, 1000)) == pytest.approx(
-      1 - 0.01 * (np.cos(np.pi / 4) + 1) / 2, abs=1e-6)
+    1 - 0.01 * (np.cos(np.pi / 4) + 1) / 2, abs=1e-6
+  )

@@ -6,6 +6,7 @@ Why: the paper settings (lr 1e-3, wd 1e-4, momentum 0.9, clip 1.0) are big_visio
 composition that differs in the momentum rule (trace vs EMA), the second-moment cap or the weight-decay
 scaling trains a different optimiser at the same numbers (10x the update, 1000x weaker decay).
 """
+
 import json
 
 import jax
@@ -35,7 +36,7 @@ def _tree(arrays, prefix):
     if not k.startswith(prefix + "/"):
       continue
     node = out
-    parts = k[len(prefix) + 1:].split("/")
+    parts = k[len(prefix) + 1 :].split("/")
     for p in parts[:-1]:
       node = node.setdefault(p, {})
     node[parts[-1]] = jnp.asarray(v)
@@ -45,12 +46,29 @@ def _tree(arrays, prefix):
 def _config(meta, dtype):
   o = meta["optimizer"]
   s = o["schedule"]
-  return mlc.ConfigDict(dict(total_steps=s["total_steps"], optim=dict(
-      name="adafactor", lr=o["lr"], warmup_steps=s["warmup_steps"], schedule=s["decay_type"],
-      min_lr_ratio=0.0, weight_decay=o["wd"], clip_norm=o["grad_clip_norm"], momentum=o["momentum"],
-      momentum_dtype=dtype, decay_rate=o["decay_rate"], beta2_cap=o["beta2_cap"],
-      min_dim_size_to_factor=o["min_dim_size_to_factor"], eps=o["eps"], clip_block_rms=None,
-      lr_mults={}, frozen=())))
+  return mlc.ConfigDict(
+    dict(
+      total_steps=s["total_steps"],
+      optim=dict(
+        name="adafactor",
+        lr=o["lr"],
+        warmup_steps=s["warmup_steps"],
+        schedule=s["decay_type"],
+        min_lr_ratio=0.0,
+        weight_decay=o["wd"],
+        clip_norm=o["grad_clip_norm"],
+        momentum=o["momentum"],
+        momentum_dtype=dtype,
+        decay_rate=o["decay_rate"],
+        beta2_cap=o["beta2_cap"],
+        min_dim_size_to_factor=o["min_dim_size_to_factor"],
+        eps=o["eps"],
+        clip_block_rms=None,
+        lr_mults={},
+        frozen=(),
+      ),
+    )
+  )
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -62,8 +80,12 @@ def test_adafactor_matches_big_vision_trajectory(vectors, dtype):
   noise = [_tree(arr, f"noise/{t}") for t in range(n)]
   tx, sched = optim.make_optimizer(_config(meta, dtype), params)
   # The logged learning rate is lr * the schedule shape big_vision used.
-  np.testing.assert_allclose([float(sched(t)) for t in range(n)],
-                             meta["optimizer"]["lr"] * arr[f"{dtype}/schedule"], rtol=1e-5, atol=1e-9)
+  np.testing.assert_allclose(
+    [float(sched(t)) for t in range(n)],
+    meta["optimizer"]["lr"] * arr[f"{dtype}/schedule"],
+    rtol=1e-5,
+    atol=1e-9,
+  )
 
   @jax.jit
   def step(p, s, nz):
@@ -88,10 +110,29 @@ def test_adafactor_matches_big_vision_trajectory(vectors, dtype):
 
 def test_update_size_is_ema_not_trace():
   """The symptom of the old heavy-ball trace: |update| / lr settles near 1 (EMA), not near 10 (trace)."""
-  c = mlc.ConfigDict(dict(total_steps=100, optim=dict(
-      name="adafactor", lr=1e-3, warmup_steps=0, schedule="constant", min_lr_ratio=0.0, weight_decay=0.0,
-      clip_norm=None, momentum=0.9, momentum_dtype="float32", decay_rate=0.8, beta2_cap=0.999,
-      min_dim_size_to_factor=32, eps=1e-30, clip_block_rms=None, lr_mults={}, frozen=())))
+  c = mlc.ConfigDict(
+    dict(
+      total_steps=100,
+      optim=dict(
+        name="adafactor",
+        lr=1e-3,
+        warmup_steps=0,
+        schedule="constant",
+        min_lr_ratio=0.0,
+        weight_decay=0.0,
+        clip_norm=None,
+        momentum=0.9,
+        momentum_dtype="float32",
+        decay_rate=0.8,
+        beta2_cap=0.999,
+        min_dim_size_to_factor=32,
+        eps=1e-30,
+        clip_block_rms=None,
+        lr_mults={},
+        frozen=(),
+      ),
+    )
+  )
   p = {"w": jnp.zeros((4,))}
   tx, _ = optim.make_optimizer(c, p)
   s = tx.init(p)
@@ -104,10 +145,29 @@ def test_update_size_is_ema_not_trace():
 
 def test_weight_decay_not_multiplied_by_lr():
   """Zero gradient, peak schedule: the step is -wd * p on kernels (big_vision), not -lr * wd * p."""
-  c = mlc.ConfigDict(dict(total_steps=10, optim=dict(
-      name="adafactor", lr=1e-3, warmup_steps=0, schedule="constant", min_lr_ratio=0.0, weight_decay=1e-4,
-      clip_norm=1.0, momentum=0.9, momentum_dtype="float32", decay_rate=0.8, beta2_cap=0.999,
-      min_dim_size_to_factor=32, eps=1e-30, clip_block_rms=None, lr_mults={}, frozen=())))
+  c = mlc.ConfigDict(
+    dict(
+      total_steps=10,
+      optim=dict(
+        name="adafactor",
+        lr=1e-3,
+        warmup_steps=0,
+        schedule="constant",
+        min_lr_ratio=0.0,
+        weight_decay=1e-4,
+        clip_norm=1.0,
+        momentum=0.9,
+        momentum_dtype="float32",
+        decay_rate=0.8,
+        beta2_cap=0.999,
+        min_dim_size_to_factor=32,
+        eps=1e-30,
+        clip_block_rms=None,
+        lr_mults={},
+        frozen=(),
+      ),
+    )
+  )
   p = {"mlp": {"kernel": jnp.ones((3, 3)), "bias": jnp.ones((3,))}}
   tx, _ = optim.make_optimizer(c, p)
   u, _ = tx.update(jax.tree.map(jnp.zeros_like, p), tx.init(p), p)
@@ -118,14 +178,33 @@ def test_weight_decay_not_multiplied_by_lr():
 def test_second_moment_decay_is_capped():
   """Late in training the second-moment decay is beta2_cap (0.999), not 1 - t^-0.8 (-> 1); the 40-step
   trajectory cannot see the cap (1 - 40^-0.8 = 0.95), so it is checked at step 10^6 directly."""
-  c = mlc.ConfigDict(dict(total_steps=10, optim=dict(
-      name="adafactor", lr=1e-3, warmup_steps=0, schedule="constant", min_lr_ratio=0.0, weight_decay=0.0,
-      clip_norm=None, momentum=None, momentum_dtype="float32", decay_rate=0.8, beta2_cap=0.999,
-      min_dim_size_to_factor=32, eps=1e-30, clip_block_rms=None, lr_mults={}, frozen=())))
+  c = mlc.ConfigDict(
+    dict(
+      total_steps=10,
+      optim=dict(
+        name="adafactor",
+        lr=1e-3,
+        warmup_steps=0,
+        schedule="constant",
+        min_lr_ratio=0.0,
+        weight_decay=0.0,
+        clip_norm=None,
+        momentum=None,
+        momentum_dtype="float32",
+        decay_rate=0.8,
+        beta2_cap=0.999,
+        min_dim_size_to_factor=32,
+        eps=1e-30,
+        clip_block_rms=None,
+        lr_mults={},
+        frozen=(),
+      ),
+    )
+  )
   p = {"w": jnp.ones((4,))}
   tx, _ = optim.make_optimizer(c, p)
   state = tx.init(p)
-  state = optax.tree.set(state, count=jnp.int32(10 ** 6), v={"w": jnp.ones((4,))})
+  state = optax.tree.set(state, count=jnp.int32(10**6), v={"w": jnp.ones((4,))})
   _, new = tx.update({"w": jnp.zeros((4,))}, state, p)
   v = optax.tree.get(new, "v")
   np.testing.assert_allclose(v["w"], 0.999, rtol=1e-6)

@@ -4,6 +4,7 @@ Why: a preempted TPU run must continue bitwise-identically (parameters, optimise
 centres, RNG and data order), and the final export must contain the inference encoders only.
 Training 2N steps in one go must equal N steps, stop, restore from the workdir, N more.
 """
+
 import os
 
 import jax
@@ -54,10 +55,12 @@ def runs(tmp_path_factory, data_dir, compile_cache):
 
 def _restore(workdir):
   from tipsito.train import checkpointing, step as step_lib, workdir as workdir_lib
+
   config = workdir_lib.load_config(workdir)
   setup = step_lib.build(config)
-  ck = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"), every_steps=0, keep=1,
-                                  async_save=False)
+  ck = checkpointing.Checkpointer(
+    os.path.join(workdir, "checkpoints"), every_steps=0, keep=1, async_save=False
+  )
   abstract = checkpointing.abstract_with_shardings(setup.state_shapes, setup.state_shardings)
   state, data = ck.restore(abstract)
   ck.close()
@@ -97,6 +100,7 @@ def test_head_only_ema_state_has_no_encoder_copy(runs):
 def test_export_is_inference_only_and_loads(runs, tmp_path):
   import tipsito
   from tipsito.train import exporting
+
   full = runs[0]
   for out in (os.path.join(full, "export"), exporting.export_from_workdir(full, str(tmp_path / "e2"))):
     enc = tipsito.load(out)
@@ -111,6 +115,8 @@ def test_export_is_inference_only_and_loads(runs, tmp_path):
   # The export's encoders equal the trained student's.
   state, _ = _restore(full)
   enc = tipsito.load(os.path.join(full, "export"))
-  np.testing.assert_array_equal(np.asarray(enc.params["image"]["patch_embed"]["kernel"]),
-                                np.asarray(state.params["image"]["patch_embed"]["kernel"]))
+  np.testing.assert_array_equal(
+    np.asarray(enc.params["image"]["patch_embed"]["kernel"]),
+    np.asarray(state.params["image"]["patch_embed"]["kernel"]),
+  )
   assert enc.temperature == pytest.approx(1 / np.exp(float(state.params["logit_scale"])), rel=1e-6)

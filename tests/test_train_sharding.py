@@ -4,6 +4,7 @@ Why: the train step must be device-count agnostic — losses are written on the 
 inserts the collectives — so the numbers on a pod equal the numbers on a laptop. The 8-device check runs
 in a subprocess with `XLA_FLAGS=--xla_force_host_platform_device_count=8` (fake CPU devices).
 """
+
 import json
 import os
 import subprocess
@@ -31,9 +32,15 @@ def test_mesh_shape_resolution():
 
 def test_rules_fsdp_and_regex():
   mesh = sharding.make_mesh({"data": 1, "fsdp": -1, "model": 1}, jax.devices()[:1])
-  tree = {"image": {"block_0": {"kernel": jax.ShapeDtypeStruct((64, 128), np.float32),
-                                "bias": jax.ShapeDtypeStruct((128,), np.float32)}},
-          "step": jax.ShapeDtypeStruct((), np.int32)}
+  tree = {
+    "image": {
+      "block_0": {
+        "kernel": jax.ShapeDtypeStruct((64, 128), np.float32),
+        "bias": jax.ShapeDtypeStruct((128,), np.float32),
+      }
+    },
+    "step": jax.ShapeDtypeStruct((), np.int32),
+  }
   sh = sharding.tree_shardings(tree, mesh, [("bias", "replicate")], min_size=16)
   assert sh["step"].spec == P()
   assert sh["image"]["block_0"]["bias"].spec == P()
@@ -82,14 +89,16 @@ def mesh_results():
   env = dict(os.environ)
   # 8 fake CPU devices; LLVM optimisation off (both meshes run in this one process with the same flags,
   # it only shortens the two compiles).
-  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-                      " --xla_backend_optimization_level=0").strip()
+  env["XLA_FLAGS"] = (
+    env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
+  ).strip()
   env["JAX_PLATFORMS"] = "cpu"
-  proc = subprocess.run([sys.executable, "-c", WORKER], env=env, capture_output=True, text=True,
-                        timeout=1200, cwd=ROOT)
+  proc = subprocess.run(
+    [sys.executable, "-c", WORKER], env=env, capture_output=True, text=True, timeout=1200, cwd=ROOT
+  )
   assert proc.returncode == 0, proc.stderr[-4000:]
   line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT")][-1]
-  return json.loads(line[len("RESULT"):])
+  return json.loads(line[len("RESULT") :])
 
 
 def test_same_init_loss_and_grads_on_1_and_8_devices(mesh_results):

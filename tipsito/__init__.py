@@ -10,5 +10,6 @@ def __getattr__(name):
   """Lazy attributes: `load` -> tipsito.inference.load."""
   if name == 'load':
     from tipsito.inference import load  # lazy: `import tipsito` must not import JAX/Orbax (docstring)
+
     return load
   raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

@@ -5,6 +5,7 @@
 loss weights and (optionally) the sharding plan, all through `jax.eval_shape`; `schema_rows` / `schema_table`
 list the keys of tipsito/config/schema.py. Library code (tipsito/studies/results.py) calls it here.
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -37,13 +38,15 @@ def _stub_teacher(config):
   """For inspecting distill configs without the teacher on disk: a g/14 TIPS teacher of shapes only."""
   cfg = models.vit_config("g/14", num_cls_tokens=2)
   mod = models.VisionTransformer(**cfg)
-  shapes = jax.eval_shape(lambda: mod.init(jax.random.PRNGKey(0),
-                                           np.zeros((1, 224, 224, 3), np.uint8))["params"])
+  shapes = jax.eval_shape(
+    lambda: mod.init(jax.random.PRNGKey(0), np.zeros((1, 224, 224, 3), np.uint8))["params"]
+  )
   return teacher_lib.Teacher(mod, cfg, shapes)
 
 
 def _setup(config, mesh, ema_mode: Optional[str] = None):
   import ml_collections as mlc  # pylint: disable=import-outside-toplevel
+
   c = mlc.ConfigDict(config.to_dict())
   if ema_mode is not None:
     c.ema.mode = ema_mode
@@ -60,6 +63,7 @@ def sharding_plan(config, setup, devices: int, processes: int = 1) -> dict[str, 
   """Parameter specs on the mesh `config.mesh` resolves to for `devices` devices (an AbstractMesh: no
   devices needed), per-device parameter bytes, and what each of `processes` hosts does."""
   from jax.sharding import AbstractMesh  # pylint: disable=import-outside-toplevel
+
   if devices % processes:
     raise ValueError(f"--devices={devices} is not divisible by --processes={processes}")
   batch = int(config.input.batch_size)
@@ -68,27 +72,36 @@ def sharding_plan(config, setup, devices: int, processes: int = 1) -> dict[str, 
   shape = sharding_lib.mesh_shape(config.mesh, devices)
   mesh = AbstractMesh(shape, sharding_lib.MESH_AXES)
   rules = [tuple(r) for r in config.sharding.rules]
-  shardings = sharding_lib.tree_shardings(setup.state_shapes, mesh, rules,
-                                          min_size=int(config.sharding.min_size))
+  shardings = sharding_lib.tree_shardings(
+    setup.state_shapes, mesh, rules, min_size=int(config.sharding.min_size)
+  )
   params = setup.state_shapes.params
   rows, per_device = [], 0
-  for (path, spec_shape, spec), x, sh in zip(sharding_lib.describe(shardings.params, params),
-                                             jax.tree.leaves(params), jax.tree.leaves(shardings.params)):
-    axes = [a for entry in sh.spec if entry is not None
-            for a in (entry if isinstance(entry, tuple) else (entry,))]
+  for (path, spec_shape, spec), x, sh in zip(
+    sharding_lib.describe(shardings.params, params),
+    jax.tree.leaves(params),
+    jax.tree.leaves(shardings.params),
+  ):
+    axes = [
+      a for entry in sh.spec if entry is not None for a in (entry if isinstance(entry, tuple) else (entry,))
+    ]
     split = int(np.prod([mesh.shape[a] for a in axes], dtype=np.int64))
     nbytes = int(np.prod(x.shape, dtype=np.int64)) * np.dtype(x.dtype).itemsize // split
     per_device += nbytes
     rows.append(dict(path=path, shape=list(spec_shape), spec=spec, bytes_per_device=nbytes))
   return {
-      "mesh": dict(zip(sharding_lib.MESH_AXES, shape)), "devices": devices, "processes": processes,
-      "params_bytes_per_device": per_device, "rows": rows,
-      "per_process": (
-          f"{devices // processes} devices and {batch // processes} examples of the global batch "
-          f"{batch} per process; each process reads its own strided data shard, saves its shards of "
-          f"the train state and its own data-iterator state (resume needs {processes} processes); "
-          f"SIGTERM on any process stops all after the same step (exit 75); evals split every batch "
-          f"over the processes; process 0 writes the export"),
+    "mesh": dict(zip(sharding_lib.MESH_AXES, shape)),
+    "devices": devices,
+    "processes": processes,
+    "params_bytes_per_device": per_device,
+    "rows": rows,
+    "per_process": (
+      f"{devices // processes} devices and {batch // processes} examples of the global batch "
+      f"{batch} per process; each process reads its own strided data shard, saves its shards of "
+      f"the train state and its own data-iterator state (resume needs {processes} processes); "
+      f"SIGTERM on any process stops all after the same step (exit 75); evals split every batch "
+      f"over the processes; process 0 writes the export"
+    ),
   }
 
 
@@ -96,17 +109,20 @@ def optimizer_convention(o) -> str:
   """One line saying what `config.optim` computes (see tipsito/train/optim.py: make_optimizer)."""
   mom = o.momentum
   if o.name == "adafactor":
-    return (f"big_vision Adafactor: p -= sched(t) * ({o.lr:g} * adafactor(clip_{o.clip_norm}(g)) + "
-            f"{o.weight_decay or 0:g} * p[kernels]); sched = warmup {o.warmup_steps} + {o.schedule} "
-            f"with peak 1 (weight decay not multiplied by lr); factored 2nd moments, decay "
-            f"min({o.beta2_cap}, 1 - t^-{o.decay_rate}); momentum "
-            + (f"EMA {mom} (no debias) in {o.momentum_dtype}" if mom else "off"))
+    return (
+      f"big_vision Adafactor: p -= sched(t) * ({o.lr:g} * adafactor(clip_{o.clip_norm}(g)) + "
+      f"{o.weight_decay or 0:g} * p[kernels]); sched = warmup {o.warmup_steps} + {o.schedule} "
+      f"with peak 1 (weight decay not multiplied by lr); factored 2nd moments, decay "
+      f"min({o.beta2_cap}, 1 - t^-{o.decay_rate}); momentum "
+      + (f"EMA {mom} (no debias) in {o.momentum_dtype}" if mom else "off")
+    )
   if o.name == "adamw":
-    return (f"optax.adamw: p -= lr(t) * (adam(clip_{o.clip_norm}(g)) + {o.weight_decay or 0:g} "
-            f"* p[kernels]), lr(t) = warmup {o.warmup_steps} + {o.schedule} to {o.lr:g} (decoupled decay "
-            f"multiplied by lr)")
-  return (f"sgd: p -= lr(t) * (trace_{mom}(clip_{o.clip_norm}(g)) + {o.weight_decay or 0:g} * "
-          f"p[kernels])")
+    return (
+      f"optax.adamw: p -= lr(t) * (adam(clip_{o.clip_norm}(g)) + {o.weight_decay or 0:g} "
+      f"* p[kernels]), lr(t) = warmup {o.warmup_steps} + {o.schedule} to {o.lr:g} (decoupled decay "
+      f"multiplied by lr)"
+    )
+  return f"sgd: p -= lr(t) * (trace_{mom}(clip_{o.clip_norm}(g)) + {o.weight_decay or 0:g} * p[kernels])"
 
 
 def _default_text(key: schema.Key) -> str:
@@ -130,8 +146,14 @@ def schema_rows(config=None) -> list[dict[str, Any]]:
   allowed, safe (on resume), doc; with `config`, also its `value` there ('(absent)' when it has none)."""
   rows = []
   for k in schema.KEYS:
-    row = {"key": k.path, "type": k.type.__name__ + (" | None" if k.optional else ""),
-           "default": _default_text(k), "allowed": k.allowed(), "safe": k.safe, "doc": k.doc}
+    row = {
+      "key": k.path,
+      "type": k.type.__name__ + (" | None" if k.optional else ""),
+      "default": _default_text(k),
+      "allowed": k.allowed(),
+      "safe": k.safe,
+      "doc": k.doc,
+    }
     if config is not None and "*" not in k.path:
       node = config
       for part in k.path.split("."):
@@ -141,9 +163,16 @@ def schema_rows(config=None) -> list[dict[str, Any]]:
       row["value"] = "(absent)" if node is schema.ABSENT else repr(node)
     rows.append(row)
   for t in schema.TREES:
-    rows.append({"key": t.path + ".*", "type": "dict", "default": "{}" if t.free_form else "(see keys)",
-                 "allowed": "user-named entries" if t.free_form else "the declared keys / module fields",
-                 "safe": t.safe, "doc": t.doc})
+    rows.append(
+      {
+        "key": t.path + ".*",
+        "type": "dict",
+        "default": "{}" if t.free_form else "(see keys)",
+        "allowed": "user-named entries" if t.free_form else "the declared keys / module fields",
+        "safe": t.safe,
+        "doc": t.doc,
+      }
+    )
   return rows
 
 
@@ -151,8 +180,10 @@ def schema_table(rows: list[dict[str, Any]]) -> str:
   lines = []
   for r in rows:
     value = f"  value {r['value']}" if "value" in r else ""
-    lines.append(f"{r['key']}  ({r['type']}; {'safe' if r['safe'] else 'unsafe'} on resume){value}\n"
-                 f"    default {r['default']}; allowed: {r['allowed']}\n    {r['doc']}")
+    lines.append(
+      f"{r['key']}  ({r['type']}; {'safe' if r['safe'] else 'unsafe'} on resume){value}\n"
+      f"    default {r['default']}; allowed: {r['allowed']}\n    {r['doc']}"
+    )
   return "\n".join(lines)
 
 
@@ -170,28 +201,29 @@ def _ema_comparison(config, mesh, towers: dict, parts: dict, student: int) -> di
   # Head size that would make the vision-side saving equal the paper's 42%: img / (2 (img + H)).
   h42 = img / (2 * PAPER_SAVING_B) - img
   return {
-      "train_state_params_head_only_ema": n_head,
-      "train_state_params_full_ema": n_full,
-      "fraction_saved": round(1 - n_head / n_full, 4),
-      "vision_side_params_head_only_ema": vis_head,
-      "vision_side_params_full_ema": vis_full,
-      "vision_side_fraction_saved": round(1 - vis_head / vis_full, 4),
-      "train_state_bytes_head_only_ema": _bytes(head_only),
-      "train_state_bytes_full_ema": _bytes(full),
-      "bytes_fraction_saved": round(1 - _bytes(head_only) / _bytes(full), 4),
-      "paper_fraction_saved_vit_b": PAPER_SAVING_B,
-      "explanation": (
-          f"Head-only EMA drops the EMA copy of the image encoder ({img / 1e6:.1f}M) and keeps EMA "
-          f"copies of the DINO+iBOT heads ({heads / 1e6:.1f}M, K={config.model.heads.num_prototypes}). "
-          f"Counting every parameter held for training (student image+text towers, heads, EMA), "
-          f"{n_full / 1e6:.1f}M -> {n_head / 1e6:.1f}M = {100 * (1 - n_head / n_full):.1f}% saved; "
-          f"counting the vision side only (image encoder + heads + their EMA), "
-          f"{vis_full / 1e6:.1f}M -> {vis_head / 1e6:.1f}M = {100 * (1 - vis_head / vis_full):.1f}%. "
-          f"The paper's 42% (ViT-B) is not reproduced by either accounting with our DINOv2-style heads: "
-          f"it corresponds to the vision-side count with heads of ~{h42 / 1e6:.1f}M in total, i.e. much "
-          f"smaller heads than 2 x (3-layer 2048-wide MLP + 256x{config.model.heads.num_prototypes} "
-          f"prototypes); the paper does not publish its head sizes or exactly what it counts. The "
-          f"text tower, which has no EMA in either mode, dilutes the all-parameter saving."),
+    "train_state_params_head_only_ema": n_head,
+    "train_state_params_full_ema": n_full,
+    "fraction_saved": round(1 - n_head / n_full, 4),
+    "vision_side_params_head_only_ema": vis_head,
+    "vision_side_params_full_ema": vis_full,
+    "vision_side_fraction_saved": round(1 - vis_head / vis_full, 4),
+    "train_state_bytes_head_only_ema": _bytes(head_only),
+    "train_state_bytes_full_ema": _bytes(full),
+    "bytes_fraction_saved": round(1 - _bytes(head_only) / _bytes(full), 4),
+    "paper_fraction_saved_vit_b": PAPER_SAVING_B,
+    "explanation": (
+      f"Head-only EMA drops the EMA copy of the image encoder ({img / 1e6:.1f}M) and keeps EMA "
+      f"copies of the DINO+iBOT heads ({heads / 1e6:.1f}M, K={config.model.heads.num_prototypes}). "
+      f"Counting every parameter held for training (student image+text towers, heads, EMA), "
+      f"{n_full / 1e6:.1f}M -> {n_head / 1e6:.1f}M = {100 * (1 - n_head / n_full):.1f}% saved; "
+      f"counting the vision side only (image encoder + heads + their EMA), "
+      f"{vis_full / 1e6:.1f}M -> {vis_head / 1e6:.1f}M = {100 * (1 - vis_head / vis_full):.1f}%. "
+      f"The paper's 42% (ViT-B) is not reproduced by either accounting with our DINOv2-style heads: "
+      f"it corresponds to the vision-side count with heads of ~{h42 / 1e6:.1f}M in total, i.e. much "
+      f"smaller heads than 2 x (3-layer 2048-wide MLP + 256x{config.model.heads.num_prototypes} "
+      f"prototypes); the paper does not publish its head sizes or exactly what it counts. The "
+      f"text tower, which has no EMA in either mode, dilutes the all-parameter saving."
+    ),
   }
 
 
@@ -214,9 +246,16 @@ def crop_geometry(config) -> dict[str, Any]:
   crops, lines = [], [f"  training crops (patch {p} px):"]
   for name, px, count, scale in views:
     padded = -(-px // p) * p
-    crop = dict(name=name, px=px, count=count, patches=px / p, grid=[padded // p] * 2,
-                scale=list(scale) if scale else None, padded_px=padded,
-                padding_fraction=round(1 - px * px / (padded * padded), 4))
+    crop = dict(
+      name=name,
+      px=px,
+      count=count,
+      patches=px / p,
+      grid=[padded // p] * 2,
+      scale=list(scale) if scale else None,
+      padded_px=padded,
+      padding_fraction=round(1 - px * px / (padded * padded), 4),
+    )
     crops.append(crop)
     n = f"{px // p}" if px % p == 0 else f"{px / p:g}"
     line = f"    {name:<7s}{f'{count} x ' if count > 1 else ''}{px} px = {n} x {p} px patches"
@@ -227,8 +266,10 @@ def crop_geometry(config) -> dict[str, Any]:
     else:
       line += ", fixed resize"
     if padded != px:
-      line += (f"; NOT WHOLE PATCHES: zero-padded to {padded} px "
-               f"({100 * crop['padding_fraction']:.1f}% of the input is padding)")
+      line += (
+        f"; NOT WHOLE PATCHES: zero-padded to {padded} px "
+        f"({100 * crop['padding_fraction']:.1f}% of the input is padding)"
+      )
     lines.append(line)
   return {"patch_px": p, "crops": crops, "lines": lines}
 
@@ -256,8 +297,11 @@ def effective_weights(config, ctx) -> list[dict[str, Any]]:
     if name in (terms_lib.CLIP, terms_lib.CLIP_VIEW2):
       for p, inner in pairs.items():
         if p.term == name:
-          row(f"{name} {p.cls} x {p.caption}, view {p.view}", w[name] * inner,
-              f"loss_opts.view_weighting={ctx.view_weighting}" if two_views and p.cls == "CLS1" else "")
+          row(
+            f"{name} {p.cls} x {p.caption}, view {p.view}",
+            w[name] * inner,
+            f"loss_opts.view_weighting={ctx.view_weighting}" if two_views and p.cls == "CLS1" else "",
+          )
     elif name == terms_lib.SIGLIP:
       row("siglip CLS1 x alt-text, view 1", w[name])
     elif name == terms_lib.FUSION:
@@ -271,48 +315,61 @@ def effective_weights(config, ctx) -> list[dict[str, Any]]:
       if n_local:
         views = f"each of {n_local} local crops" + (" and the global crop" if n > n_local else "")
       per = w[name] / n if ctx.dino_reduction == "mean" else w[name]
-      row(f"dino CLS1 of {views} x teacher CLS1, global image", per,
-          f"loss_opts.dino_reduction={ctx.dino_reduction} over {n} student views: {per * n:g} in all")
+      row(
+        f"dino CLS1 of {views} x teacher CLS1, global image",
+        per,
+        f"loss_opts.dino_reduction={ctx.dino_reduction} over {n} student views: {per * n:g} in all",
+      )
     elif name == terms_lib.IBOT:
-      which = "all patches, iBOT++" if ctx.ibot_all_patches or not ctx.masks_student_view else \
-          "masked patches, iBOT"
-      row(f"ibot patches of view 1 ({which}) x teacher patches, global image", w[name],
-          f"token_norm={ctx.ibot_token_norm}, mean per image")
+      which = (
+        "all patches, iBOT++"
+        if ctx.ibot_all_patches or not ctx.masks_student_view
+        else "masked patches, iBOT"
+      )
+      row(
+        f"ibot patches of view 1 ({which}) x teacher patches, global image",
+        w[name],
+        f"token_norm={ctx.ibot_token_norm}, mean per image",
+      )
     elif name == terms_lib.FEATURE:
       row("feature CLS1 + patches of view 1 x frozen teacher", w[name], "1/2 each")
   return rows
 
 
-def compute_info(config, *, with_sharding: bool = False, devices: int = 0,
-                 processes: int = 1) -> dict[str, Any]:
+def compute_info(
+  config, *, with_sharding: bool = False, devices: int = 0, processes: int = 1
+) -> dict[str, Any]:
   """All numbers as a JSON-friendly dict (see module docstring)."""
   config_validation.validate(config, check_tokenizer=False)  # sizes only: nothing is tokenized
   mesh = sharding_lib.make_mesh({"data": 1, "fsdp": 1, "model": 1}, jax.devices()[:1])
   setup = _setup(config, mesh)
   params = setup.state_shapes.params
-  towers = {"image": _count({k: v for k, v in params["image"].items() if k != "mask_token"}),
-            "text": _count(params.get("text", {}))}
+  towers = {
+    "image": _count({k: v for k, v in params["image"].items() if k != "mask_token"}),
+    "text": _count(params.get("text", {})),
+  }
   parts = {k: _count(v) for k, v in params.items() if k not in ("image", "text")}
   if "mask_token" in params["image"]:
     parts["mask_token"] = _count(params["image"]["mask_token"])
   student = _count(params)
   st = setup.state_shapes
   out: dict[str, Any] = {
-      "recipe": config.recipe,
-      "image_variant": {k: config.model.image[k] for k in ("width", "depth", "num_heads", "mlp_dim",
-                                                           "patch_size", "ffn")},
-      "training_crops": crop_geometry(config),
-      "towers": towers,
-      "towers_M": {k: round(v / 1e6, 1) for k, v in towers.items()},
-      "parts": parts,
-      "student_params": student,
-      "ema_mode": config.ema.mode,
-      "ema_params": _count(st.ema),
-      "optimizer": config.optim.name,
-      "optimizer_convention": optimizer_convention(config.optim),
-      "optimizer_state_params": _count(st.opt_state),
-      "train_state_bytes": _bytes(st),
-      "train_state_GiB": round(_bytes(st) / 2 ** 30, 3),
+    "recipe": config.recipe,
+    "image_variant": {
+      k: config.model.image[k] for k in ("width", "depth", "num_heads", "mlp_dim", "patch_size", "ffn")
+    },
+    "training_crops": crop_geometry(config),
+    "towers": towers,
+    "towers_M": {k: round(v / 1e6, 1) for k, v in towers.items()},
+    "parts": parts,
+    "student_params": student,
+    "ema_mode": config.ema.mode,
+    "ema_params": _count(st.ema),
+    "optimizer": config.optim.name,
+    "optimizer_convention": optimizer_convention(config.optim),
+    "optimizer_state_params": _count(st.opt_state),
+    "train_state_bytes": _bytes(st),
+    "train_state_GiB": round(_bytes(st) / 2**30, 3),
   }
   if {"dino_head", "ibot_head"} & set(params):
     out["ema_comparison"] = _ema_comparison(config, mesh, towers, parts, student)

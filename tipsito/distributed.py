@@ -19,6 +19,7 @@ such a machine (compile-only topologies, tipsito/plan.py).
 Peer loss: with several processes, `initialize` starts tipsito/peer_loss.py's watch, so that a process
 that disappears is named by the others, which exit with status 76.
 """
+
 from __future__ import annotations
 
 import glob
@@ -32,13 +33,27 @@ from tipsito import peer_loss
 FLAGS = flags.FLAGS
 FLAG_NAMES = ("distributed", "coordinator_address", "num_processes", "process_id")
 # Environment variables that only a TPU host (Cloud TPU VM, GKE TPU node) or a TPU job sets.
-TPU_ENV_VARS = ("TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES", "TPU_WORKER_ID", "TPU_VISIBLE_CHIPS",
-                "TPU_VISIBLE_DEVICES", "TPU_PROCESS_BOUNDS", "TPU_CHIPS_PER_PROCESS_BOUNDS",
-                "TPU_HOST_BOUNDS", "TPU_TOPOLOGY")
+TPU_ENV_VARS = (
+  "TPU_ACCELERATOR_TYPE",
+  "TPU_WORKER_HOSTNAMES",
+  "TPU_WORKER_ID",
+  "TPU_VISIBLE_CHIPS",
+  "TPU_VISIBLE_DEVICES",
+  "TPU_PROCESS_BOUNDS",
+  "TPU_CHIPS_PER_PROCESS_BOUNDS",
+  "TPU_HOST_BOUNDS",
+  "TPU_TOPOLOGY",
+)
 # Device nodes of accelerators: TPU v4/v5p (/dev/accel*), TPU v5e/v6e (/dev/vfio/<group>), NVIDIA
 # (also under WSL2: /dev/dxg), AMD (/dev/kfd).
-ACCELERATOR_DEVICE_GLOBS = ("/dev/accel*", "/dev/vfio/[0-9]*", "/dev/nvidia[0-9]*", "/dev/nvidiactl",
-                            "/dev/dxg", "/dev/kfd")
+ACCELERATOR_DEVICE_GLOBS = (
+  "/dev/accel*",
+  "/dev/vfio/[0-9]*",
+  "/dev/nvidia[0-9]*",
+  "/dev/nvidiactl",
+  "/dev/dxg",
+  "/dev/kfd",
+)
 
 
 def accelerator_evidence(environ=None, device_globs=ACCELERATOR_DEVICE_GLOBS) -> Optional[str]:
@@ -54,6 +69,7 @@ def accelerator_evidence(environ=None, device_globs=ACCELERATOR_DEVICE_GLOBS) ->
       return found[0]
   try:  # JAX's own test for attached TPU chips (PCI vendor/device ids under /sys/bus/pci)
     from jax._src import hardware_utils  # pylint: disable=import-outside-toplevel
+
     chips, _ = hardware_utils.num_available_tpu_chips_and_device_id()
   except Exception:  # pylint: disable=broad-except  # moved in another JAX: the device nodes decide
     chips = 0
@@ -65,11 +81,13 @@ def select_platform(environ=None) -> Optional[str]:
   returns what it set, None when JAX keeps choosing (explicit JAX_PLATFORMS or config, an accelerator
   present, or backends already started)."""
   import jax  # pylint: disable=import-outside-toplevel
+
   environ = os.environ if environ is None else environ
   if "JAX_PLATFORMS" in environ or jax.config.jax_platforms:
     return None
   try:
     from jax._src import xla_bridge  # pylint: disable=import-outside-toplevel
+
     if xla_bridge.backends_are_initialized():
       return None
   except Exception:  # pylint: disable=broad-except
@@ -89,6 +107,7 @@ def configure_jax() -> None:
   fake devices or a pod (resume onto a different device count relies on it). Idempotent.
   """
   import jax  # pylint: disable=import-outside-toplevel
+
   select_platform()
   jax.config.update("jax_threefry_partitionable", True)
 
@@ -100,33 +119,45 @@ def define_flags() -> None:
   """
   if "distributed" in FLAGS:
     return
-  flags.DEFINE_bool("distributed", False,
-                    "Join a multi-process JAX job (jax.distributed.initialize): one process per host.")
-  flags.DEFINE_string("coordinator_address", None,
-                      "With --distributed: HOST:PORT of process 0's coordination service (default: "
-                      "detected on Cloud TPU / SLURM / MPI).")
+  flags.DEFINE_bool(
+    "distributed", False, "Join a multi-process JAX job (jax.distributed.initialize): one process per host."
+  )
+  flags.DEFINE_string(
+    "coordinator_address",
+    None,
+    "With --distributed: HOST:PORT of process 0's coordination service (default: "
+    "detected on Cloud TPU / SLURM / MPI).",
+  )
   flags.DEFINE_integer("num_processes", None, "With --distributed: total number of processes.")
   flags.DEFINE_integer("process_id", None, "With --distributed: this process's id in [0, num_processes).")
   import sys  # pylint: disable=import-outside-toplevel
+
   for name in FLAG_NAMES:  # --help lists the key flags of the program being run (sys.argv[0])
     FLAGS.register_key_flag_for_module(sys.argv[0], FLAGS[name])
 
 
-def initialize(coordinator_address: Optional[str] = None, num_processes: Optional[int] = None,
-               process_id: Optional[int] = None) -> None:
+def initialize(
+  coordinator_address: Optional[str] = None,
+  num_processes: Optional[int] = None,
+  process_id: Optional[int] = None,
+) -> None:
   """jax.distributed.initialize with gloo CPU collectives; None arguments are auto-detected by JAX."""
   import jax  # pylint: disable=import-outside-toplevel
+
   given = [coordinator_address is not None, num_processes is not None, process_id is not None]
   if any(given) and not all(given) and not coordinator_address:
     # JAX can detect the rest only on clusters it knows; a partial set is almost always a typo.
-    raise ValueError("--num_processes/--process_id given without --coordinator_address=HOST:PORT; "
-                     "pass all three (or none on Cloud TPU / SLURM)")
+    raise ValueError(
+      "--num_processes/--process_id given without --coordinator_address=HOST:PORT; "
+      "pass all three (or none on Cloud TPU / SLURM)"
+    )
   if num_processes is not None and process_id is not None and not 0 <= process_id < num_processes:
     raise ValueError(f"--process_id={process_id} must be in [0, --num_processes={num_processes})")
   configure_jax()  # the platform is chosen before anything can start a backend
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
-                             process_id=process_id)
+  jax.distributed.initialize(
+    coordinator_address=coordinator_address, num_processes=num_processes, process_id=process_id
+  )
   _start_peer_watch()
 
 
@@ -134,6 +165,7 @@ def _start_peer_watch() -> None:
   """tipsito/peer_loss.py's watch of the other processes, over JAX's distributed client."""
   try:  # the joined job as JAX recorded it (asking jax.process_count() would start the backend now)
     from jax._src import distributed as jax_distributed  # pylint: disable=import-outside-toplevel
+
     state = jax_distributed.global_state
     client, process_id, num_processes = state.client, int(state.process_id), int(state.num_processes)
   except Exception:  # pylint: disable=broad-except
@@ -142,6 +174,7 @@ def _start_peer_watch() -> None:
     return
   if client is None:
     from absl import logging  # pylint: disable=import-outside-toplevel
+
     logging.warning("No JAX distributed client: a lost peer process ends this one as JAX decides.")
     return
   peer_loss.start(client, process_id, num_processes)

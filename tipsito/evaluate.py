@@ -16,6 +16,7 @@ config.tokenizer), --checkpoint, --output, --pictures_dir, --only (comma-separat
 tipsito.distributed (--distributed [--coordinator_address --num_processes --process_id]): every process
 encodes its share of each batch; process 0 prints and writes the results.
 """
+
 from __future__ import annotations
 
 import json
@@ -42,10 +43,15 @@ def _define_flags() -> None:
   if "checkpoint" in FLAGS:
     return
   from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
-  config_flags.DEFINE_config_file("config", None, "Config file with `evals` (and `tokenizer`).",
-                                  lock_config=False)
-  flags.DEFINE_string("checkpoint", None, "Export directory, training workdir, its checkpoints/ folder or a "
-                      "step folder checkpoints/N.")
+
+  config_flags.DEFINE_config_file(
+    "config", None, "Config file with `evals` (and `tokenizer`).", lock_config=False
+  )
+  flags.DEFINE_string(
+    "checkpoint",
+    None,
+    "Export directory, training workdir, its checkpoints/ folder or a step folder checkpoints/N.",
+  )
   flags.DEFINE_string("output", None, "JSON file for the results (optional).")
   flags.DEFINE_string("pictures_dir", None, "Folder for PNG pictures (default: <output dir>/pictures).")
   flags.DEFINE_list("only", None, "Run only these evals (names in config.evals).")
@@ -63,14 +69,16 @@ def load_encoder(config, checkpoint: str):
   """Returns (encoder, kind): 'export' via tipsito.load, 'train' via the training code."""
   if is_export(checkpoint):
     from tipsito import inference  # optional: an export needs inference only
+
     return inference.load(checkpoint), "export"
   try:
     from tipsito.train import step  # optional: training code, for workdirs only
   except ImportError as e:
     raise ValueError(
-        f"{checkpoint!r} is not an export (no config.json + params/) and the training code needed for "
-        f"training checkpoints cannot be imported ({e}); export it first with "
-        "`python -m tipsito.export --workdir DIR --output EXPORT`") from e
+      f"{checkpoint!r} is not an export (no config.json + params/) and the training code needed for "
+      f"training checkpoints cannot be imported ({e}); export it first with "
+      "`python -m tipsito.export --workdir DIR --output EXPORT`"
+    ) from e
   del step  # imported above only to fail early with a clear message
   return _encoder_from_workdir(config, checkpoint), "train"
 
@@ -85,10 +93,13 @@ def _encoder_from_workdir(config, checkpoint: str):
   del config  # the workdir's own training config defines the model
   from tipsito.train import assembly  # optional: training code, for workdirs only
   from tipsito.train import exporting  # optional: training code, for workdirs only
+
   workdir, step = workdir_and_step(checkpoint)
   if not ((workdir / "config.json").is_file() and (workdir / "checkpoints").is_dir()):
-    raise ValueError(f"{checkpoint!r} is neither an export (config.json + params/) nor a training "
-                     "workdir (config.json + checkpoints/) or one of its step folders (checkpoints/N)")
+    raise ValueError(
+      f"{checkpoint!r} is neither an export (config.json + params/) nor a training "
+      "workdir (config.json + checkpoints/) or one of its step folders (checkpoints/N)"
+    )
   setup, state = assembly.restore_latest(workdir, what=f"--checkpoint {checkpoint}", step=step)
   return exporting.training_encoder(setup, state.params)
 
@@ -102,8 +113,9 @@ def workdir_and_step(checkpoint: str):
   return (path.parent if path.name == "checkpoints" else path), None
 
 
-def _evals_config(config, only: Sequence[str] | None, max_examples: int | None,
-                  default_data_dir: str | None = None) -> dict:
+def _evals_config(
+  config, only: Sequence[str] | None, max_examples: int | None, default_data_dir: str | None = None
+) -> dict:
   """config.evals as plain dicts, filtered by --only, with config-level tokenizer and overrides.
 
   default_data_dir: data_dir for evals that set none (a training workdir's own `data/` folder, where
@@ -152,9 +164,16 @@ def _json_safe(x: Any):
   return x
 
 
-def evaluate(config, checkpoint: str, *, output: str | None = None, pictures_dir: str | None = None,
-             only: Sequence[str] | None = None, max_examples: int | None = None,
-             print_fn=print) -> dict:
+def evaluate(
+  config,
+  checkpoint: str,
+  *,
+  output: str | None = None,
+  pictures_dir: str | None = None,
+  only: Sequence[str] | None = None,
+  max_examples: int | None = None,
+  print_fn=print,
+) -> dict:
   """Library form of the CLI: loads the encoder, runs the evals, prints/writes results; returns them."""
 
   start = time.time()
@@ -170,12 +189,18 @@ def evaluate(config, checkpoint: str, *, output: str | None = None, pictures_dir
   if pictures_dir is None and output:
     pictures_dir = os.path.join(os.path.dirname(os.path.abspath(output)), "pictures")
   import jax  # pylint: disable=g-import-not-at-top
+
   primary = jax.process_index() == 0  # every process has the same numbers; one writes them
-  picture_paths = (pictures_lib.write_pictures(pics, step=0, directory=pictures_dir)
-                   if pictures_dir and primary else [])
-  summary = {"checkpoint": os.path.abspath(checkpoint), "kind": kind,
-             "metrics": {k: _json_safe(float(v)) for k, v in sorted(results.items())},
-             "pictures": picture_paths, "seconds": round(time.time() - start, 2)}
+  picture_paths = (
+    pictures_lib.write_pictures(pics, step=0, directory=pictures_dir) if pictures_dir and primary else []
+  )
+  summary = {
+    "checkpoint": os.path.abspath(checkpoint),
+    "kind": kind,
+    "metrics": {k: _json_safe(float(v)) for k, v in sorted(results.items())},
+    "pictures": picture_paths,
+    "seconds": round(time.time() - start, 2),
+  }
   if not primary:
     return summary
   print_fn(format_table(results))
@@ -200,8 +225,14 @@ def main(argv: Sequence[str]) -> None:
   except ValueError as e:
     raise app.UsageError(str(e)) from None
   try:
-    evaluate(FLAGS.config, FLAGS.checkpoint, output=FLAGS.output, pictures_dir=FLAGS.pictures_dir,
-             only=FLAGS.only, max_examples=FLAGS.max_examples)
+    evaluate(
+      FLAGS.config,
+      FLAGS.checkpoint,
+      output=FLAGS.output,
+      pictures_dir=FLAGS.pictures_dir,
+      only=FLAGS.only,
+      max_examples=FLAGS.max_examples,
+    )
   except (ValueError, FileNotFoundError, KeyError) as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(1)

@@ -18,6 +18,7 @@ measure is what the export holds.
 Flags are defined only when run as a program (`run()`), so importing this module (the training loop,
 tests, other entry points) never collides with other absl flags.
 """
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -36,20 +37,24 @@ def _define_flags() -> None:
   """Defines the CLI flags (idempotent)."""
   if 'tips_image_npz' in FLAGS:
     return
-  flags.DEFINE_string('tips_image_npz', None,
-                      'Official TIPS vision checkpoint (.npz).')
-  flags.DEFINE_string('tips_text_npz', None,
-                      'Official TIPS text checkpoint (.npz).')
-  flags.DEFINE_string('tokenizer', None,
-                      'SentencePiece model to ship with the export (optional; '
-                      'without it the export embeds token ids only).')
+  flags.DEFINE_string('tips_image_npz', None, 'Official TIPS vision checkpoint (.npz).')
+  flags.DEFINE_string('tips_text_npz', None, 'Official TIPS text checkpoint (.npz).')
+  flags.DEFINE_string(
+    'tokenizer',
+    None,
+    'SentencePiece model to ship with the export (optional; without it the export embeds token ids only).',
+  )
   flags.DEFINE_string('workdir', None, 'tipsito training workdir to export.')
   flags.DEFINE_integer('step', None, 'With --workdir: the checkpoint step to export (default: the latest).')
-  flags.DEFINE_string('from', None, 'An existing tipsito export or Hugging Face Tipsv2Model folder to '
-                      'convert (see --format).')
-  flags.DEFINE_enum('format', 'tipsito', ['tipsito', 'hf_tipsv2', 'tips_npz', 'hf_clip', 'open_clip'],
-                    'What to write: a tipsito export, a Hugging Face Tipsv2Model folder, or the official '
-                    'TIPS .npz pair.')
+  flags.DEFINE_string(
+    'from', None, 'An existing tipsito export or Hugging Face Tipsv2Model folder to convert (see --format).'
+  )
+  flags.DEFINE_enum(
+    'format',
+    'tipsito',
+    ['tipsito', 'hf_tipsv2', 'tips_npz', 'hf_clip', 'open_clip'],
+    'What to write: a tipsito export, a Hugging Face Tipsv2Model folder, or the official TIPS .npz pair.',
+  )
   flags.DEFINE_string('output', None, 'Output directory.')
 
 
@@ -60,11 +65,20 @@ def main(argv: Sequence[str]) -> None:
   if not FLAGS.output:
     raise app.UsageError('--output is required')
   src = FLAGS['from'].value
-  given = [n for n, v in (('--tips_image_npz/--tips_text_npz', FLAGS.tips_image_npz or FLAGS.tips_text_npz),
-                          ('--workdir', FLAGS.workdir), ('--from', src)) if v]
+  given = [
+    n
+    for n, v in (
+      ('--tips_image_npz/--tips_text_npz', FLAGS.tips_image_npz or FLAGS.tips_text_npz),
+      ('--workdir', FLAGS.workdir),
+      ('--from', src),
+    )
+    if v
+  ]
   if len(given) != 1:
-    raise app.UsageError('give exactly one source: --workdir W [--step N], --from DIR, or '
-                         f'--tips_image_npz/--tips_text_npz (got {given or "none"})')
+    raise app.UsageError(
+      'give exactly one source: --workdir W [--step N], --from DIR, or '
+      f'--tips_image_npz/--tips_text_npz (got {given or "none"})'
+    )
   if FLAGS.step is not None and not FLAGS.workdir:
     raise app.UsageError('--step goes with --workdir (the checkpoint step of a training workdir)')
   fmt = FLAGS.format
@@ -79,8 +93,9 @@ def main(argv: Sequence[str]) -> None:
   elif FLAGS.workdir and fmt == 'tipsito':
     out = exporting.export_from_workdir(FLAGS.workdir, FLAGS.output, step=FLAGS.step)
   else:
-    model = (exporting.model_from_workdir(FLAGS.workdir, FLAGS.step) if FLAGS.workdir
-             else sources.load_source(src))
+    model = (
+      exporting.model_from_workdir(FLAGS.workdir, FLAGS.step) if FLAGS.workdir else sources.load_source(src)
+    )
     if FLAGS.tokenizer:
       model.tokenizer_path = FLAGS.tokenizer
     out = sources.write(model, FLAGS.output, fmt)

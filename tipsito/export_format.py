@@ -17,6 +17,7 @@ The tower kwargs state the structure in full (TIPS or OpenCLIP: `activation`, `l
 SOT/EOT on top of the SentencePiece ids, tipsito/data/tokenizer.py), as in training. Keys missing from
 an older config.json take the module defaults (the TIPS structure).
 """
+
 from __future__ import annotations
 
 import json
@@ -36,6 +37,7 @@ _FORBIDDEN_LEAF_PARTS = ('mask_token', 'fusion', 'head')
 def jsonable(v: Any) -> Any:
   """Config values -> json (dtypes as names, tuples as lists)."""
   import jax.numpy as jnp
+
   if hasattr(v, 'to_dict') and callable(v.to_dict):  # ml_collections
     v = v.to_dict()
   if isinstance(v, Mapping):
@@ -58,11 +60,14 @@ def _check_export_tree(params: Mapping[str, Any]) -> None:
   """Refuses training-only parts: only image/text/image_proj, no mask token,
   no fusion, no heads (these are the rules that keep exports inference-only)."""
   from flax import traverse_util
+
   extra = [k for k in params if k not in ALLOWED_EXPORT_KEYS]
   if extra:
-    raise ValueError(f'export refuses top-level keys {extra}; allowed: '
-                     f'{list(ALLOWED_EXPORT_KEYS)} (fusion/heads are '
-                     'training-only)')
+    raise ValueError(
+      f'export refuses top-level keys {extra}; allowed: '
+      f'{list(ALLOWED_EXPORT_KEYS)} (fusion/heads are '
+      'training-only)'
+    )
   for key in ('image', 'text'):
     if key not in params:
       raise ValueError(f'export needs params[{key!r}]')
@@ -81,9 +86,10 @@ def select_export_params(train_params: Mapping[str, Any]) -> dict:
   (heads, fusion, logit scale/bias, distillation projection) is dropped.
   The training-side exporter (tipsito/train/exporting.py: export_params) gathers this subset.
   """
-  out = {'image': {k: v for k, v in train_params['image'].items()
-                   if k != 'mask_token'},
-         'text': train_params['text']}
+  out = {
+    'image': {k: v for k, v in train_params['image'].items() if k != 'mask_token'},
+    'text': train_params['text'],
+  }
   if 'image_proj' in train_params:
     out['image_proj'] = train_params['image_proj']
   return out
@@ -97,14 +103,22 @@ def _this_process_only():
   """
   import jax
   import orbax.checkpoint as ocp
+
   me = jax.process_index()
   return ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me})
 
 
-def write_export(output_dir, *, image_config: dict, text_config: dict,
-                 params: dict, temperature: float,
-                 tokenizer_path: Optional[str] = None, image_proj: bool = False,
-                 extra: Optional[dict] = None) -> str:
+def write_export(
+  output_dir,
+  *,
+  image_config: dict,
+  text_config: dict,
+  params: dict,
+  temperature: float,
+  tokenizer_path: Optional[str] = None,
+  image_proj: bool = False,
+  extra: Optional[dict] = None,
+) -> str:
   """Writes an inference checkpoint (config.json, Orbax params/, tokenizer).
 
   `params` = {'image': ViT params (no mask_token), 'text': text params,
@@ -113,6 +127,7 @@ def write_export(output_dir, *, image_config: dict, text_config: dict,
   """
   import jax
   import orbax.checkpoint as ocp
+
   _check_export_tree(params)
   if image_proj and 'image_proj' not in params:
     raise ValueError("image_proj=True but params has no 'image_proj'")
@@ -130,25 +145,27 @@ def write_export(output_dir, *, image_config: dict, text_config: dict,
   tok_name = None
   if tokenizer_path:
     from etils import epath  # pylint: disable=g-import-not-at-top
+
     src = epath.Path(os.path.expanduser(os.fspath(tokenizer_path)))
     if not src.is_file():
       raise FileNotFoundError(f'tokenizer file not found: {tokenizer_path}')
     tok_name = 'tokenizer.model'
     (out / tok_name).write_bytes(src.read_bytes())
   cfg = {
-      'format_version': FORMAT_VERSION,
-      'image': jsonable(icfg),
-      'text': jsonable(text_config),
-      'temperature': float(temperature),
-      'pixel_mean': jsonable(icfg.get('pixel_mean', (0.0, 0.0, 0.0))),
-      'pixel_std': jsonable(icfg.get('pixel_std', (1.0, 1.0, 1.0))),
-      'tokenizer': tok_name,
-      'image_proj': bool(image_proj),
-      'extra': jsonable(extra or {}),
+    'format_version': FORMAT_VERSION,
+    'image': jsonable(icfg),
+    'text': jsonable(text_config),
+    'temperature': float(temperature),
+    'pixel_mean': jsonable(icfg.get('pixel_mean', (0.0, 0.0, 0.0))),
+    'pixel_std': jsonable(icfg.get('pixel_std', (1.0, 1.0, 1.0))),
+    'tokenizer': tok_name,
+    'image_proj': bool(image_proj),
+    'extra': jsonable(extra or {}),
   }
-  tree = jax.tree_util.tree_map(lambda x: np.asarray(x, dtype=np.float32)
-                                if np.asarray(x).dtype != np.float32
-                                else np.asarray(x), dict(params))
+  tree = jax.tree_util.tree_map(
+    lambda x: np.asarray(x, dtype=np.float32) if np.asarray(x).dtype != np.float32 else np.asarray(x),
+    dict(params),
+  )
   ckptr = ocp.StandardCheckpointer(multiprocessing_options=_this_process_only())
   ckptr.save(pdir, tree)
   ckptr.wait_until_finished()
@@ -177,21 +194,26 @@ def _not_an_export(path) -> str:
       pass
   if is_workdir:
     w = os.fspath(workdir)
-    hint = (f"{p} is a training workdir, not an export. "
-            f"Export its latest checkpoint with `python -m tipsito.export --workdir {w} --output E` "
-            f"and load E")
+    hint = (
+      f"{p} is a training workdir, not an export. "
+      f"Export its latest checkpoint with `python -m tipsito.export --workdir {w} --output E` "
+      f"and load E"
+    )
     if (workdir / 'export' / 'config.json').is_file():
       hint += f", or load the export the finished run wrote: tipsito.load({os.fspath(workdir / 'export')!r})"
     return hint + " (`python -m tipsito.evaluate --checkpoint` also accepts the workdir itself)."
   if not path.exists():
     return f"{p} does not exist (expected a tipsito export: config.json + params/)"
-  return (f"{p} is not a tipsito export (no config.json with a format_version next to params/); exports "
-          "are written by training (W/export), `python -m tipsito.export`, or tipsito.export_format.write_export")
+  return (
+    f"{p} is not a tipsito export (no config.json with a format_version next to params/); exports "
+    "are written by training (W/export), `python -m tipsito.export`, or tipsito.export_format.write_export"
+  )
 
 
 def read_export(path) -> tuple[dict, dict]:
   """Reads (config dict, params tree of numpy/jax arrays) of an export (local or gs://)."""
   import orbax.checkpoint as ocp
+
   path = as_path(path)
   cfg_path = path / 'config.json'
   if not cfg_path.is_file():
@@ -200,12 +222,15 @@ def read_export(path) -> tuple[dict, dict]:
   if 'format_version' not in cfg:
     raise NotAnExportError(_not_an_export(path))
   if cfg.get('format_version') != FORMAT_VERSION:
-    raise ValueError(f"{os.fspath(path)}: unsupported export format_version "
-                     f"{cfg.get('format_version')} (this tipsito reads version {FORMAT_VERSION}; "
-                     "re-export with this version's `python -m tipsito.export`)")
+    raise ValueError(
+      f"{os.fspath(path)}: unsupported export format_version "
+      f"{cfg.get('format_version')} (this tipsito reads version {FORMAT_VERSION}; "
+      "re-export with this version's `python -m tipsito.export`)"
+    )
   if not (path / 'params').is_dir():
-    raise NotAnExportError(f"{os.fspath(path)}: config.json but no params/ folder (an interrupted export? "
-                           "write it again)")
+    raise NotAnExportError(
+      f"{os.fspath(path)}: config.json but no params/ folder (an interrupted export? write it again)"
+    )
   ckptr = ocp.StandardCheckpointer(multiprocessing_options=_this_process_only())
   params = ckptr.restore(path / 'params')
   return cfg, params

@@ -6,6 +6,7 @@ without knowing about training state, recipes or Orbax. The encoder holds
 only the inference towers; training-time evals build one in memory with
 `Encoder.from_params`.
 """
+
 from __future__ import annotations
 
 import functools
@@ -53,14 +54,17 @@ def _make_tokenizer(path: Optional[str], text_cfg: dict):
   try:
     from tipsito.data.tokenizer import Tokenizer  # optional: only strings need it (the except below)
   except ImportError as e:
-    return None, (f'cannot tokenize strings: tipsito.data.tokenizer is not '
-                  f'available ({e}); pass int32 token ids instead')
+    return None, (
+      f'cannot tokenize strings: tipsito.data.tokenizer is not available ({e}); pass int32 token ids instead'
+    )
   flavour = text_cfg.get('flavour') or 'tips'
   tok = Tokenizer(path, max_len=int(text_cfg.get('max_len', 64)), flavour=flavour)
   vocab = text_cfg.get('vocab_size')
   if vocab is not None and tok.vocab_size > int(vocab):
-    return None, (f'cannot tokenize strings: the {flavour!r} tokenizer has {tok.vocab_size} ids '
-                  f'but the text tower embeds {vocab}; pass int32 token ids instead')
+    return None, (
+      f'cannot tokenize strings: the {flavour!r} tokenizer has {tok.vocab_size} ids '
+      f'but the text tower embeds {vocab}; pass int32 token ids instead'
+    )
   return tok, None
 
 
@@ -71,16 +75,13 @@ def _jitted_image_fn(kwargs_json: str):
   Training-time evals build a fresh Encoder (`from_params`) at every eval;
   caching by architecture means they do not recompile each time.
   """
-  model = VisionTransformer(**_inference_kwargs(json.loads(kwargs_json),
-                                             VisionTransformer))
+  model = VisionTransformer(**_inference_kwargs(json.loads(kwargs_json), VisionTransformer))
 
   def fn(params, images, project, values):
-    out = model.apply({'params': params['image']}, images,
-                      return_values=values)
+    out = model.apply({'params': params['image']}, images, return_values=values)
     if project and 'image_proj' in params:
       k = params['image_proj']['kernel']
-      out = {n: jnp.einsum('...d,de->...e', v, k.astype(v.dtype))
-             for n, v in out.items()}
+      out = {n: jnp.einsum('...d,de->...e', v, k.astype(v.dtype)) for n, v in out.items()}
     return out
 
   return model, jax.jit(fn, static_argnames=('project', 'values'))
@@ -109,30 +110,42 @@ class Encoder:
   `config` (the export's config dict), `params`.
   """
 
-  def __init__(self, image_config: dict, text_config: dict, params: dict,
-               temperature: float, tokenizer: Any = None,
-               config: Optional[dict] = None, tokenizer_error: Optional[str]
-               = None):
+  def __init__(
+    self,
+    image_config: dict,
+    text_config: dict,
+    params: dict,
+    temperature: float,
+    tokenizer: Any = None,
+    config: Optional[dict] = None,
+    tokenizer_error: Optional[str] = None,
+  ):
     self.image_config = dict(image_config)
     self.text_config = dict(text_config)
     # Device arrays once (Orbax restores numpy): no host->device copy per call.
     self.params = jax.tree_util.tree_map(
-        lambda a: a if isinstance(a, jax.Array) else jax.device_put(a), params)
+      lambda a: a if isinstance(a, jax.Array) else jax.device_put(a), params
+    )
     self.temperature = float(temperature)
     self.tokenizer = tokenizer
     self._tokenizer_error = tokenizer_error
-    self.config = config if config is not None else {
-        'image': self.image_config, 'text': self.text_config,
+    self.config = (
+      config
+      if config is not None
+      else {
+        'image': self.image_config,
+        'text': self.text_config,
         'temperature': self.temperature,
-        'image_proj': 'image_proj' in params}
-    self.image_model, self._embed_images = _jitted_image_fn(
-        _key(self.image_config, VisionTransformer))
-    self.text_model, self._embed_texts = _jitted_text_fn(
-        _key(self.text_config, TextEncoder))
+        'image_proj': 'image_proj' in params,
+      }
+    )
+    self.image_model, self._embed_images = _jitted_image_fn(_key(self.image_config, VisionTransformer))
+    self.text_model, self._embed_texts = _jitted_text_fn(_key(self.text_config, TextEncoder))
 
   @classmethod
-  def from_params(cls, image_config: dict, text_config: dict, params: dict,
-                  temperature: float, tokenizer: Any = None) -> 'Encoder':
+  def from_params(
+    cls, image_config: dict, text_config: dict, params: dict, temperature: float, tokenizer: Any = None
+  ) -> 'Encoder':
     """In-memory encoder (training-time evals): no files involved."""
     return cls(image_config, text_config, params, temperature, tokenizer)
 
@@ -161,8 +174,9 @@ class Encoder:
       return x[None] if x.ndim == 3 else x
     return jnp.asarray(inference_tools.to_unit_batch(images, size or self.image_size))
 
-  def preprocess(self, images, size: Optional[int] = None, *, resize: str = 'center_crop',
-                 normalize: bool = False) -> np.ndarray:
+  def preprocess(
+    self, images, size: Optional[int] = None, *, resize: str = 'center_crop', normalize: bool = False
+  ) -> np.ndarray:
     """Images (paths, bytes, PIL images or arrays; one or a list) -> float32 (B, size, size, 3) in [0,1],
     decoded and resized as the evals do (`resize`: 'center_crop' | 'resize'); `size` defaults to
     `image_size`. This is what `embed_images`/`classify` take (the model applies its pixel statistics
@@ -173,16 +187,26 @@ class Encoder:
     x = inference_tools.to_unit_batch(images, size or self.image_size, resize)
     return inference_tools.model_input(self.image_model, x) if normalize else x
 
-  def classify(self, images, class_names: Sequence[str], templates=None, *, size: Optional[int] = None,
-               cls_index: int = 0, project: Optional[bool] = None) -> np.ndarray:
+  def classify(
+    self,
+    images,
+    class_names: Sequence[str],
+    templates=None,
+    *,
+    size: Optional[int] = None,
+    cls_index: int = 0,
+    project: Optional[bool] = None,
+  ) -> np.ndarray:
     """Zero-shot probabilities (B, C) over `class_names`: the `zeroshot` eval's protocol (prompts from
     `templates`, a template-set name or list; default CLIP's 80 ImageNet templates, as the eval), logits
     = cos(CLS `cls_index`, class embedding) / temperature. Images as for `embed_images`."""
-    return inference_tools.classify(self, images, class_names, templates, size=size,
-                                    cls_index=cls_index, project=project)
+    return inference_tools.classify(
+      self, images, class_names, templates, size=size, cls_index=cls_index, project=project
+    )
 
-  def embed_images(self, images, project: Optional[bool] = None, values: bool = True,
-                   size: Optional[int] = None) -> dict[str, jax.Array]:
+  def embed_images(
+    self, images, project: Optional[bool] = None, values: bool = True, size: Optional[int] = None
+  ) -> dict[str, jax.Array]:
     """(B,H,W,3) uint8 or float [0,1] -> {'cls','patches'[,'values']}.
 
     Raw final-norm outputs (not L2-normalised). `project=True` applies the
@@ -197,29 +221,24 @@ class Encoder:
     images = self._image_batch(images, size)
     if images.ndim != 4 or images.shape[-1] != 3:
       raise ValueError(f'images must be (B,H,W,3), got {images.shape}')
-    return self._embed_images(self.params, images, project=bool(project),
-                              values=values)
+    return self._embed_images(self.params, images, project=bool(project), values=values)
 
   def tokenize(self, texts: Sequence[str]) -> np.ndarray:
     """list[str] -> int32 (B, max_len) with this model's tokenizer."""
     if self.tokenizer is None:
-      raise ValueError(self._tokenizer_error or
-                       'this encoder has no tokenizer: pass int32 token ids')
+      raise ValueError(self._tokenizer_error or 'this encoder has no tokenizer: pass int32 token ids')
     return np.asarray(self.tokenizer.tokenize(list(texts)), np.int32)
 
-  def embed_texts(self, texts: Union[Sequence[str], np.ndarray, jax.Array]
-                  ) -> jax.Array:
+  def embed_texts(self, texts: Union[Sequence[str], np.ndarray, jax.Array]) -> jax.Array:
     """Token ids (B,L) int32 or list[str] -> raw pooled text embedding (B,D)."""
     if isinstance(texts, str):
       texts = [texts]
-    if isinstance(texts, (list, tuple)) and (not texts or
-                                             isinstance(texts[0], str)):
+    if isinstance(texts, (list, tuple)) and (not texts or isinstance(texts[0], str)):
       ids = self.tokenize(texts)
     else:
       ids = np.asarray(texts)
       if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
-        raise ValueError(f'token ids must be an int (B,L) array, got '
-                         f'{ids.dtype} {ids.shape}')
+        raise ValueError(f'token ids must be an int (B,L) array, got {ids.dtype} {ids.shape}')
     return self._embed_texts(self.params, jnp.asarray(ids, jnp.int32))
 
 
@@ -231,7 +250,7 @@ def load(path) -> Encoder:
     tok_path = os.fspath(export_format.as_path(path) / cfg['tokenizer'])
     tok, err = _make_tokenizer(tok_path, cfg['text'])
   else:
-    err = ('this export has no tokenizer (exported without --tokenizer): '
-           'pass int32 token ids')
-  return Encoder(cfg['image'], cfg['text'], params, cfg['temperature'],
-                 tokenizer=tok, config=cfg, tokenizer_error=err)
+    err = 'this export has no tokenizer (exported without --tokenizer): pass int32 token ids'
+  return Encoder(
+    cfg['image'], cfg['text'], params, cfg['temperature'], tokenizer=tok, config=cfg, tokenizer_error=err
+  )

@@ -9,6 +9,7 @@ PIL images, single images, prompt ensembling), and they reuse the evaluation cod
     L2-normalised, averaged over templates, renormalised; an image's CLS (`cls_index`) is L2-normalised
     and logits = cos / T with the model's temperature T.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,6 +27,7 @@ TEXT_CHUNK = 64  # prompts per text call (fixed, so that one shape compiles; the
 def _is_single(x: Any) -> bool:
   """One image: a path, bytes, a PIL image or an (H, W, C) array (not a batch or a list)."""
   from PIL import Image  # pylint: disable=g-import-not-at-top
+
   if isinstance(x, (str, os.PathLike, bytes, bytearray, Image.Image)):
     return True
   return hasattr(x, 'ndim') and x.ndim in (2, 3)
@@ -36,6 +38,7 @@ def _decode(item: Any, size: int, resize: str) -> np.ndarray:
   value = item
   if isinstance(item, (str, os.PathLike)):
     from etils import epath  # pylint: disable=g-import-not-at-top
+
     path = epath.Path(os.path.expanduser(os.fspath(item)))
     if not path.is_file():
       raise FileNotFoundError(f'image file not found: {os.fspath(item)}')
@@ -45,8 +48,9 @@ def _decode(item: Any, size: int, resize: str) -> np.ndarray:
   try:
     return T.fixed_size_image(T.open_image(value), size, resize)
   except T.SkipExample as e:
-    raise ValueError(f'cannot read image {item if isinstance(item, (str, os.PathLike)) else type(item)}: '
-                     f'{e}') from None
+    raise ValueError(
+      f'cannot read image {item if isinstance(item, (str, os.PathLike)) else type(item)}: {e}'
+    ) from None
 
 
 def to_unit_batch(images: Any, size: int, resize: str = 'center_crop') -> np.ndarray:
@@ -65,6 +69,7 @@ def model_input(image_model, x: np.ndarray) -> np.ndarray:
   """[0, 1] images -> what the patch embedding sees: (x - mean) / std, centre zero-padded to whole
   patches (tipsito/models/vit.py: VisionTransformer.preprocess, the model's own first step)."""
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
   return np.asarray(image_model.preprocess(jnp.asarray(x, jnp.float32)))
 
 
@@ -73,7 +78,7 @@ def class_embeddings(encoder, class_names: Sequence[str], templates: Sequence[st
   prompts = templates_lib.fill(templates, class_names)
   out = []
   for start in range(0, len(prompts), TEXT_CHUNK):
-    chunk = prompts[start:start + TEXT_CHUNK]
+    chunk = prompts[start : start + TEXT_CHUNK]
     n = len(chunk)
     chunk = chunk + [chunk[-1]] * (TEXT_CHUNK - n)
     out.append(np.asarray(encoder.embed_texts(chunk), np.float32)[:n])
@@ -81,8 +86,16 @@ def class_embeddings(encoder, class_names: Sequence[str], templates: Sequence[st
   return np.asarray(metrics.l2_normalize(emb.mean(axis=1)))
 
 
-def classify(encoder, images: Any, class_names: Sequence[str], templates=None, *,
-             size: Optional[int] = None, cls_index: int = 0, project: Optional[bool] = None) -> np.ndarray:
+def classify(
+  encoder,
+  images: Any,
+  class_names: Sequence[str],
+  templates=None,
+  *,
+  size: Optional[int] = None,
+  cls_index: int = 0,
+  project: Optional[bool] = None,
+) -> np.ndarray:
   """Zero-shot class probabilities (B, C): softmax over classes of cos(CLS, class embedding) / T."""
   if isinstance(class_names, str):
     raise TypeError('class_names must be a list of names, not one string')
@@ -94,8 +107,10 @@ def classify(encoder, images: Any, class_names: Sequence[str], templates=None, *
   feats = np.asarray(metrics.l2_normalize(cls[:, cls_index]))
   emb = class_embeddings(encoder, class_names, templates)
   if feats.shape[1] != emb.shape[1]:
-    raise ValueError(f'image dim {feats.shape[1]} != text dim {emb.shape[1]} (project=True for models '
-                     'with an image projection)')
+    raise ValueError(
+      f'image dim {feats.shape[1]} != text dim {emb.shape[1]} (project=True for models '
+      'with an image projection)'
+    )
   logits = (feats.astype(np.float64) @ emb.T.astype(np.float64)) / float(encoder.temperature)
   logits -= logits.max(axis=-1, keepdims=True)
   probs = np.exp(logits)

@@ -9,6 +9,7 @@ Why: before asking for a pod you want parameter counts per tower and per trainin
 the whole train state (params, optimiser state, EMA teacher) and the saving of TIPSv2's head-only EMA over
 a full EMA teacher — all computed with `jax.eval_shape`, so a ViT-g/14 costs nothing to inspect.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,15 @@ from absl import flags
 
 from tipsito import distributed
 from tipsito.config_info import (  # noqa: F401  (the library, also re-exported for callers of this module)
-    PAPER_SAVING_B, compute_info, crop_geometry, effective_weights, optimizer_convention, schema_rows,
-    schema_table, sharding_plan)
+  PAPER_SAVING_B,
+  compute_info,
+  crop_geometry,
+  effective_weights,
+  optimizer_convention,
+  schema_rows,
+  schema_table,
+  sharding_plan,
+)
 
 FLAGS = flags.FLAGS
 
@@ -30,13 +38,18 @@ def _define_flags() -> None:
   if "json" in FLAGS:
     return
   from ml_collections import config_flags  # pylint: disable=import-outside-toplevel
+
   config_flags.DEFINE_config_file("config", None, "Experiment config (configs/*.py[:args]).")
   flags.DEFINE_bool("json", False, "Print one JSON object instead of a table.")
   flags.DEFINE_bool("sharding", False, "Also list the sharding of every parameter (on --devices).")
   flags.DEFINE_integer("devices", 0, "With --sharding: devices of the target job (0 = this machine's).")
   flags.DEFINE_integer("processes", 1, "With --sharding: JAX processes (hosts) of the target job.")
-  flags.DEFINE_bool("schema", False, "Print every config key (type, default, allowed values or range, "
-                    "safe on resume, description) and exit; with --config, also each key's value there.")
+  flags.DEFINE_bool(
+    "schema",
+    False,
+    "Print every config key (type, default, allowed values or range, "
+    "safe on resume, description) and exit; with --config, also each key's value there.",
+  )
 
 
 def _table(info: dict) -> str:
@@ -53,17 +66,21 @@ def _table(info: dict) -> str:
   lines.append(f"  train state        {info['train_state_GiB']:10.3f} GiB")
   e = info.get("ema_comparison")
   if e:
-    lines.append(f"  head-only vs full EMA: {e['train_state_params_head_only_ema'] / 1e6:.1f}M vs "
-                 f"{e['train_state_params_full_ema'] / 1e6:.1f}M params "
-                 f"({100 * e['fraction_saved']:.1f}% saved; vision side "
-                 f"{100 * e['vision_side_fraction_saved']:.1f}%; bytes {100 * e['bytes_fraction_saved']:.1f}%)")
+    lines.append(
+      f"  head-only vs full EMA: {e['train_state_params_head_only_ema'] / 1e6:.1f}M vs "
+      f"{e['train_state_params_full_ema'] / 1e6:.1f}M params "
+      f"({100 * e['fraction_saved']:.1f}% saved; vision side "
+      f"{100 * e['vision_side_fraction_saved']:.1f}%; bytes {100 * e['bytes_fraction_saved']:.1f}%)"
+    )
     lines.append("  " + e["explanation"])
   for r in info.get("effective_weights", []):
     lines.append(f"  weight {r['pair']}: {r['weight']:g}" + (f" ({r['note']})" if r["note"] else ""))
   plan = info.get("sharding_plan")
   if plan:
-    lines.append(f"  sharding on {plan['devices']} devices, mesh {plan['mesh']}: params "
-                 f"{plan['params_bytes_per_device'] / 2 ** 20:.1f} MiB per device")
+    lines.append(
+      f"  sharding on {plan['devices']} devices, mesh {plan['mesh']}: params "
+      f"{plan['params_bytes_per_device'] / 2**20:.1f} MiB per device"
+    )
     lines.append(f"  {plan['processes']} process(es): {plan['per_process']}")
   for row in info.get("sharding", []):
     lines.append(f"  {row['path']:<70s} {str(row['shape']):<20s} {row['spec']}")
@@ -79,8 +96,9 @@ def main(argv: Sequence[str]) -> None:
     sys.stdout.flush()
     return
   distributed.configure_jax()
-  info = compute_info(FLAGS.config, with_sharding=FLAGS.sharding, devices=FLAGS.devices,
-                      processes=FLAGS.processes)
+  info = compute_info(
+    FLAGS.config, with_sharding=FLAGS.sharding, devices=FLAGS.devices, processes=FLAGS.processes
+  )
   print(json.dumps(info) if FLAGS.json else _table(info))
   sys.stdout.flush()
 

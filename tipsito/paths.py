@@ -4,6 +4,7 @@ Why one helper: TPU users keep everything in GCS, and `os.path.abspath('gs://b/r
 bucket URL into a local folder. Local paths are made absolute (with ~ expanded); URLs (gs://, ...) are
 kept as they are; both become `etils.epath.Path`, which TFDS and Orbax use as well.
 """
+
 from __future__ import annotations
 
 import os
@@ -38,10 +39,11 @@ def expand_braces(pattern: str) -> list[str]:
   """webdataset / bash brace expansion: 'a/{000..002}.tar' -> ['a/000.tar', 'a/001.tar', 'a/002.tar'];
   '{x,y}' lists too, several groups multiply. A numeric range keeps the zero padding of its first end."""
   import re  # pylint: disable=g-import-not-at-top
+
   m = re.search(r"\{([^{}]*)\}", pattern)
   if m is None:
     return [pattern]
-  head, body, tail = pattern[: m.start()], m.group(1), pattern[m.end():]
+  head, body, tail = pattern[: m.start()], m.group(1), pattern[m.end() :]
   rng = re.fullmatch(r"(\d+)\.\.(\d+)", body)
   if rng:
     lo, hi = int(rng.group(1)), int(rng.group(2))
@@ -57,6 +59,7 @@ def expand_braces(pattern: str) -> list[str]:
 def glob(pattern: str) -> list[str]:
   """Sorted matches of a glob pattern, local or remote (gs://bucket/dir/*.tar through epath)."""
   import glob as glob_lib  # pylint: disable=g-import-not-at-top
+
   if not is_url(pattern):
     return sorted(glob_lib.glob(pattern))
   # epath globs relative to the longest prefix without a wildcard.

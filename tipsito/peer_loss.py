@@ -23,6 +23,7 @@ reports it: a collective that failed because a peer died ends the same way; with
 error is reported after a couple of heartbeats.
 Single-process runs start nothing here. Started by tipsito/distributed.py `initialize`.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -75,9 +76,17 @@ class PeerWatch:
   injectable for tests.
   """
 
-  def __init__(self, client, process_id: int, num_processes: int, *, interval: float = BEAT_INTERVAL_S,
-               lost_after: float = LOST_AFTER_S, on_lost: Optional[Callable[[str], None]] = None,
-               clock: Callable[[], float] = time.monotonic):
+  def __init__(
+    self,
+    client,
+    process_id: int,
+    num_processes: int,
+    *,
+    interval: float = BEAT_INTERVAL_S,
+    lost_after: float = LOST_AFTER_S,
+    on_lost: Optional[Callable[[str], None]] = None,
+    clock: Callable[[], float] = time.monotonic,
+  ):
     self.client = client
     self.process_id = int(process_id)
     self.num_processes = int(num_processes)
@@ -103,8 +112,10 @@ class PeerWatch:
       if self._unreachable_since is None:
         self._unreachable_since = now
       if now - self._unreachable_since >= self.lost_after and 0 != self.process_id:
-        return (f"peer process 0 of {self.num_processes} (the coordinator, which hosts JAX's coordination "
-                f"service) disappeared: the service has not answered for {now - self._unreachable_since:.0f}s")
+        return (
+          f"peer process 0 of {self.num_processes} (the coordinator, which hosts JAX's coordination "
+          f"service) disappeared: the service has not answered for {now - self._unreachable_since:.0f}s"
+        )
       return None
     self._unreachable_since = None
     values = {}
@@ -130,7 +141,7 @@ class PeerWatch:
     quiet = max(s for _, s, _ in lost)
     what = "never reported" if all(never for _, _, never in lost) else "sent no heartbeat"
     plural = "es" if len(lost) > 1 else ""
-    return (f"peer process{plural} {names} of {self.num_processes} disappeared ({what} for {quiet:.0f}s)")
+    return f"peer process{plural} {names} of {self.num_processes} disappeared ({what} for {quiet:.0f}s)"
 
   def changes(self) -> dict:
     """How many heartbeat changes this watch has observed, per peer."""
@@ -196,8 +207,9 @@ def start(client, process_id: int, num_processes: int) -> Optional[PeerWatch]:
   global _watch
   if num_processes <= 1 or _watch is not None:
     return _watch
-  _watch = PeerWatch(client, process_id, num_processes, interval=BEAT_INTERVAL_S,
-                     lost_after=LOST_AFTER_S).start()
+  _watch = PeerWatch(
+    client, process_id, num_processes, interval=BEAT_INTERVAL_S, lost_after=LOST_AFTER_S
+  ).start()
   # atexit runs last-registered first: this runs before JAX's own shutdown (registered at `import jax`).
   atexit.register(_watch.stop)
   return _watch
@@ -255,10 +267,12 @@ def _run_cleanups() -> None:
 
 def _release_interpreter_resources() -> None:
   import gc  # pylint: disable=import-outside-toplevel
+
   gc.collect()
   try:  # grain unlinks freed shared-memory blocks on a thread pool (private; absent in other versions):
     # let it finish, then have every later free unlink at once (a closed pool would drop them)
     from grain._src.python.ipc import shared_memory_array  # pylint: disable=import-outside-toplevel
+
     cls = shared_memory_array.SharedMemoryArray
     pool = cls._del_thread_pool  # pylint: disable=protected-access
     if pool is not None:
@@ -269,6 +283,7 @@ def _release_interpreter_resources() -> None:
     pass
   try:
     from multiprocessing import util  # pylint: disable=import-outside-toplevel
+
     util._exit_function()  # pylint: disable=protected-access  # what multiprocessing runs at exit
   except Exception:  # pylint: disable=broad-except
     pass
@@ -294,4 +309,3 @@ def exit_peer_lost(reason: str, *, limit_s: float = 30.0) -> None:
   sys.stderr.write(f"tipsito: {reason}; {me} stops with exit status {PEER_LOST_EXIT_CODE}: {hint}.\n")
   sys.stderr.flush()
   os._exit(PEER_LOST_EXIT_CODE)  # pylint: disable=protected-access  # JAX's shutdown would only abort
-

@@ -16,6 +16,7 @@ whether the sharding rules partition as intended must be known before renting th
 an abstract topology (`jax.experimental.topologies`) when `libtpu` is installed: `pip install -e
 ".[tpu-plan]"` (the libtpu that jax[tpu] pins; nothing changes for CPU users who skip it).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -47,7 +48,7 @@ from tipsito.train import observability  # noqa: E402
 from tipsito.train import sharding  # noqa: E402
 from tipsito.train import step as step_lib  # noqa: E402
 
-GiB = 2 ** 30
+GiB = 2**30
 # HBM per chip by topology prefix (the name JAX's topology API takes: "<generation>:<shape>").
 HBM_GIB = {"v4": 32.0, "v5e": 16.0, "v5litepod": 16.0, "v5p": 95.0, "v6e": 32.0}
 # Remat settings the search tries, as (remat, remat_policy): cheapest first.
@@ -61,6 +62,7 @@ class PlanError(ValueError):
 def libtpu_available() -> bool:
   """True when JAX can compile for abstract TPU topologies (the `libtpu` package is importable)."""
   import importlib.util  # pylint: disable=import-outside-toplevel
+
   return importlib.util.find_spec("libtpu") is not None
 
 
@@ -68,16 +70,20 @@ def hbm_gib(topology: str) -> float:
   """HBM per chip of a topology name such as 'v5p:8x8x8' (HBM_GIB)."""
   gen = topology.split(":", 1)[0].lower()
   if gen not in HBM_GIB:
-    raise PlanError(f"--topology {topology!r}: unknown chip generation {gen!r}; known: {sorted(HBM_GIB)} "
-                    "(e.g. v5p:8x8x8, v5e:16x16)")
+    raise PlanError(
+      f"--topology {topology!r}: unknown chip generation {gen!r}; known: {sorted(HBM_GIB)} "
+      "(e.g. v5p:8x8x8, v5e:16x16)"
+    )
   return HBM_GIB[gen]
 
 
 def topology_devices(topology: str, num_slices: int = 1) -> list:
   """Compile-only TPU devices of `topology` (x `num_slices` slices joined over DCN)."""
   if not libtpu_available():
-    raise PlanError("tipsito.plan compiles for TPU topologies through libtpu, which is not installed: "
-                    "pip install -e '.[tpu-plan]'")
+    raise PlanError(
+      "tipsito.plan compiles for TPU topologies through libtpu, which is not installed: "
+      "pip install -e '.[tpu-plan]'"
+    )
   hbm_gib(topology)
   os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
   os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5litepod-4")
@@ -86,18 +92,22 @@ def topology_devices(topology: str, num_slices: int = 1) -> list:
   # another process on the machine (a second pytest worker, a run with libtpu installed) may hold it.
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
+
   kw = {"num_slices": int(num_slices)} if int(num_slices) > 1 else {}
   try:
     desc = topologies.get_topology_desc(platform="tpu", topology_name=topology, **kw)
   except Exception as e:  # pylint: disable=broad-except
-    raise PlanError(f"--topology {topology!r} (num_slices={num_slices}): libtpu refused it ({e}); use "
-                    "'<generation>:<chips per axis>', e.g. v5p:2x2x1, v5p:8x8x8, v5e:2x2, v5e:16x16") from e
+    raise PlanError(
+      f"--topology {topology!r} (num_slices={num_slices}): libtpu refused it ({e}); use "
+      "'<generation>:<chips per axis>', e.g. v5p:2x2x1, v5p:8x8x8, v5e:2x2, v5e:16x16"
+    ) from e
   return list(desc.devices)
 
 
 def topology_mesh(mesh_cfg, devices: list) -> jax.sharding.Mesh:
   """The (data, fsdp, model) mesh of `config.mesh` over topology devices (ICI-aware; DCN over slices)."""
   from jax.experimental import mesh_utils  # pylint: disable=import-outside-toplevel
+
   slices = sorted({getattr(d, "slice_index", 0) or 0 for d in devices})
   if len(slices) > 1:
     shape = sharding.mesh_shape(mesh_cfg, len(devices))
@@ -118,12 +128,19 @@ def topology_mesh(mesh_cfg, devices: list) -> jax.sharding.Mesh:
 
 def _teacher(config, variant: str):
   """An abstract distillation teacher (the `variant` preset, e.g. g/14; no weights are read)."""
-  img = presets.vit_config(variant, num_cls_tokens=2, posemb_grid=32, use_mask_token=False,
-                           dtype=str(config.model.image.dtype), scan=bool(config.model.image.scan))
+  img = presets.vit_config(
+    variant,
+    num_cls_tokens=2,
+    posemb_grid=32,
+    use_mask_token=False,
+    dtype=str(config.model.image.dtype),
+    scan=bool(config.model.image.scan),
+  )
   module = models.VisionTransformer(**module_kwargs(img))
   s = int(config.input.global_size)
-  params = jax.eval_shape(lambda k: module.init(k, jnp.zeros((1, s, s, 3), jnp.uint8)),
-                          jax.random.PRNGKey(0))["params"]
+  params = jax.eval_shape(
+    lambda k: module.init(k, jnp.zeros((1, s, s, 3), jnp.uint8)), jax.random.PRNGKey(0)
+  )["params"]
   return step_lib.Teacher(module, img, params)
 
 
@@ -151,12 +168,17 @@ def per_chip_bytes(tree) -> int:
 def _analyses(compiled) -> dict:
   """Memory and cost analysis of a compiled executable, per chip (bytes, FLOPs, seconds)."""
   ma = compiled.memory_analysis()
-  out = {"argument_bytes": int(ma.argument_size_in_bytes), "output_bytes": int(ma.output_size_in_bytes),
-         "alias_bytes": int(ma.alias_size_in_bytes), "temp_bytes": int(ma.temp_size_in_bytes),
-         "code_bytes": int(ma.generated_code_size_in_bytes)}
+  out = {
+    "argument_bytes": int(ma.argument_size_in_bytes),
+    "output_bytes": int(ma.output_size_in_bytes),
+    "alias_bytes": int(ma.alias_size_in_bytes),
+    "temp_bytes": int(ma.temp_size_in_bytes),
+    "code_bytes": int(ma.generated_code_size_in_bytes),
+  }
   # Live at the peak: inputs, outputs not written in place of a donated input, temporaries, code.
-  out["total_bytes"] = (out["argument_bytes"] + out["output_bytes"] - out["alias_bytes"] + out["temp_bytes"]
-                        + out["code_bytes"])
+  out["total_bytes"] = (
+    out["argument_bytes"] + out["output_bytes"] - out["alias_bytes"] + out["temp_bytes"] + out["code_bytes"]
+  )
   ca = compiled.cost_analysis()
   ca = (ca[0] if ca else {}) if isinstance(ca, (list, tuple)) else (ca or {})
   out["flops"] = float(ca.get("flops", 0.0)) or None
@@ -171,7 +193,9 @@ def plan_train(config, devices: list, *, topology: str = "", teacher_variant: st
   # Shapes only: the text tower never tokenizes here, so a paper config needs no tokenizer file.
   config_validation.validate(config, num_devices=len(devices), check_tokenizer=False)
   mesh = topology_mesh(config.mesh, devices)
-  teacher = _teacher(config, teacher_variant) if recipes_lib.get_recipe(config.recipe).teacher == "frozen" else None
+  teacher = (
+    _teacher(config, teacher_variant) if recipes_lib.get_recipe(config.recipe).teacher == "frozen" else None
+  )
   setup = step_lib.build(config, mesh, teacher=teacher)
   state = _abstract(setup.state_shapes, setup.state_shardings)
   batch = abstract_batch(config, mesh)
@@ -190,18 +214,30 @@ def plan_train(config, devices: list, *, topology: str = "", teacher_variant: st
   n = len(devices)
   other = {"step": state.step, "centers": state.centers, "rng": state.rng}
   report = {
-      "what": "train_step", "recipe": config.recipe, "topology": topology, "chips": n,
-      "mesh": dict(mesh.shape), "global_batch": b, "batch_per_chip": b / n,
-      "microbatches": step_lib.microbatches(config),
-      "ema": config.ema.mode, "ema_keys": list(setup.ctx.ema_keys),
-      "image": _tower_desc(config.model.image), "text": _tower_desc(config.model.text),
-      "params_bytes": per_chip_bytes(state.params), "opt_state_bytes": per_chip_bytes(state.opt_state),
-      "ema_bytes": per_chip_bytes(state.ema), "other_state_bytes": per_chip_bytes(other),
-      "batch_bytes": per_chip_bytes(batch), "frozen_bytes": per_chip_bytes(frozen),
-      "params_replicated_bytes": sum(int(np.prod(x.shape, dtype=np.int64)) * np.dtype(x.dtype).itemsize
-                                     for x in jax.tree.leaves(state.params)),
-      "num_params": sum(int(np.prod(x.shape, dtype=np.int64)) for x in jax.tree.leaves(state.params)),
-      "compile_s": round(compile_s, 1),
+    "what": "train_step",
+    "recipe": config.recipe,
+    "topology": topology,
+    "chips": n,
+    "mesh": dict(mesh.shape),
+    "global_batch": b,
+    "batch_per_chip": b / n,
+    "microbatches": step_lib.microbatches(config),
+    "ema": config.ema.mode,
+    "ema_keys": list(setup.ctx.ema_keys),
+    "image": _tower_desc(config.model.image),
+    "text": _tower_desc(config.model.text),
+    "params_bytes": per_chip_bytes(state.params),
+    "opt_state_bytes": per_chip_bytes(state.opt_state),
+    "ema_bytes": per_chip_bytes(state.ema),
+    "other_state_bytes": per_chip_bytes(other),
+    "batch_bytes": per_chip_bytes(batch),
+    "frozen_bytes": per_chip_bytes(frozen),
+    "params_replicated_bytes": sum(
+      int(np.prod(x.shape, dtype=np.int64)) * np.dtype(x.dtype).itemsize
+      for x in jax.tree.leaves(state.params)
+    ),
+    "num_params": sum(int(np.prod(x.shape, dtype=np.int64)) for x in jax.tree.leaves(state.params)),
+    "compile_s": round(compile_s, 1),
   }
   report.update(_analyses(compiled) if compiled is not None else _oom_analyses(oom, report))
   # XLA's cost analysis counts a while-loop body once: with scanned towers the FLOPs (and the estimated
@@ -209,7 +245,8 @@ def plan_train(config, devices: list, *, topology: str = "", teacher_variant: st
   # Micro-batches are a scan too. `matmul_flops_per_chip` counts every iteration (matmuls and convolutions
   # from the jaxpr, tipsito/train/observability.py), so rows with different K or scan compare on it.
   report["flops_count_scan_body_once"] = step_lib.microbatches(config) > 1 or any(
-      bool(config.model[t].scan) for t in ("image", "text") if t in config.model and config.model[t])
+    bool(config.model[t].scan) for t in ("image", "text") if t in config.model and config.model[t]
+  )
   report["matmul_flops_per_chip"] = observability.matmul_flops(traced.jaxpr)[0] / n
   if topology:
     report["hbm_bytes"] = int(hbm_gib(topology) * GiB)
@@ -235,11 +272,28 @@ def _oom_analyses(message: str, report: dict) -> dict:
   """What an out-of-HBM compile still tells: the temporaries it needed; arguments from the shardings."""
   m = _OOM_RE.search(message)
   temp = int(float(m.group(1)) * 1024 ** "KMGT".index(m.group(2)) * 1024)
-  args = sum(report[k] for k in ("params_bytes", "opt_state_bytes", "ema_bytes", "other_state_bytes",
-                                 "batch_bytes", "frozen_bytes"))
-  return {"argument_bytes": args, "output_bytes": 0, "alias_bytes": 0, "temp_bytes": temp, "code_bytes": 0,
-          "total_bytes": args + temp, "flops": None, "estimated_step_s": None,
-          "compile_error": message.strip().splitlines()[-1][:300]}
+  args = sum(
+    report[k]
+    for k in (
+      "params_bytes",
+      "opt_state_bytes",
+      "ema_bytes",
+      "other_state_bytes",
+      "batch_bytes",
+      "frozen_bytes",
+    )
+  )
+  return {
+    "argument_bytes": args,
+    "output_bytes": 0,
+    "alias_bytes": 0,
+    "temp_bytes": temp,
+    "code_bytes": 0,
+    "total_bytes": args + temp,
+    "flops": None,
+    "estimated_step_s": None,
+    "compile_error": message.strip().splitlines()[-1][:300],
+  }
 
 
 def _tower_desc(cfg) -> str:
@@ -263,11 +317,18 @@ def plan_evals(config, devices: list, *, topology: str = "") -> list[dict]:
   model = step_lib.build_model(config, recipe, teacher_width=None)
   s = int(config.input.global_size)
   params_shape = jax.eval_shape(
-      lambda k: model.init(k, jnp.zeros((1, s, s, 3), jnp.uint8), jnp.ones((1, int(config.max_len)), jnp.int32),
-                           method=type(model).init_all), jax.random.PRNGKey(0))["params"]
+    lambda k: model.init(
+      k,
+      jnp.zeros((1, s, s, 3), jnp.uint8),
+      jnp.ones((1, int(config.max_len)), jnp.int32),
+      method=type(model).init_all,
+    ),
+    jax.random.PRNGKey(0),
+  )["params"]
   rules = [tuple(r) for r in config.sharding.rules]
-  params = _abstract(params_shape, sharding.tree_shardings(params_shape, mesh, rules,
-                                                           min_size=int(config.sharding.min_size)))
+  params = _abstract(
+    params_shape, sharding.tree_shardings(params_shape, mesh, rules, min_size=int(config.sharding.min_size))
+  )
   shards = mesh.shape["data"] * mesh.shape["fsdp"]
   seen, rows = set(), []
   for name, ev in sorted(config.evals.items()):
@@ -290,10 +351,17 @@ def plan_evals(config, devices: list, *, topology: str = "") -> list[dict]:
     t0 = time.perf_counter()
     with jax.set_mesh(mesh):
       compiled = jax.jit(forward).lower(params, images, ids).compile()
-    row = {"what": f"eval_forward[{name}]", "topology": topology, "chips": len(devices),
-           "global_batch": bsz, "image_size": size, "values": values,
-           "params_bytes": per_chip_bytes(params), "batch_bytes": per_chip_bytes((images, ids)),
-           "compile_s": round(time.perf_counter() - t0, 1)}
+    row = {
+      "what": f"eval_forward[{name}]",
+      "topology": topology,
+      "chips": len(devices),
+      "global_batch": bsz,
+      "image_size": size,
+      "values": values,
+      "params_bytes": per_chip_bytes(params),
+      "batch_bytes": per_chip_bytes((images, ids)),
+      "compile_s": round(time.perf_counter() - t0, 1),
+    }
     row.update(_analyses(compiled))
     if topology:
       row["hbm_bytes"] = int(hbm_gib(topology) * GiB)
@@ -308,6 +376,7 @@ def plan_evals(config, devices: list, *, topology: str = "") -> list[dict]:
 @dataclasses.dataclass(frozen=True)
 class Candidate:
   """One point of the search grid."""
+
   remat: str  # 'none' or a remat policy, applied to both towers
   scan: bool
   mesh: tuple[int, int, int]  # (data, fsdp, model)
@@ -323,9 +392,15 @@ class Candidate:
       out[f"model.{tower}.remat"] = self.remat != "none"
       if self.remat != "none":
         out[f"model.{tower}.remat_policy"] = self.remat
-    out.update({"mesh.data": d, "mesh.fsdp": f, "mesh.model": m,
-                "input.batch_size": self.batch_per_chip * chips // m,
-                "input.microbatches": self.microbatches})
+    out.update(
+      {
+        "mesh.data": d,
+        "mesh.fsdp": f,
+        "mesh.model": m,
+        "input.batch_size": self.batch_per_chip * chips // m,
+        "input.microbatches": self.microbatches,
+      }
+    )
     return out
 
 
@@ -360,11 +435,20 @@ def mesh_splits(chips: int, model_sizes: Sequence[int] = (1,), data_sizes: Seque
   return out
 
 
-def search(config, devices: list, *, topology: str, headroom: float = 0.1,
-           remats: Sequence[str] = SEARCH_REMAT, scans: Sequence[bool] = (True,),
-           meshes: Optional[Sequence[tuple[int, int, int]]] = None,
-           batches_per_chip: Optional[Sequence[int]] = None, teacher_variant: str = "g/14",
-           microbatches: Sequence[int] = (1,), log=print) -> dict:
+def search(
+  config,
+  devices: list,
+  *,
+  topology: str,
+  headroom: float = 0.1,
+  remats: Sequence[str] = SEARCH_REMAT,
+  scans: Sequence[bool] = (True,),
+  meshes: Optional[Sequence[tuple[int, int, int]]] = None,
+  batches_per_chip: Optional[Sequence[int]] = None,
+  teacher_variant: str = "g/14",
+  microbatches: Sequence[int] = (1,),
+  log=print,
+) -> dict:
   """Compiles every candidate; returns {'rows': [...], 'best': row or None}.
 
   Fits: total bytes per chip <= (1 - headroom) x HBM. Fastest: the cost model's estimated time per
@@ -385,14 +469,15 @@ def search(config, devices: list, *, topology: str, headroom: float = 0.1,
       cand = Candidate(remat, bool(scan), tuple(mesh), int(bpc), k)
       ov = cand.overrides(chips)
       try:
-        r = plan_train(apply_overrides(config, ov), devices, topology=topology,
-                       teacher_variant=teacher_variant)
+        r = plan_train(
+          apply_overrides(config, ov), devices, topology=topology, teacher_variant=teacher_variant
+        )
       except Exception as e:  # pylint: disable=broad-except  # e.g. a mesh the batch does not split over
         log(f"  {format_overrides(ov)}: failed ({type(e).__name__}: {str(e)[:200]})")
         continue
       r["overrides"] = ov
       r["fits_with_headroom"] = r["total_bytes"] <= budget
-      r["cost_per_example"] = ((r["estimated_step_s"] or r["flops"] or 0.0) / max(r["batch_per_chip"], 1e-9))
+      r["cost_per_example"] = (r["estimated_step_s"] or r["flops"] or 0.0) / max(r["batch_per_chip"], 1e-9)
       rows.append(r)
       log(f"  {_short(r)}")
       if r["fits_with_headroom"]:
@@ -405,22 +490,28 @@ def search(config, devices: list, *, topology: str, headroom: float = 0.1,
 def _short(r: dict) -> str:
   """One log line of a train-step report."""
   est = f", est {r['estimated_step_s']:.3f} s" if r.get("estimated_step_s") else ""
-  return (f"{r['image']} mesh={r['mesh']} batch/chip={r['batch_per_chip']:g} "
-          f"microbatches={r.get('microbatches', 1)}: "
-          f"{r['total_bytes'] / GiB:.2f} GiB/chip{'' if not r.get('hbm_bytes') else ' of %.0f' % (r['hbm_bytes'] / GiB)}"
-          f", {(r['flops'] or 0) / 1e12:.2f} TFLOP/chip{est}, compile {r['compile_s']} s")
+  return (
+    f"{r['image']} mesh={r['mesh']} batch/chip={r['batch_per_chip']:g} "
+    f"microbatches={r.get('microbatches', 1)}: "
+    f"{r['total_bytes'] / GiB:.2f} GiB/chip{'' if not r.get('hbm_bytes') else ' of %.0f' % (r['hbm_bytes'] / GiB)}"
+    f", {(r['flops'] or 0) / 1e12:.2f} TFLOP/chip{est}, compile {r['compile_s']} s"
+  )
 
 
 def format_report(r: dict) -> str:
   """Human-readable per-chip table of one report."""
   g = lambda k: f"{r[k] / GiB:9.3f} GiB"  # noqa: E731
-  lines = [f"{r['what']} ({r.get('recipe', '')}) on {r['topology']}: {r['chips']} chips, mesh "
-           f"{r.get('mesh', '')}, global batch {r['global_batch']}"
-           + (f" in {r['microbatches']} micro-batches" if r.get("microbatches", 1) > 1 else "")]
+  lines = [
+    f"{r['what']} ({r.get('recipe', '')}) on {r['topology']}: {r['chips']} chips, mesh "
+    f"{r.get('mesh', '')}, global batch {r['global_batch']}"
+    + (f" in {r['microbatches']} micro-batches" if r.get("microbatches", 1) > 1 else "")
+  ]
   if r["what"] == "train_step":
     lines.append(f"  towers: image {r['image']}, text {r['text']}; EMA {r['ema']} {r['ema_keys']}")
-    lines.append(f"  parameters      {g('params_bytes')}  ({r['num_params'] / 1e6:.1f}M params, "
-                 f"{r['params_replicated_bytes'] / GiB:.3f} GiB replicated)")
+    lines.append(
+      f"  parameters      {g('params_bytes')}  ({r['num_params'] / 1e6:.1f}M params, "
+      f"{r['params_replicated_bytes'] / GiB:.3f} GiB replicated)"
+    )
     lines.append(f"  optimizer state {g('opt_state_bytes')}")
     lines.append(f"  EMA             {g('ema_bytes')}")
     if r.get("frozen_bytes"):
@@ -430,40 +521,53 @@ def format_report(r: dict) -> str:
   lines.append(f"  batch           {g('batch_bytes')}")
   lines.append(f"  arguments       {g('argument_bytes')}  (compiled, incl. TPU tile padding)")
   lines.append(f"  temporaries     {g('temp_bytes')}")
-  lines.append(f"  outputs         {g('output_bytes')}  ({r['alias_bytes'] / GiB:.3f} GiB in place of "
-               "donated inputs)")
+  lines.append(
+    f"  outputs         {g('output_bytes')}  ({r['alias_bytes'] / GiB:.3f} GiB in place of donated inputs)"
+  )
   fits = ""
   if r.get("hbm_bytes"):
-    fits = (f"  of {r['hbm_bytes'] / GiB:.0f} GiB HBM: {100 * r['total_bytes'] / r['hbm_bytes']:.0f}%, "
-            f"{'fits' if r['fits'] else 'DOES NOT FIT'}")
+    fits = (
+      f"  of {r['hbm_bytes'] / GiB:.0f} GiB HBM: {100 * r['total_bytes'] / r['hbm_bytes']:.0f}%, "
+      f"{'fits' if r['fits'] else 'DOES NOT FIT'}"
+    )
   lines.append(f"  total           {g('total_bytes')}{fits}")
-  lines.append(f"  FLOPs per chip  {(r['flops'] or 0) / 1e12:9.3f} TFLOP per step"
-               + ("  (scanned blocks counted once)" if r.get("flops_count_scan_body_once") else ""))
+  lines.append(
+    f"  FLOPs per chip  {(r['flops'] or 0) / 1e12:9.3f} TFLOP per step"
+    + ("  (scanned blocks counted once)" if r.get("flops_count_scan_body_once") else "")
+  )
   if r.get("matmul_flops_per_chip"):
-    lines.append(f"  matmul FLOPs    {r['matmul_flops_per_chip'] / 1e12:9.3f} TFLOP per step per chip, every "
-                 "scan iteration counted")
+    lines.append(
+      f"  matmul FLOPs    {r['matmul_flops_per_chip'] / 1e12:9.3f} TFLOP per step per chip, every "
+      "scan iteration counted"
+    )
   if r.get("compile_error"):
     lines.append(f"  compiler        {r['compile_error']}")
-  lines.append("  estimated step  " + (f"{r['estimated_step_s']:9.4f} s" if r["estimated_step_s"]
-                                       else "  (the cost model reports none)"))
+  lines.append(
+    "  estimated step  "
+    + (f"{r['estimated_step_s']:9.4f} s" if r["estimated_step_s"] else "  (the cost model reports none)")
+  )
   lines.append(f"  compile time    {r['compile_s']:9.1f} s")
   return "\n".join(lines)
 
 
-TABLE_HEADER = ("| row | topology | towers (image) | global batch | K | params | optimizer | EMA | temporaries "
-                "| total / HBM per chip | fits | TFLOP/chip/step | compile |\n"
-                "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+TABLE_HEADER = (
+  "| row | topology | towers (image) | global batch | K | params | optimizer | EMA | temporaries "
+  "| total / HBM per chip | fits | TFLOP/chip/step | compile |\n"
+  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+)
 
 
 def table_row(name: str, r: dict) -> str:
   """One markdown row of the README plan table (per-chip GiB; `launch/plan_paper_configs.sh`)."""
   gib = lambda k: f"{r[k] / GiB:.2f}"  # noqa: E731
-  return (f"| {name} | {r['topology']} ({r['chips']} chips) | {r['image']} | {r['global_batch']} | "
-          f"{r.get('microbatches', 1)} | "
-          f"{gib('params_bytes')} | {gib('opt_state_bytes')} | {gib('ema_bytes')} | {gib('temp_bytes')} | "
-          f"{gib('total_bytes')} / {r['hbm_bytes'] / GiB:.0f} GiB | {'yes' if r['fits'] else '**no**'} | "
-          f"{'-' if not r['flops'] else '%.1f%s' % (r['flops'] / 1e12, '*' if r.get('flops_count_scan_body_once') else '')}"
-          f" | {r['compile_s']:.0f} s |")
+  return (
+    f"| {name} | {r['topology']} ({r['chips']} chips) | {r['image']} | {r['global_batch']} | "
+    f"{r.get('microbatches', 1)} | "
+    f"{gib('params_bytes')} | {gib('opt_state_bytes')} | {gib('ema_bytes')} | {gib('temp_bytes')} | "
+    f"{gib('total_bytes')} / {r['hbm_bytes'] / GiB:.0f} GiB | {'yes' if r['fits'] else '**no**'} | "
+    f"{'-' if not r['flops'] else '%.1f%s' % (r['flops'] / 1e12, '*' if r.get('flops_count_scan_body_once') else '')}"
+    f" | {r['compile_s']:.0f} s |"
+  )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -472,6 +576,7 @@ def table_row(name: str, r: dict) -> str:
 def _define_flags() -> None:
   from absl import flags  # pylint: disable=import-outside-toplevel
   from ml_collections import config_flags  # pylint: disable=import-outside-toplevel
+
   if "topology" in flags.FLAGS:
     return
   config_flags.DEFINE_config_file("config", None, "Experiment config (configs/*.py[:args]).")
@@ -480,18 +585,33 @@ def _define_flags() -> None:
   flags.DEFINE_bool("json", False, "Also print one JSON line with every report.")
   flags.DEFINE_bool("evals", True, "Also compile the evals' forward passes (config.evals).")
   flags.DEFINE_bool("search", False, "Search remat x scan x mesh split x per-chip batch (see --search_*).")
-  flags.DEFINE_float("headroom", 0.1, "Search: fraction of HBM left free for what the compiler does not "
-                     "count (fragmentation, runtime buffers).")
+  flags.DEFINE_float(
+    "headroom",
+    0.1,
+    "Search: fraction of HBM left free for what the compiler does not "
+    "count (fragmentation, runtime buffers).",
+  )
   flags.DEFINE_list("search_remat", list(SEARCH_REMAT), "Search: remat policies ('none' = no remat).")
   flags.DEFINE_list("search_scan", ["true"], "Search: scan settings (true,false).")
   flags.DEFINE_list("search_model", ["1"], "Search: sizes of the 'model' mesh axis (fsdp = the rest).")
-  flags.DEFINE_list("search_data", ["1", "0"], "Search: sizes of the 'data' mesh axis (0 = all chips: pure "
-                    "data parallel; 1 = pure FSDP).")
+  flags.DEFINE_list(
+    "search_data",
+    ["1", "0"],
+    "Search: sizes of the 'data' mesh axis (0 = all chips: pure data parallel; 1 = pure FSDP).",
+  )
   flags.DEFINE_list("search_batch_per_chip", [], "Search: per-chip batches (default: the config's).")
-  flags.DEFINE_list("search_microbatches", ["1", "2", "4", "8"], "Search: numbers of micro-batches "
-                    "(input.microbatches), tried after every remat setting of the one before.")
-  flags.DEFINE_integer("microbatches", 0, "Plan the train step with this many micro-batches "
-                       "(input.microbatches) and with 1, and report both (0 = the config's).")
+  flags.DEFINE_list(
+    "search_microbatches",
+    ["1", "2", "4", "8"],
+    "Search: numbers of micro-batches "
+    "(input.microbatches), tried after every remat setting of the one before.",
+  )
+  flags.DEFINE_integer(
+    "microbatches",
+    0,
+    "Plan the train step with this many micro-batches "
+    "(input.microbatches) and with 1, and report both (0 = the config's).",
+  )
   flags.DEFINE_string("teacher_variant", "g/14", "Distillation recipes: the teacher's image preset.")
   flags.DEFINE_string("table_row", None, "Also print the train step as one README table row named so.")
 
@@ -499,11 +619,13 @@ def _define_flags() -> None:
 def main(argv: Sequence[str]) -> None:
   """Prints the per-chip report(s) (and the search result)."""
   from absl import app, flags  # pylint: disable=import-outside-toplevel
+
   del argv
   f = flags.FLAGS
   if f.config is None or not f.topology:
-    raise app.UsageError("--config and --topology are required, e.g. --config configs/tipsv2_g14.py "
-                         "--topology v5p:8x8x8")
+    raise app.UsageError(
+      "--config and --topology are required, e.g. --config configs/tipsv2_g14.py --topology v5p:8x8x8"
+    )
   try:
     devices = topology_devices(f.topology, f.num_slices)
   except PlanError as e:
@@ -514,20 +636,27 @@ def main(argv: Sequence[str]) -> None:
   topo = f.topology + (f" x{f.num_slices} slices" if f.num_slices > 1 else "")
   if f.search:
     bools = {"true": True, "false": False}
-    res = search(config, devices, topology=f.topology, headroom=f.headroom, remats=f.search_remat,
-                 scans=[bools[s.lower()] for s in f.search_scan],
-                 meshes=mesh_splits(len(devices), [int(x) for x in f.search_model],
-                                    [int(x) for x in f.search_data]),
-                 batches_per_chip=[int(x) for x in f.search_batch_per_chip] or None,
-                 teacher_variant=f.teacher_variant,
-                 microbatches=[int(x) for x in f.search_microbatches])
+    res = search(
+      config,
+      devices,
+      topology=f.topology,
+      headroom=f.headroom,
+      remats=f.search_remat,
+      scans=[bools[s.lower()] for s in f.search_scan],
+      meshes=mesh_splits(len(devices), [int(x) for x in f.search_model], [int(x) for x in f.search_data]),
+      batches_per_chip=[int(x) for x in f.search_batch_per_chip] or None,
+      teacher_variant=f.teacher_variant,
+      microbatches=[int(x) for x in f.search_microbatches],
+    )
     best = res["best"]
     if best is None:
       print(f"search: nothing fits {topo} with {100 * f.headroom:.0f}% headroom")
     else:
       print(format_report(best))
-      print(f"search: fastest that fits with {100 * f.headroom:.0f}% headroom:\n  "
-            f"{format_overrides(best['overrides'])}")
+      print(
+        f"search: fastest that fits with {100 * f.headroom:.0f}% headroom:\n  "
+        f"{format_overrides(best['overrides'])}"
+      )
     if f.json:
       print(json.dumps({"plan_search": res}, default=str))
     sys.stdout.flush()
@@ -535,8 +664,15 @@ def main(argv: Sequence[str]) -> None:
   ks = [f.microbatches] if f.microbatches else [int(config.input.microbatches)]
   if ks[0] > 1:
     ks = [1] + ks  # K = 1 first: what the micro-batches save and cost
-  reports = [plan_train(apply_overrides(config, {"input.microbatches": k}), devices, topology=topo,
-                        teacher_variant=f.teacher_variant) for k in ks]
+  reports = [
+    plan_train(
+      apply_overrides(config, {"input.microbatches": k}),
+      devices,
+      topology=topo,
+      teacher_variant=f.teacher_variant,
+    )
+    for k in ks
+  ]
   if f.evals:
     reports += plan_evals(config, devices, topology=topo)
   for r in reports:
@@ -553,6 +689,7 @@ def main(argv: Sequence[str]) -> None:
 def run() -> None:
   """Console-script entry point (tipsito-plan)."""
   from absl import app  # pylint: disable=import-outside-toplevel
+
   _define_flags()
   app.run(main)
 

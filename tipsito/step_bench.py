@@ -8,6 +8,7 @@ needed), and step time, throughput, FLOPs (XLA cost analysis), FLOP utilisation 
 JSON line. Ratios between recipes come from the same run, so machine load affects them alike.
 The batch is `tipsito.data.synthetic.synthetic_batch` (the planner, tipsito/plan.py, and the tests use it too).
 """
+
 from __future__ import annotations
 
 import json
@@ -36,15 +37,24 @@ def _define_flags() -> None:
   if "recipes" in FLAGS:
     return
   from ml_collections import config_flags  # pylint: disable=import-outside-toplevel
+
   config_flags.DEFINE_config_file("config", None, "Experiment config (configs/*.py[:args]).")
   flags.DEFINE_list("recipes", [], "Recipes to compare (default: the config's own).")
   flags.DEFINE_list("ema", [], "EMA modes to compare for self-distillation recipes (head,full).")
   flags.DEFINE_integer("steps", 5, "Timed steps per entry (after one compile+warmup step).")
   flags.DEFINE_integer("batch", 0, "Global batch override (0 = config).")
-  flags.DEFINE_list("microbatches", [], "Micro-batch counts to compare (input.microbatches, exact "
-                    "gradient accumulation), e.g. 1,2,4 (default: the config's).")
-  flags.DEFINE_float("peak_tflops", 0.0, "Peak TFLOP/s of all devices (for utilisation); 0 = "
-                     "config.peak_tflops or the platform table (tipsito/train/observability.py).")
+  flags.DEFINE_list(
+    "microbatches",
+    [],
+    "Micro-batch counts to compare (input.microbatches, exact "
+    "gradient accumulation), e.g. 1,2,4 (default: the config's).",
+  )
+  flags.DEFINE_float(
+    "peak_tflops",
+    0.0,
+    "Peak TFLOP/s of all devices (for utilisation); 0 = "
+    "config.peak_tflops or the platform table (tipsito/train/observability.py).",
+  )
   distributed.define_flags()  # --distributed: one process per host, the step runs on the global mesh
 
 
@@ -55,7 +65,8 @@ def bench_one(config, *, steps: int = 5, peak_tflops: float = 0.0) -> dict[str, 
   state = setup.init_state()
   vocab = setup.model.text_cfg.get("vocab_size", 100) if setup.model.text_cfg else 100
   host = synthetic_batch(  # this process's slice of the global batch
-      config, batch_size=int(config.input.batch_size) // jax.process_count(), vocab_size=int(vocab))
+    config, batch_size=int(config.input.batch_size) // jax.process_count(), vocab_size=int(vocab)
+  )
   batch = sharding.global_batch(host, setup.mesh)
   frozen = setup.frozen()
   fn = step_lib.jit_train_step(setup)
@@ -78,17 +89,23 @@ def bench_one(config, *, steps: int = 5, peak_tflops: float = 0.0) -> dict[str, 
     times.append(time.perf_counter() - t)
   step_s = float(np.median(times))
   b = int(config.input.batch_size)
-  out = {"recipe": config.recipe, "ema": config.ema.mode, "batch": b,
-         "microbatches": step_lib.microbatches(config), "compile_s": round(compile_s, 2),
-         "step_s": round(step_s, 4), "images_per_s": round(b / step_s, 1),
-         "step_tflop": None if flops is None else float(f"{flops / 1e12:.4g}")}
+  out = {
+    "recipe": config.recipe,
+    "ema": config.ema.mode,
+    "batch": b,
+    "microbatches": step_lib.microbatches(config),
+    "compile_s": round(compile_s, 2),
+    "step_s": round(step_s, 4),
+    "images_per_s": round(b / step_s, 1),
+    "step_tflop": None if flops is None else float(f"{flops / 1e12:.4g}"),
+  }
   out.update(mem)
   if flops and peak_tflops:
     out["flop_utilisation"] = round(flops / step_s / (peak_tflops * 1e12), 4)
   try:
     stats = jax.devices()[0].memory_stats() or {}
     if "peak_bytes_in_use" in stats:
-      out["peak_mem_GiB"] = round(stats["peak_bytes_in_use"] / 2 ** 30, 3)
+      out["peak_mem_GiB"] = round(stats["peak_bytes_in_use"] / 2**30, 3)
   except Exception:  # pylint: disable=broad-except
     pass
   return out
@@ -103,21 +120,32 @@ def _compiled_memory(compiled) -> dict[str, float]:
   """
   try:
     ma = compiled.memory_analysis()
-    return {"mem_args_GiB": round(ma.argument_size_in_bytes / 2 ** 30, 4),
-            "mem_out_GiB": round(ma.output_size_in_bytes / 2 ** 30, 4),
-            "mem_temp_GiB": round(ma.temp_size_in_bytes / 2 ** 30, 4)}
+    return {
+      "mem_args_GiB": round(ma.argument_size_in_bytes / 2**30, 4),
+      "mem_out_GiB": round(ma.output_size_in_bytes / 2**30, 4),
+      "mem_temp_GiB": round(ma.temp_size_in_bytes / 2**30, 4),
+    }
   except Exception:  # pylint: disable=broad-except  # not every backend implements it
     return {}
 
 
-def run_bench(config, recipes: Sequence[str] = (), ema_modes: Sequence[str] = (), *, steps: int = 5,
-              batch: int = 0, peak_tflops: float = 0.0, microbatches: Sequence[int] = ()) -> list[dict]:
+def run_bench(
+  config,
+  recipes: Sequence[str] = (),
+  ema_modes: Sequence[str] = (),
+  *,
+  steps: int = 5,
+  batch: int = 0,
+  peak_tflops: float = 0.0,
+  microbatches: Sequence[int] = (),
+) -> list[dict]:
   """Benchmarks the config for each requested recipe x EMA mode x micro-batch count; adds ratios to the
   first entry."""
   import ml_collections as mlc  # pylint: disable=import-outside-toplevel
+
   rows = []
-  for r in (recipes or [config.recipe]):
-    for e in (ema_modes or [None]):
+  for r in recipes or [config.recipe]:
+    for e in ema_modes or [None]:
       c = mlc.ConfigDict(config.to_dict())
       if r != config.recipe:  # same model sizes, the other recipe's losses/parts/views.
         ref = defaults.base_config(r, "tiny/16")
@@ -139,7 +167,7 @@ def run_bench(config, recipes: Sequence[str] = (), ema_modes: Sequence[str] = ()
         c.ema.mode = e
       if batch:
         c.input.batch_size = batch
-      for k in (microbatches or [None]):
+      for k in microbatches or [None]:
         ck = mlc.ConfigDict(c.to_dict())
         if k is not None:
           ck.input.microbatches = int(k)
@@ -164,8 +192,15 @@ def main(argv: Sequence[str]) -> None:
     distributed.initialize_from_flags()
   except ValueError as e:
     raise app.UsageError(str(e)) from None
-  rows = run_bench(FLAGS.config, FLAGS.recipes, FLAGS.ema, steps=FLAGS.steps, batch=FLAGS.batch,
-                   peak_tflops=FLAGS.peak_tflops, microbatches=[int(k) for k in FLAGS.microbatches])
+  rows = run_bench(
+    FLAGS.config,
+    FLAGS.recipes,
+    FLAGS.ema,
+    steps=FLAGS.steps,
+    batch=FLAGS.batch,
+    peak_tflops=FLAGS.peak_tflops,
+    microbatches=[int(k) for k in FLAGS.microbatches],
+  )
   keys = list(dict.fromkeys(k for r in rows for k in r))
   print(" | ".join(keys))
   for r in rows:

@@ -15,6 +15,7 @@ Exit status: 0 when every run is finished, 1 when a run failed (the others still
 SIGTERM / Ctrl-C after the running jobs saved a checkpoint (rerun to resume), 2 for a wrong study config
 (before anything ran).
 """
+
 from __future__ import annotations
 
 import shlex
@@ -32,12 +33,18 @@ def _define_flags() -> None:
   if "seeds" in FLAGS:
     return
   from ml_collections import config_flags  # pylint: disable=import-outside-toplevel
-  config_flags.DEFINE_config_file("config", None, "Study config (configs/ablations.py:study=NAME,...).",
-                                  lock_config=True)
+
+  config_flags.DEFINE_config_file(
+    "config", None, "Study config (configs/ablations.py:study=NAME,...).", lock_config=True
+  )
   flags.DEFINE_integer("seeds", 3, "Number of seeds per arm (seeds 0..N-1).", lower_bound=1)
   flags.DEFINE_string("workdir", None, "Sweep folder (rerun the same command on it to resume).")
-  flags.DEFINE_integer("parallel", 1, "Runs at the same time (1: one after the other in this process; "
-                       "N > 1: N subprocesses).", lower_bound=1)
+  flags.DEFINE_integer(
+    "parallel",
+    1,
+    "Runs at the same time (1: one after the other in this process; N > 1: N subprocesses).",
+    lower_bound=1,
+  )
   flags.DEFINE_list("only", None, "Run only these arms (and the arms they depend on).")
   flags.DEFINE_bool("dry_run", False, "List the runs, their overrides and status; run nothing.")
   flags.DEFINE_bool("plots", True, "Write the PNG plots (needs matplotlib: the `studies` extra).")
@@ -50,14 +57,23 @@ def main(argv: Sequence[str]) -> None:
   """Parses flags, runs the sweep, exits with its status."""
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  from tipsito.studies import arms  # heavy (JAX, the trainer's modules): after flag parsing, so --help stays light
+  # After flag parsing, so that --help stays light.
+  from tipsito.studies import arms  # heavy: JAX and the trainer's modules
   from tipsito.studies import runner  # heavy: as above
+
   command = " ".join(["python -m tipsito.sweep"] + [shlex.quote(a) for a in sys.argv[1:]])
   try:
-    code = runner.run_sweep(FLAGS.config, seeds=list(range(FLAGS.seeds)), workdir=FLAGS.workdir,
-                            parallel=FLAGS.parallel, only=FLAGS.only, dry_run=FLAGS.dry_run,
-                            plots=FLAGS.plots, command=command,
-                            out=lambda line: print(line, flush=True))
+    code = runner.run_sweep(
+      FLAGS.config,
+      seeds=list(range(FLAGS.seeds)),
+      workdir=FLAGS.workdir,
+      parallel=FLAGS.parallel,
+      only=FLAGS.only,
+      dry_run=FLAGS.dry_run,
+      plots=FLAGS.plots,
+      command=command,
+      out=lambda line: print(line, flush=True),
+    )
   except (arms.StudyError, ImportError) as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)

@@ -9,6 +9,7 @@ The architecture is inferred from array shapes and the mapping is strict: every 
 be missing, and shapes must match the inferred architecture; errors name the key and the expected/actual
 shapes.
 """
+
 from __future__ import annotations
 
 import os
@@ -30,24 +31,24 @@ _BLOCK_RE = re.compile(r'^(?P<prefix>.*?)encoderblock_(?P<i>\d+)/(?P<rest>.*)$')
 
 # official block sub-path -> tipsito block sub-path
 _BLOCK_MAP = {
-    'LayerNorm_0': 'norm1',
-    'LayerNorm_1': 'norm2',
-    'MultiHeadDotProductAttention_0': 'attn',
-    'MlpBlock_0': 'mlp',
-    'FFNSwiGluFused_0': 'mlp',
+  'LayerNorm_0': 'norm1',
+  'LayerNorm_1': 'norm2',
+  'MultiHeadDotProductAttention_0': 'attn',
+  'MlpBlock_0': 'mlp',
+  'FFNSwiGluFused_0': 'mlp',
 }
 _VISION_MAP = {
-    'encoder/ToTokenSequence_0/cls': 'cls',
-    'encoder/ToTokenSequence_0/embedding/kernel': 'patch_embed/kernel',
-    'encoder/ToTokenSequence_0/embedding/bias': 'patch_embed/bias',
-    'encoder/ToTokenSequence_0/posembed_input': 'posemb',
-    'encoder/encoder_norm/scale': 'norm/scale',
-    'encoder/encoder_norm/bias': 'norm/bias',
+  'encoder/ToTokenSequence_0/cls': 'cls',
+  'encoder/ToTokenSequence_0/embedding/kernel': 'patch_embed/kernel',
+  'encoder/ToTokenSequence_0/embedding/bias': 'patch_embed/bias',
+  'encoder/ToTokenSequence_0/posembed_input': 'posemb',
+  'encoder/encoder_norm/scale': 'norm/scale',
+  'encoder/encoder_norm/bias': 'norm/bias',
 }
 _TEXT_MAP = {
-    'token_emb/emb_var': 'token_emb/embedding',
-    'text_encoder_norm/scale': 'norm/scale',
-    'text_encoder_norm/bias': 'norm/bias',
+  'token_emb/emb_var': 'token_emb/embedding',
+  'text_encoder_norm/scale': 'norm/scale',
+  'text_encoder_norm/bias': 'norm/bias',
 }
 _TEMPERATURE_KEY = 'temperature_contrastive'
 
@@ -60,17 +61,13 @@ def _load_flat(path_or_dict) -> dict[str, np.ndarray]:
     return {k: f[k] for k in f.files}
 
 
-def _need(flat: Mapping[str, np.ndarray], key: str, what: str,
-          ndim: int) -> tuple[int, ...]:
+def _need(flat: Mapping[str, np.ndarray], key: str, what: str, ndim: int) -> tuple[int, ...]:
   """Shape of a key used to infer the architecture, or a clear error."""
   if key not in flat:
-    raise CheckpointFormatError(
-        f'missing key {key!r} (needed to infer {what}); '
-        f'keys present: {len(flat)}')
+    raise CheckpointFormatError(f'missing key {key!r} (needed to infer {what}); keys present: {len(flat)}')
   shape = tuple(flat[key].shape)
   if len(shape) != ndim:
-    raise CheckpointFormatError(
-        f'key {key!r} has shape {shape}, expected a {ndim}-d array ({what})')
+    raise CheckpointFormatError(f'key {key!r} has shape {shape}, expected a {ndim}-d array ({what})')
   return shape
 
 
@@ -86,8 +83,7 @@ def _block_ids(flat: Mapping[str, Any], prefix: str) -> list[int]:
 
 def _mlp_dim_for_swiglu(hidden: int, width: int) -> int:
   """An mlp_dim whose SwiGLU hidden size is `hidden` (preset values first)."""
-  cands = [p['mlp_dim'] for p in presets.VIT_PRESETS.values()
-           if p['width'] == width]
+  cands = [p['mlp_dim'] for p in presets.VIT_PRESETS.values() if p['width'] == width]
   cands += [4 * width, round(hidden * 3 / 2)]
   cands += list(range(hidden, 2 * hidden + 16))
   for m in cands:
@@ -98,37 +94,40 @@ def _mlp_dim_for_swiglu(hidden: int, width: int) -> int:
 
 def infer_vision_config(flat: Mapping[str, np.ndarray]) -> dict[str, Any]:
   """VisionTransformer kwargs of an official TIPS vision checkpoint."""
-  kshape = _need(flat, 'encoder/ToTokenSequence_0/embedding/kernel',
-                 'patch size and width', 4)
+  kshape = _need(flat, 'encoder/ToTokenSequence_0/embedding/kernel', 'patch size and width', 4)
   if kshape[0] != kshape[1] or kshape[2] != 3:
     raise CheckpointFormatError(
-        f"key 'encoder/ToTokenSequence_0/embedding/kernel' has shape {kshape},"
-        ' expected (p, p, 3, width)')
+      f"key 'encoder/ToTokenSequence_0/embedding/kernel' has shape {kshape}, expected (p, p, 3, width)"
+    )
   patch, width = kshape[0], kshape[3]
   cls_shape = _need(flat, 'encoder/ToTokenSequence_0/cls', 'CLS count', 3)
-  pos_shape = _need(flat, 'encoder/ToTokenSequence_0/posembed_input',
-                    'posemb grid', 4)
+  pos_shape = _need(flat, 'encoder/ToTokenSequence_0/posembed_input', 'posemb grid', 4)
   prefix = 'encoder/transformer/'
   ids = _block_ids(flat, prefix)
   if not ids:
     raise CheckpointFormatError(f'no {prefix}encoderblock_* keys found')
   depth = ids[-1] + 1
   b0 = f'{prefix}encoderblock_0/'
-  q = _need(flat, b0 + 'MultiHeadDotProductAttention_0/query/kernel',
-            'number of heads', 3)
+  q = _need(flat, b0 + 'MultiHeadDotProductAttention_0/query/kernel', 'number of heads', 3)
   swiglu = any(k.startswith(b0 + 'FFNSwiGluFused_0/') for k in flat)
   if swiglu:
-    hidden = _need(flat, b0 + 'FFNSwiGluFused_0/Dense_0/kernel', 'SwiGLU size',
-                   2)[1]
+    hidden = _need(flat, b0 + 'FFNSwiGluFused_0/Dense_0/kernel', 'SwiGLU size', 2)[1]
     mlp_dim = _mlp_dim_for_swiglu(hidden, width)
   else:
     mlp_dim = _need(flat, b0 + 'MlpBlock_0/Dense_0/kernel', 'MLP size', 2)[1]
   grid = pos_shape[1] if pos_shape[1] == pos_shape[2] else list(pos_shape[1:3])
-  return dict(patch_size=int(patch), width=int(width), depth=int(depth),
-              num_heads=int(q[1]), mlp_dim=int(mlp_dim),
-              ffn='swiglu' if swiglu else 'mlp',
-              num_cls_tokens=int(cls_shape[1]), posemb_grid=grid,
-              pixel_mean=[0.0, 0.0, 0.0], pixel_std=[1.0, 1.0, 1.0])
+  return dict(
+    patch_size=int(patch),
+    width=int(width),
+    depth=int(depth),
+    num_heads=int(q[1]),
+    mlp_dim=int(mlp_dim),
+    ffn='swiglu' if swiglu else 'mlp',
+    num_cls_tokens=int(cls_shape[1]),
+    posemb_grid=grid,
+    pixel_mean=[0.0, 0.0, 0.0],
+    pixel_std=[1.0, 1.0, 1.0],
+  )
 
 
 def infer_text_config(flat: Mapping[str, np.ndarray]) -> dict[str, Any]:
@@ -138,16 +137,21 @@ def infer_text_config(flat: Mapping[str, np.ndarray]) -> dict[str, Any]:
   if not ids:
     raise CheckpointFormatError('no transformer/encoderblock_* keys found')
   b0 = 'transformer/encoderblock_0/'
-  q = _need(flat, b0 + 'MultiHeadDotProductAttention_0/query/kernel',
-            'number of heads', 3)
+  q = _need(flat, b0 + 'MultiHeadDotProductAttention_0/query/kernel', 'number of heads', 3)
   mlp_dim = _need(flat, b0 + 'MlpBlock_0/Dense_0/kernel', 'MLP size', 2)[1]
-  return dict(flavour='tips', vocab_size=int(vocab), max_len=64,
-              width=int(width), depth=int(ids[-1] + 1), num_heads=int(q[1]),
-              mlp_dim=int(mlp_dim), out_dim=None)
+  return dict(
+    flavour='tips',
+    vocab_size=int(vocab),
+    max_len=64,
+    width=int(width),
+    depth=int(ids[-1] + 1),
+    num_heads=int(q[1]),
+    mlp_dim=int(mlp_dim),
+    out_dim=None,
+  )
 
 
-def _official_to_tipsito(key: str, top: Mapping[str, str],
-                         block_prefix: str) -> Optional[str]:
+def _official_to_tipsito(key: str, top: Mapping[str, str], block_prefix: str) -> Optional[str]:
   """Maps one official flat key to a tipsito flat key (None if unknown)."""
   if key in top:
     return top[key]
@@ -164,16 +168,22 @@ def _expected_flat(module, dummy_input) -> dict[str, tuple[int, ...]]:
   """Flat {key: shape} of a module's params via jax.eval_shape (no memory)."""
   import jax
   from flax import traverse_util
+
   shapes = jax.eval_shape(module.init, jax.random.PRNGKey(0), dummy_input)
   flat = traverse_util.flatten_dict(shapes['params'], sep='/')
   return {k: tuple(v.shape) for k, v in flat.items()}
 
 
-def _convert_strict(flat: Mapping[str, np.ndarray], expected: Mapping[str, tuple],
-                    top: Mapping[str, str], block_prefix: str, what: str
-                    ) -> dict[str, Any]:
+def _convert_strict(
+  flat: Mapping[str, np.ndarray],
+  expected: Mapping[str, tuple],
+  top: Mapping[str, str],
+  block_prefix: str,
+  what: str,
+) -> dict[str, Any]:
   """Renames official keys to tipsito keys; every key used, none missing."""
   from flax import traverse_util
+
   inv: dict[str, str] = {}
   out: dict[str, np.ndarray] = {}
   unexpected = []
@@ -186,13 +196,15 @@ def _convert_strict(flat: Mapping[str, np.ndarray], expected: Mapping[str, tuple
     arr = np.asarray(flat[key])
     if tuple(arr.shape) != expected[new]:
       raise CheckpointFormatError(
-          f'{what} checkpoint key {key!r} has shape {tuple(arr.shape)}, '
-          f'expected {expected[new]} for the inferred architecture')
+        f'{what} checkpoint key {key!r} has shape {tuple(arr.shape)}, '
+        f'expected {expected[new]} for the inferred architecture'
+      )
     out[new] = arr.astype(np.float32)
   if unexpected:
     raise CheckpointFormatError(
-        f'{what} checkpoint has unexpected keys (not used by the inferred '
-        f'architecture): {", ".join(unexpected)}')
+      f'{what} checkpoint has unexpected keys (not used by the inferred '
+      f'architecture): {", ".join(unexpected)}'
+    )
   missing = [k for k in expected if k not in out]
   if missing:
     off = {v: k for k, v in top.items()}
@@ -203,42 +215,40 @@ def _convert_strict(flat: Mapping[str, np.ndarray], expected: Mapping[str, tuple
       m = re.match(r'^block_(\d+)/(\w+)/(.*)$', k)
       if m:
         sub = [o for o, t in _BLOCK_MAP.items() if t == m.group(2)]
-        return f'{block_prefix}encoderblock_{m.group(1)}/{"|".join(sub)}/' \
-               f'{m.group(3)}'
+        return f'{block_prefix}encoderblock_{m.group(1)}/{"|".join(sub)}/{m.group(3)}'
       return k
+
     raise CheckpointFormatError(
-        f'{what} checkpoint is missing keys: ' + ', '.join(
-            f'{official_name(k)!r} (expected shape {expected[k]})'
-            for k in missing))
+      f'{what} checkpoint is missing keys: '
+      + ', '.join(f'{official_name(k)!r} (expected shape {expected[k]})' for k in missing)
+    )
   return traverse_util.unflatten_dict(out, sep='/')
 
 
 def import_tips_vision(image_npz) -> tuple[dict[str, Any], dict[str, Any]]:
   """(VisionTransformer kwargs, params) from an official TIPS vision .npz."""
   import jax.numpy as jnp
+
   flat = _load_flat(image_npz)
   cfg = infer_vision_config(flat)
   p = cfg['patch_size']
-  expected = _expected_flat(VisionTransformer(**cfg),
-                            jnp.zeros((1, p, p, 3), jnp.float32))
-  params = _convert_strict(flat, expected, _VISION_MAP, 'encoder/transformer/',
-                           'vision')
+  expected = _expected_flat(VisionTransformer(**cfg), jnp.zeros((1, p, p, 3), jnp.float32))
+  params = _convert_strict(flat, expected, _VISION_MAP, 'encoder/transformer/', 'vision')
   return cfg, params
 
 
 def import_tips_text(text_npz) -> tuple[dict[str, Any], dict[str, Any], float]:
   """(TextEncoder kwargs, params, temperature) from an official text .npz."""
   import jax.numpy as jnp
+
   flat = _load_flat(text_npz)
   if _TEMPERATURE_KEY not in flat:
-    raise CheckpointFormatError(
-        f'text checkpoint is missing key {_TEMPERATURE_KEY!r} (expected shape '
-        '())')
+    raise CheckpointFormatError(f'text checkpoint is missing key {_TEMPERATURE_KEY!r} (expected shape ())')
   temp = np.asarray(flat.pop(_TEMPERATURE_KEY))
   if temp.shape != ():
     raise CheckpointFormatError(
-        f'text checkpoint key {_TEMPERATURE_KEY!r} has shape {temp.shape}, '
-        'expected ()')
+      f'text checkpoint key {_TEMPERATURE_KEY!r} has shape {temp.shape}, expected ()'
+    )
   cfg = infer_text_config(flat)
   expected = _expected_flat(TextEncoder(**cfg), jnp.zeros((1, 4), jnp.int32))
   params = _convert_strict(flat, expected, _TEXT_MAP, 'transformer/', 'text')
@@ -255,6 +265,7 @@ def import_tips_npz(image_npz, text_npz):
   tcfg, tparams, temp = import_tips_text(text_npz)
   if icfg['width'] != tcfg['width']:
     raise CheckpointFormatError(
-        f"image width {icfg['width']} != text width {tcfg['width']}: TIPS "
-        'compares CLS and text embeddings directly')
+      f"image width {icfg['width']} != text width {tcfg['width']}: TIPS "
+      'compares CLS and text embeddings directly'
+    )
   return icfg, tcfg, {'image': iparams, 'text': tparams}, temp

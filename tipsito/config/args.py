@@ -3,6 +3,7 @@
 Why: ml_collections hands everything after the ':' to `get_config(arg)` as one string; each experiment
 file declares its arguments with their defaults, and a wrong key or value fails naming what is allowed.
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -5,6 +5,7 @@ starts from `base_config(recipe, variant)` and overrides what the paper says. Th
 types and ranges are declared once in tipsito/config/schema.py; this module only assembles them for a
 recipe and variant (and holds the data presets and the small `tiny_config` of the tests).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -35,9 +36,9 @@ def typed_optionals(c: mlc.ConfigDict, prefix: str = "") -> mlc.ConfigDict:
     parts = path.split(".")
     if prefix:
       pre = prefix.split(".")
-      if parts[:len(pre)] != pre:
+      if parts[: len(pre)] != pre:
         continue
-      parts = parts[len(pre):]
+      parts = parts[len(pre) :]
     _type_leaves(c, parts, typ)
   return c
 
@@ -63,14 +64,14 @@ def _type_leaves(node: mlc.ConfigDict, parts: list[str], typ: type) -> None:
 # Paper data mixtures: TFDS names/data dirs are placeholders the user points at their prepared copies
 # (converted with `python -m tipsito.data.convert`); field names follow the shared record schema.
 DATA_PRESETS = {
-    "shapes": dict(name="shapes", caption_keys=("caption_detailed",)),
-    "openclipart": dict(name="openclipart", caption_keys=("caption_short", "caption_detailed")),
-    "webli": dict(name="webli", caption_keys=("caption_paligemma", "caption_gemini")),
-    "cc3m": dict(name="cc3m", caption_keys=()),
-    "cc12m": dict(name="cc12m", caption_keys=()),
-    "yfcc15m": dict(name="yfcc15m", caption_keys=()),
-    "laion100m": dict(name="laion100m", caption_keys=()),
-    "datacomp1b": dict(name="datacomp1b", caption_keys=()),
+  "shapes": dict(name="shapes", caption_keys=("caption_detailed",)),
+  "openclipart": dict(name="openclipart", caption_keys=("caption_short", "caption_detailed")),
+  "webli": dict(name="webli", caption_keys=("caption_paligemma", "caption_gemini")),
+  "cc3m": dict(name="cc3m", caption_keys=()),
+  "cc12m": dict(name="cc12m", caption_keys=()),
+  "yfcc15m": dict(name="yfcc15m", caption_keys=()),
+  "laion100m": dict(name="laion100m", caption_keys=()),
+  "datacomp1b": dict(name="datacomp1b", caption_keys=()),
 }
 
 
@@ -84,8 +85,14 @@ def data_config(preset: str, **overrides: Any) -> mlc.ConfigDict:
   return typed_optionals(mlc.ConfigDict(d), "data")
 
 
-def base_config(recipe_name: str, variant: str, *, text_variant: str | None = None,
-                total_steps: int = 1000, batch_size: int = 1024) -> mlc.ConfigDict:
+def base_config(
+  recipe_name: str,
+  variant: str,
+  *,
+  text_variant: str | None = None,
+  total_steps: int = 1000,
+  batch_size: int = 1024,
+) -> mlc.ConfigDict:
   """The complete default config for `recipe_name` with image tower `variant` (e.g. 'B/14').
 
   Every key and its default is declared in tipsito/config/schema.py; the recipe-dependent defaults (loss
@@ -93,15 +100,21 @@ def base_config(recipe_name: str, variant: str, *, text_variant: str | None = No
   table (tipsito/objective/recipes.py), the tower sizes from the variant presets. Everything is
   overridable afterwards.
   """
-  ctx = schema.Ctx(recipe=recipes.get_recipe(recipe_name), variant=variant,
-                   text_variant=text_variant or variant, total_steps=total_steps, batch_size=batch_size)
+  ctx = schema.Ctx(
+    recipe=recipes.get_recipe(recipe_name),
+    variant=variant,
+    text_variant=text_variant or variant,
+    total_steps=total_steps,
+    batch_size=batch_size,
+  )
   c = mlc.ConfigDict(schema.defaults_for(ctx))
   c.data = data_config("shapes")
   return typed_optionals(c)
 
 
-def tiny_config(recipe_name: str, *, batch_size: int = 8, total_steps: int = 10,
-                image_size: int = 32, num_local: int = 2) -> mlc.ConfigDict:
+def tiny_config(
+  recipe_name: str, *, batch_size: int = 8, total_steps: int = 10, image_size: int = 32, num_local: int = 2
+) -> mlc.ConfigDict:
   """A CPU-sized config of any recipe (tests, `bench` smoke runs): tiny/16 towers, small heads."""
   c = base_config(recipe_name, "tiny/16", total_steps=total_steps, batch_size=batch_size)
   c.model.text.vocab_size = None  # the demo tokenizer's size (tests that never tokenize pass their own)

@@ -3,6 +3,7 @@
 Why in config/: validation checks the mesh against the devices before anything is built, and the config
 layer does not import the training code; tipsito/train/sharding.py builds the mesh from this shape.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -18,10 +19,13 @@ def mesh_shape(mesh_cfg, num_devices: int) -> tuple[int, int, int]:
   known = int(np.prod([s for s in sizes if s != -1]))
   if -1 in sizes:
     if num_devices % known:
-      raise ValueError(f"config.mesh={dict(zip(MESH_AXES, sizes))}: {num_devices} devices not divisible "
-                       f"by {known}")
+      raise ValueError(
+        f"config.mesh={dict(zip(MESH_AXES, sizes))}: {num_devices} devices not divisible by {known}"
+      )
     sizes[sizes.index(-1)] = num_devices // known
   if int(np.prod(sizes)) != num_devices:
-    raise ValueError(f"config.mesh={dict(zip(MESH_AXES, sizes))} uses {int(np.prod(sizes))} devices but "
-                     f"{num_devices} are available; set one axis to -1")
+    raise ValueError(
+      f"config.mesh={dict(zip(MESH_AXES, sizes))} uses {int(np.prod(sizes))} devices but "
+      f"{num_devices} are available; set one axis to -1"
+    )
   return tuple(sizes)

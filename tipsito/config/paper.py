@@ -6,6 +6,7 @@ are the user's `--config` files, not a package), so the part they share lives in
 them imports it like any module. The paper references for each setting are in the docstrings of those
 experiment files.
 """
+
 from __future__ import annotations
 
 import ml_collections as mlc
@@ -41,25 +42,51 @@ def tipsv2(variant: str, *, ema: str, total_steps: int, batch_size: int) -> mlc.
   c.model.text.update(dict(dtype="bfloat16", remat=True, scan=True))
   c.ema.mode = ema
   c.data = defaults.data_config("webli", caption_keys=("caption_paligemma", "caption_gemini"))
-  c.input.update(dict(global_size=224, local_size=98, num_local=6, mask_ratio=0.75, augment="tips",
-                      global_crop_scale=TIPSV2_GLOBAL_CROP_SCALE, num_workers=32, prefetch=4))
+  c.input.update(
+    dict(
+      global_size=224,
+      local_size=98,
+      num_local=6,
+      mask_ratio=0.75,
+      augment="tips",
+      global_crop_scale=TIPSV2_GLOBAL_CROP_SCALE,
+      num_workers=32,
+      prefetch=4,
+    )
+  )
   c.loss_opts.teacher_temp_warmup_steps = 30000
-  c.optim.update(dict(lr=1e-3, warmup_steps=10000, weight_decay=1e-4, clip_norm=1.0, momentum=0.9,
-                      momentum_dtype="bfloat16"))
+  c.optim.update(
+    dict(
+      lr=1e-3, warmup_steps=10000, weight_decay=1e-4, clip_norm=1.0, momentum=0.9, momentum_dtype="bfloat16"
+    )
+  )
   # Data parallel over every chip (params replicated, 16 images per chip). `python -m tipsito.plan` on
   # v5p:8x8x8 (README "Planning a pod run"): 28.0 GiB per chip, against 48.8 GiB with FSDP over all chips
   # (data=1, fsdp=-1): at 16 images per chip the replicated params and Adafactor state cost less than
   # FSDP's per-layer weight gathers, which remat repeats in the backward pass.
   c.mesh.update(dict(data=-1, fsdp=1, model=1))
   c.ckpt.update(dict(every_steps=1000, keep=3, async_save=True))
-  c.evals.zeroshot = dict(type="zeroshot", dataset="imagenet2012", split="validation", every_steps=10000,
-                          batch_size=1024, image_size=224)
-  c.evals.retrieval = dict(type="retrieval", dataset="coco_captions", split="val", every_steps=10000,
-                           batch_size=1024, image_size=224)
+  c.evals.zeroshot = dict(
+    type="zeroshot",
+    dataset="imagenet2012",
+    split="validation",
+    every_steps=10000,
+    batch_size=1024,
+    image_size=224,
+  )
+  c.evals.retrieval = dict(
+    type="retrieval", dataset="coco_captions", split="val", every_steps=10000, batch_size=1024, image_size=224
+  )
   # TIPSv2's ADE150 column (tipsito/evals/segmentation.py BENCHMARKS): 150 classes, labels 0 and 255
   # ignored, short side 448 keeping the aspect ratio, scored at the label map's size, 'whole' protocol.
-  c.evals.segmentation = dict(type="segmentation", benchmark="ade150", dataset="ade20k",
-                              split="validation", every_steps=10000, batch_size=64)
+  c.evals.segmentation = dict(
+    type="segmentation",
+    benchmark="ade150",
+    dataset="ade20k",
+    split="validation",
+    every_steps=10000,
+    batch_size=64,
+  )
   return c
 
 
@@ -72,8 +99,9 @@ def tipsv2_distill(student: str, *, teacher: str, total_steps: int, batch_size: 
   c.distill.teacher = teacher or "PATH/TO/tipsv2_g14_export"
   c.data = defaults.data_config("webli", caption_keys=("caption_paligemma", "caption_gemini"))
   # "Distillation ... mirrors the pretraining setup" (TIPSv2 §3.1): the same views as tipsv2 above.
-  c.input.update(dict(mask_ratio=0.0, num_local=6, global_crop_scale=TIPSV2_GLOBAL_CROP_SCALE,
-                      num_workers=32))
+  c.input.update(
+    dict(mask_ratio=0.0, num_local=6, global_crop_scale=TIPSV2_GLOBAL_CROP_SCALE, num_workers=32)
+  )
   c.optim.update(dict(lr=1e-3, warmup_steps=10000, momentum_dtype="bfloat16"))
   c.mesh.update(dict(data=1, fsdp=-1, model=1))
   return c
@@ -104,16 +132,39 @@ def ito(data: str, variant: str, *, total_steps: int, batch_size: int) -> mlc.Co
   args.check_choice("variant", variant, ITO_VARIANTS)
   c = defaults.base_config("ito", variant, total_steps=total_steps or ITO_STEPS[data], batch_size=batch_size)
   c.model.embed_dim = 512
-  c.model.text.update(dict(out_dim=512, width=512, depth=12, num_heads=8, mlp_dim=2048, vocab_size=49408,
-                           max_len=77, dtype="bfloat16"))
+  c.model.text.update(
+    dict(
+      out_dim=512,
+      width=512,
+      depth=12,
+      num_heads=8,
+      mlp_dim=2048,
+      vocab_size=49408,
+      max_len=77,
+      dtype="bfloat16",
+    )
+  )
   c.max_len = 77
   c.model.fusion.max_text_len = 77
   c.model.image.update(dict(dtype="bfloat16"))
   c.data = defaults.data_config(data)
-  c.input.update(dict(views="two_views", augment="ito", num_local=0, global_crop_scale=ITO_CROP_SCALE,
-                      view2_crop_scale=ITO_CROP_SCALE, num_workers=32))
-  c.optim.update(dict(name="adamw", lr=1e-3, warmup_steps=2000, b1=0.9, b2=0.98, eps=1e-6,
-                      weight_decay=0.1))
-  c.evals.zeroshot = dict(type="zeroshot", dataset="imagenet2012", split="validation", every_steps=5000,
-                          batch_size=1024, image_size=224)
+  c.input.update(
+    dict(
+      views="two_views",
+      augment="ito",
+      num_local=0,
+      global_crop_scale=ITO_CROP_SCALE,
+      view2_crop_scale=ITO_CROP_SCALE,
+      num_workers=32,
+    )
+  )
+  c.optim.update(dict(name="adamw", lr=1e-3, warmup_steps=2000, b1=0.9, b2=0.98, eps=1e-6, weight_decay=0.1))
+  c.evals.zeroshot = dict(
+    type="zeroshot",
+    dataset="imagenet2012",
+    split="validation",
+    every_steps=5000,
+    batch_size=1024,
+    image_size=224,
+  )
   return c

@@ -4,6 +4,7 @@ Why in config/: validation checks `config.init_from` against the run it points a
 written, and the config layer must not import the training code (tipsito/train/ sits above it); the
 training workdir (tipsito/train/workdir.py) writes this file and reads it through these functions.
 """
+
 from __future__ import annotations
 
 import json

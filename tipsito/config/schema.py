@@ -11,6 +11,7 @@ A default is a value, or a function of the `Ctx` (recipe, image/text variant, to
 for the keys whose default depends on the recipe (the values come from the recipe table,
 tipsito/objective/recipes.py), on the optimizer or on the variant preset (tipsito/models/presets.py).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -45,6 +46,7 @@ BOOLS = (False, True)
 @dataclasses.dataclass(frozen=True)
 class Range:
   """A numeric interval; None = unbounded on that side; `lo_open` / `hi_open` exclude the bound."""
+
   lo: Optional[float] = None
   hi: Optional[float] = None
   lo_open: bool = False
@@ -83,14 +85,15 @@ def gt(x: float) -> Range:
 
 
 ANY = Range()
-UNIT = Range(0.0, 1.0)                           # [0, 1]: probabilities, momenta, fractions
-UNIT_HI_OPEN = Range(0.0, 1.0, hi_open=True)     # [0, 1): mask ratio, dropout, Adam betas
-UNIT_LO_OPEN = Range(0.0, 1.0, lo_open=True)     # (0, 1]: crop area fractions, decay caps
+UNIT = Range(0.0, 1.0)  # [0, 1]: probabilities, momenta, fractions
+UNIT_HI_OPEN = Range(0.0, 1.0, hi_open=True)  # [0, 1): mask ratio, dropout, Adam betas
+UNIT_LO_OPEN = Range(0.0, 1.0, lo_open=True)  # (0, 1]: crop area fractions, decay caps
 
 
 @dataclasses.dataclass(frozen=True)
 class Ctx:
   """What a recipe-, optimizer- or variant-dependent default is a function of."""
+
   recipe: recipes_lib.Recipe
   variant: str
   text_variant: str
@@ -140,6 +143,7 @@ class Key:
     pair: a tuple (lo, hi) with lo <= hi.
     when: the key exists only for recipes where this holds (loss weights: the recipe's terms).
   """
+
   path: str
   type: type
   default: Any
@@ -172,8 +176,16 @@ class Key:
     elif self.range is not None:
       parts.append(f"{'an integer' if self.type is int else 'a number'} {_in(self.range)}")
     else:
-      parts.append({bool: "True or False", str: "a string", dict: "a dict", object: "a Python literal",
-                    int: "an integer", float: "a number"}[self.type])
+      parts.append(
+        {
+          bool: "True or False",
+          str: "a string",
+          dict: "a dict",
+          object: "a Python literal",
+          int: "an integer",
+          float: "a number",
+        }[self.type]
+      )
     if self.optional:
       parts.insert(0, "None or")
     return " ".join(parts)
@@ -183,6 +195,7 @@ class Key:
 class Tree:
   """A sub-dict whose entries are named by the user (evals, optim.lr_mults) or by a module's dataclass
   fields (model.image, ...: every field is a valid key; the declared ones have a default)."""
+
   path: str
   doc: str
   free_form: bool = False
@@ -214,269 +227,578 @@ def _text_structure(k: str) -> Callable[[Ctx], Any]:
   return lambda ctx: presets.TEXT_STRUCTURE[ctx.structure][k]
 
 
-_C = ("the TFDS config names of tipsito.data.builders; see DATA_PRESETS in tipsito/config/defaults.py")
+_C = "the TFDS config names of tipsito.data.builders; see DATA_PRESETS in tipsito/config/defaults.py"
 
 TREES: tuple[Tree, ...] = (
-    Tree("evals", "evaluations by name (tipsito/evals/registry.py checks their keys)", free_form=True,
-         safe=True),
-    Tree("optim.lr_mults", "{regex: lr multiplier} on the '/'-joined parameter path (first match wins)",
-         free_form=True),
-    Tree("model.image", "VisionTransformer kwargs (any field of tipsito.models.VisionTransformer)"),
-    Tree("model.text", "TextEncoder kwargs (any field of tipsito.models.TextEncoder)"),
-    Tree("model.heads", "DINO / iBOT head kwargs (fields of tipsito.models.DINOHead)"),
-    Tree("model.fusion", "ITO fusion Transformer kwargs (fields of tipsito.models.FusionTransformer)"),
-    Tree("loss", "loss weights, one per term of the recipe (0 turns a term off)"),
+  Tree(
+    "evals", "evaluations by name (tipsito/evals/registry.py checks their keys)", free_form=True, safe=True
+  ),
+  Tree(
+    "optim.lr_mults",
+    "{regex: lr multiplier} on the '/'-joined parameter path (first match wins)",
+    free_form=True,
+  ),
+  Tree("model.image", "VisionTransformer kwargs (any field of tipsito.models.VisionTransformer)"),
+  Tree("model.text", "TextEncoder kwargs (any field of tipsito.models.TextEncoder)"),
+  Tree("model.heads", "DINO / iBOT head kwargs (fields of tipsito.models.DINOHead)"),
+  Tree("model.fusion", "ITO fusion Transformer kwargs (fields of tipsito.models.FusionTransformer)"),
+  Tree("loss", "loss weights, one per term of the recipe (0 turns a term off)"),
 )
 
 _POS_INT = ge(1)
 _COUNT = ge(0)
 
 KEYS: tuple[Key, ...] = (
-    # --- run ---
-    K("seed", int, 0, "model init and training RNG seed", range=_COUNT),
-    K("recipe", str, lambda ctx: ctx.recipe.name, "training recipe (tipsito/objective/recipes.py)",
-      choices=lambda: tuple(recipes_lib.RECIPES)),
-    K("tokenizer", str, None, "SentencePiece model path; None = the shipped demo model", optional=True),
-    K("max_len", int, 64, "caption length in tokens fed to the text tower", range=_POS_INT),
-    K("total_steps", int, lambda ctx: ctx.total_steps, "training steps (the schedules end here)",
-      range=_POS_INT),
-    K("log_every_steps", int, 50, "console / TensorBoard scalar cadence in steps", range=_POS_INT, safe=True),
-    K("peak_tflops", float, 0.0, "peak TFLOP/s of one device for FLOP utilisation (0 = per-platform table)",
-      range=ge(0), safe=True),
-    K("profile_steps", int, 0, "JAX profiler trace of this many steps after the first (0 = off)",
-      range=_COUNT, safe=True),
-    K("init_from", str, None, "workdir or export to initialise the params from (stage 2)", optional=True,
-      safe=True),
-    K("init_teacher", str, "continue", "with init_from: 'continue' the init run's teacher or 'reset' it",
-      choices=INIT_TEACHER, safe=True),
-    # --- model ---
-    K("model.embed_dim", int, lambda ctx: ctx.image_preset["width"] if ctx.clip_style else None,
-      "joint embedding width of the projections (None: TIPS, shared width, no projection)",
-      range=_POS_INT, optional=True),
-    K("model.logit_scale_init", float, lambda ctx: ctx.recipe.logit_scale_init,
-      "initial log of the contrastive logit scale", range=ANY),
-    K("model.logit_scale_max", float, lambda ctx: math.log(100.0) if ctx.clip_style else None,
-      "clamp of the log logit scale (None = no clamp)", range=gt(0), optional=True),
-    K("model.logit_bias_init", float, -10.0, "initial SigLIP logit bias", range=ANY),
-    # image tower (VisionTransformer kwargs)
-    K("model.image.width", int, _image_preset("width"), "image tower width (variant preset)", range=_POS_INT),
-    K("model.image.depth", int, _image_preset("depth"), "image tower blocks (variant preset)", range=_POS_INT),
-    K("model.image.num_heads", int, _image_preset("num_heads"), "attention heads (variant preset)",
-      range=_POS_INT),
-    K("model.image.mlp_dim", int, _image_preset("mlp_dim"), "MLP hidden width (variant preset)",
-      range=_POS_INT),
-    K("model.image.ffn", str, _image_preset("ffn"), "feed-forward block (variant preset)", choices=FFNS),
-    K("model.image.patch_size", int, _image_preset("patch_size"), "patch size in px (variant preset)",
-      range=_POS_INT),
-    K("model.image.num_cls_tokens", int, lambda ctx: ctx.recipe.num_cls, "CLS tokens (recipe)",
-      choices=(1, 2)),
-    K("model.image.posemb_grid", int,
-      lambda ctx: 224 // ctx.image_preset["patch_size"] if ctx.clip_style else 32,
-      "side of the learned position-embedding grid (resized to the input)", range=_POS_INT),
-    K("model.image.use_mask_token", bool, lambda ctx: ctx.recipe.mask_ratio > 0,
-      "learned mask token for iBOT-masked patches", choices=BOOLS),
-    K("model.image.dropout", float, 0.0, "dropout rate", range=UNIT_HI_OPEN),
-    K("model.image.stochastic_depth", float, 0.0, "stochastic depth (drop-path) rate", range=UNIT_HI_OPEN),
-    K("model.image.remat", bool, False, "rematerialise each block with remat_policy", choices=BOOLS),
-    K("model.image.dtype", str, "float32", "activation dtype", choices=DTYPES),
-    K("model.image.param_dtype", str, "float32", "parameter dtype", choices=DTYPES),
-    K("model.image.pixel_mean", tuple,
-      lambda ctx: tuple(presets.TIPS_PIXEL_MEAN if ctx.tips_pixels else presets.CLIP_PIXEL_MEAN),
-      "per-channel mean subtracted from [0, 1] pixels (recipe's pixel statistics)", length=3, range=ANY),
-    K("model.image.pixel_std", tuple,
-      lambda ctx: tuple(presets.TIPS_PIXEL_STD if ctx.tips_pixels else presets.CLIP_PIXEL_STD),
-      "per-channel std dividing the pixels (recipe's pixel statistics)", length=3, range=gt(0)),
-    K("model.image.activation", str, _image_structure("activation"), "MLP activation (tower structure)",
-      choices=tuple(ACTIVATIONS)),
-    K("model.image.ln_eps", float, _image_structure("ln_eps"), "LayerNorm epsilon (tower structure)",
-      range=gt(0)),
-    K("model.image.patch_bias", bool, _image_structure("patch_bias"), "bias in the patch embedding",
-      choices=BOOLS),
-    K("model.image.cls_posemb", bool, _image_structure("cls_posemb"), "the CLS tokens get a position row",
-      choices=BOOLS),
-    K("model.image.pre_norm", bool, _image_structure("pre_norm"), "LayerNorm before the blocks (OpenCLIP)",
-      choices=BOOLS),
-    K("model.image.remat_policy", str, "nothing_saveable", "what a rematerialised block saves",
-      choices=tuple(REMAT_POLICIES)),
-    K("model.image.scan", bool, False, "run the blocks as one nn.scan (params stacked under 'blocks')",
-      choices=BOOLS),
-    # text tower (TextEncoder kwargs)
-    K("model.text.width", int, _text_preset("width"), "text tower width (variant preset)", range=_POS_INT),
-    K("model.text.depth", int, _text_preset("depth"), "text tower blocks (variant preset)", range=_POS_INT),
-    K("model.text.num_heads", int, _text_preset("num_heads"), "attention heads (variant preset)",
-      range=_POS_INT),
-    K("model.text.mlp_dim", int, _text_preset("mlp_dim"), "MLP hidden width (variant preset)",
-      range=_POS_INT),
-    K("model.text.vocab_size", int, 32000, "embedding rows; None = the tokenizer's vocabulary size",
-      range=ge(2), optional=True),
-    K("model.text.max_len", int, 64, "text position-embedding length", range=_POS_INT),
-    K("model.text.out_dim", int, lambda ctx: ctx.image_preset["width"] if ctx.clip_style else None,
-      "text projection width (None = no projection)", range=_POS_INT, optional=True),
-    K("model.text.dropout", float, 0.0, "dropout rate", range=UNIT_HI_OPEN),
-    K("model.text.remat", bool, False, "rematerialise each block with remat_policy", choices=BOOLS),
-    K("model.text.dtype", str, "float32", "activation dtype", choices=DTYPES),
-    K("model.text.param_dtype", str, "float32", "parameter dtype", choices=DTYPES),
-    K("model.text.flavour", str, _text_structure("flavour"), "text tower flavour (tower structure)",
-      choices=FLAVOURS),
-    K("model.text.activation", str, _text_structure("activation"), "MLP activation (tower structure)",
-      choices=tuple(ACTIVATIONS)),
-    K("model.text.ln_eps", float, _text_structure("ln_eps"), "LayerNorm epsilon (tower structure)",
-      range=gt(0)),
-    K("model.text.remat_policy", str, "nothing_saveable", "what a rematerialised block saves",
-      choices=tuple(REMAT_POLICIES)),
-    K("model.text.scan", bool, False, "run the blocks as one nn.scan", choices=BOOLS),
-    # heads and fusion
-    K("model.heads.num_prototypes", int, 32768, "DINO / iBOT prototypes K", range=_POS_INT),
-    K("model.heads.hidden_dim", int, 2048, "head MLP hidden width", range=_POS_INT),
-    K("model.heads.bottleneck_dim", int, 256, "head bottleneck width", range=_POS_INT),
-    K("model.heads.num_layers", int, 3, "head MLP layers", range=_POS_INT),
-    K("model.fusion.width", int, 512, "ITO fusion Transformer width", range=_POS_INT),
-    K("model.fusion.depth", int, 2, "ITO fusion Transformer blocks", range=_POS_INT),
-    K("model.fusion.num_heads", int, 8, "ITO fusion Transformer heads", range=_POS_INT),
-    # --- loss weights: one key per term the recipe allows ---
-    *(K(f"loss.{term}", float, (lambda t: lambda ctx: ctx.recipe.loss[t])(term),
-        f"weight of the {term} loss term (recipe default; 0 = off)", range=ge(0),
-        when=(lambda t: lambda r: t in r.loss)(term)) for term in TERMS),
-    # --- loss options ---
-    K("loss_opts.student_temp", float, 0.1, "DINO / iBOT student softmax temperature", range=gt(0)),
-    K("loss_opts.teacher_temp", float, 0.07, "DINO / iBOT teacher temperature after warmup", range=gt(0)),
-    K("loss_opts.warmup_teacher_temp", float, 0.04, "teacher temperature at step 0 (linear warmup)",
-      range=gt(0)),
-    K("loss_opts.teacher_temp_warmup_steps", int, 0, "steps of the teacher temperature warmup",
-      range=_COUNT),
-    K("loss_opts.center_momentum", float, 0.9, "momentum of the DINO / iBOT teacher centres", range=UNIT),
-    K("loss_opts.ibot_all_patches", bool, lambda ctx: ctx.recipe.ibot_all_patches,
-      "iBOT++ (every patch) instead of iBOT (masked patches only)", choices=BOOLS),
-    K("loss_opts.ibot_token_norm", str, "masked", "iBOT normalisation: over masked tokens or all patches",
-      choices=TOKEN_NORMS),
-    K("loss_opts.teacher_method", str, "centering", "teacher target: softmax centering or Sinkhorn-Knopp",
-      choices=TEACHER_METHODS),
-    K("loss_opts.fusion_cls", int, 0, "CLS token the ITO fusion module reads (< num_cls_tokens)",
-      range=_COUNT),
-    K("loss_opts.contrastive_view", str, "unmasked", "view 1 the contrastive terms see",
-      choices=CONTRASTIVE_VIEWS),
-    K("loss_opts.dino_reduction", str, "mean", "DINO cross-entropies over the student crops: mean or sum",
-      choices=DINO_REDUCTIONS),
-    K("loss_opts.view_weighting", str, lambda ctx: ctx.recipe.view_weighting,
-      "alt-text InfoNCE over ITO's two views: mean or sum (recipe default)", choices=VIEW_WEIGHTINGS),
-    # --- EMA teacher ---
-    K("ema.mode", str, lambda ctx: ctx.recipe.ema_mode, "EMA teacher: heads only, full, none (recipe)",
-      choices=EMA_MODES),
-    K("ema.momentum", float, 0.996, "EMA teacher momentum (at step 0 with the cosine schedule)", range=UNIT),
-    K("ema.schedule", str, "constant", "EMA momentum schedule (cosine: to 1 at the last step, DINO)",
-      choices=EMA_SCHEDULES),
-    # --- optimizer (defaults per the recipe's optimizer: Adafactor / AdamW) ---
-    K("optim.name", str, lambda ctx: ctx.recipe.optimizer, "optimizer (recipe default)", choices=OPTIMIZERS),
-    K("optim.lr", float, _optim(1e-3, 5e-4), "peak learning rate", range=gt(0)),
-    K("optim.warmup_steps", int,
-      lambda ctx: min(10000 if ctx.recipe.optimizer == "adafactor" else 2000, ctx.total_steps // 10),
-      "linear warmup steps (default: a tenth of total_steps, at most 10000 Adafactor / 2000 AdamW)",
-      range=_COUNT),
-    K("optim.schedule", str, "cosine", "decay after warmup", choices=SCHEDULES),
-    K("optim.min_lr_ratio", float, 0.0, "the decay ends at lr * min_lr_ratio", range=UNIT),
-    K("optim.weight_decay", float, _optim(1e-4, 0.1), "decoupled weight decay on kernels", range=ge(0)),
-    K("optim.clip_norm", float, 1.0, "global-norm gradient clipping (None = off)", range=gt(0),
-      optional=True),
-    K("optim.momentum", float, _optim(0.9, None), "Adafactor momentum EMA / SGD trace (None = off)",
-      range=UNIT, optional=True),
-    K("optim.momentum_dtype", str, "float32", "dtype of the first moment", choices=DTYPES),
-    K("optim.decay_rate", float, 0.8, "Adafactor second-moment decay exponent (1 - t^-rate)",
-      range=UNIT_LO_OPEN),
-    K("optim.beta2_cap", float, 0.999, "cap of Adafactor's second-moment decay", range=UNIT_LO_OPEN),
-    K("optim.min_dim_size_to_factor", int, 32, "Adafactor factors dims at least this large",
-      range=_POS_INT),
-    K("optim.eps", float, _optim(1e-30, 1e-6), "epsilon of the second-moment normalisation", range=gt(0)),
-    K("optim.clip_block_rms", float, None, "Adafactor per-block RMS clipping (None = off)", range=gt(0),
-      optional=True),
-    K("optim.b1", float, 0.9, "Adam first-moment decay", range=UNIT_HI_OPEN),
-    K("optim.b2", float, _optim(0.999, 0.98), "Adam second-moment decay", range=UNIT_HI_OPEN),
-    K("optim.frozen", tuple, (), "regexes of parameter paths that are not trained (no optimizer state)"),
-    # --- mesh and sharding (Orbax reshards on restore) ---
-    K("mesh.data", int, 1, "data-parallel mesh axis (-1 = the remaining devices)", range=ge(-1), safe=True),
-    K("mesh.fsdp", int, -1, "FSDP mesh axis (-1 = the remaining devices)", range=ge(-1), safe=True),
-    K("mesh.model", int, 1, "model-parallel mesh axis (-1 = the remaining devices)", range=ge(-1),
-      safe=True),
-    K("sharding.rules", tuple, (), "(regex, PartitionSpec) rules for parameter sharding", safe=True),
-    K("sharding.min_size", int, 2 ** 12, "parameters smaller than this are replicated", range=_COUNT,
-      safe=True),
-    # --- data ---
-    K("data.name", str, "shapes", f"TFDS dataset name ({_C})"),
-    K("data.split", str, "train", "training split"),
-    K("data.data_dir", str, None, "TFDS data dir (None = the TFDS default)", optional=True, safe=True),
-    K("data.image_key", str, "image", "record field of the image"),
-    K("data.alt_text_key", str, "alt_text", "record field of the alt-text caption ('text')"),
-    K("data.caption_keys", tuple, (), "record fields of the synthetic captions ('text2')"),
-    K("data.label_key", str, None, "record field of a class label (evals only)", optional=True),
-    K("data.max_skip_fraction", float, 0.05, "the run stops when more records than this are undecodable",
-      range=UNIT, safe=True),
-    K("data.min_records_for_skip_check", int, None, "records read before the skip fraction is checked",
-      range=_COUNT, optional=True, safe=True),
-    K("data.build_if_missing", bool, False, "build the dataset on the fly when it is absent", choices=BOOLS),
-    K("data.build_options", object, None, "builder options of an on-the-fly build (a dict)", optional=True),
-    K("data.max_pixels", int, 4096 * 4096, "images above this are decoded downscaled", range=_POS_INT),
-    K("data.hard_max_pixels", int, 16384 * 16384, "images above this are skipped", range=_POS_INT),
-    K("data.min_side", int, 2, "images with a shorter side are skipped", range=_POS_INT),
-    K("data.max_aspect", float, 20.0, "images beyond this aspect ratio are skipped", range=ge(1)),
-    K("data.background", tuple, (255, 255, 255), "RGB that transparent pixels are composited on",
-      length=3, range=Range(0, 255)),
-    # --- input pipeline ---
-    K("input.batch_size", int, lambda ctx: ctx.batch_size, "global batch size", range=_POS_INT),
-    K("input.microbatches", int, 1, "micro-batches per step: the same update as the whole batch at once "
-      "(exact accumulation, tipsito/objective/accumulate.py), less memory, one extra forward",
-      range=_POS_INT, safe=True),
-    K("input.views", str, lambda ctx: ctx.recipe.views, "views per example (recipe)", choices=VIEWS),
-    K("input.global_size", int, 224, "global crop / view 1 and 2 size in px (whole patches)", range=_POS_INT),
-    K("input.local_size", int, 98, "local crop size in px (whole patches)", range=_POS_INT),
-    K("input.num_local", int, lambda ctx: 6 if "multicrop" in ctx.recipe.views else 0,
-      "local crops per example (multicrop views)", range=_COUNT),
-    K("input.mask_ratio", float, lambda ctx: ctx.recipe.mask_ratio, "iBOT mask ratio (recipe)",
-      range=UNIT_HI_OPEN),
-    K("input.mask_type", str, "random", "iBOT mask shape", choices=MASK_TYPES),
-    K("input.mask_prob", float, 1.0, "probability that an image is masked", range=UNIT),
-    K("input.augment", str, lambda ctx: "tips" if ctx.tips_pixels else "ito", "augmentation of view 1",
-      choices=AUGMENTS),
-    K("input.augment_view2", str, lambda ctx: "ito" if ctx.recipe.views == "multicrop_two_views" else None,
-      "augmentation of view 2 (None = input.augment)", choices=(None,) + tuple(AUGMENTS), optional=True),
-    K("input.num_workers", int, 0, "grain worker processes (0 = in process)", range=_COUNT),
-    K("input.prefetch", int, 2, "batches prefetched", range=_COUNT, safe=True),
-    K("input.shuffle_seed", int, 0, "data order seed", range=_COUNT),
-    K("input.shuffle", bool, True, "shuffle the records (reshuffled every epoch)", choices=BOOLS),
-    K("input.num_epochs", int, None, "epochs to read (None = repeat forever)", range=_POS_INT, optional=True),
-    K("input.read_threads", int, None, "reader threads (None = grain's default)", range=_POS_INT,
-      optional=True, safe=True),
-    K("input.global_crop_scale", tuple, None, "global crop area range (None = the augmentation's default)",
-      pair=True, range=UNIT_LO_OPEN, optional=True),
-    K("input.local_crop_scale", tuple, None, "local crop area range (None = DINO's (0.05, 0.32))",
-      pair=True, range=UNIT_LO_OPEN, optional=True),
-    K("input.view2_crop_scale", tuple, (0.5, 1.0), "view 2 crop area range (None = (0.5, 1), ITO's)",
-      pair=True, range=UNIT_LO_OPEN, optional=True),
-    K("input.crop_ratio", tuple, None, "crop aspect-ratio range (None = (3/4, 4/3))", pair=True,
-      range=gt(0), optional=True),
-    # --- checkpoints, guards, export ---
-    K("ckpt.every_steps", int, 1000, "checkpoint cadence in steps (0 = only at the end)", range=_COUNT,
-      safe=True),
-    K("ckpt.keep", int, 3, "checkpoints kept", range=_POS_INT, safe=True),
-    K("ckpt.async_save", bool, True, "save checkpoints in the background", choices=BOOLS, safe=True),
-    K("nonfinite.max_consecutive", int, 10, "non-finite steps in a row that stop the run", range=_POS_INT,
-      safe=True),
-    K("export.enabled", bool, True, "write the export at the end of training", choices=BOOLS, safe=True),
-    K("export.dir", str, None, "export directory (None = <workdir>/export)", optional=True, safe=True),
-    # --- distillation teacher ---
-    K("distill.teacher", str, None, "teacher: a training workdir or an export dir", optional=True),
-    K("distill.teacher_image_npz", str, None, "teacher: official TIPS image weights (.npz)", optional=True),
-    K("distill.teacher_text_npz", str, None, "official TIPS text weights (.npz) for init_text",
-      optional=True),
-    K("distill.init_text", bool, False, "the student text tower starts from the teacher's", choices=BOOLS),
-    K("distill.init_image", bool, False, "the student image tower starts from the teacher's (distill only)",
-      choices=BOOLS),
-    K("distill.dino_global_crop", bool, False, "the global crop is also a DINO student view (distill only)",
-      choices=BOOLS),
-    # --- user-named evals: typed optional entries (not created by the builder) ---
-    K("evals.*.data_dir", str, ABSENT, "TFDS data dir of an eval", optional=True, safe=True),
-    K("evals.*.max_examples", int, ABSENT, "examples an eval reads (None = all)", optional=True, safe=True,
-      range=_POS_INT),
-    K("evals.*.tokenizer", str, ABSENT, "tokenizer of an eval (None = the config's)", optional=True,
-      safe=True),
+  # --- run ---
+  K("seed", int, 0, "model init and training RNG seed", range=_COUNT),
+  K(
+    "recipe",
+    str,
+    lambda ctx: ctx.recipe.name,
+    "training recipe (tipsito/objective/recipes.py)",
+    choices=lambda: tuple(recipes_lib.RECIPES),
+  ),
+  K("tokenizer", str, None, "SentencePiece model path; None = the shipped demo model", optional=True),
+  K("max_len", int, 64, "caption length in tokens fed to the text tower", range=_POS_INT),
+  K(
+    "total_steps", int, lambda ctx: ctx.total_steps, "training steps (the schedules end here)", range=_POS_INT
+  ),
+  K("log_every_steps", int, 50, "console / TensorBoard scalar cadence in steps", range=_POS_INT, safe=True),
+  K(
+    "peak_tflops",
+    float,
+    0.0,
+    "peak TFLOP/s of one device for FLOP utilisation (0 = per-platform table)",
+    range=ge(0),
+    safe=True,
+  ),
+  K(
+    "profile_steps",
+    int,
+    0,
+    "JAX profiler trace of this many steps after the first (0 = off)",
+    range=_COUNT,
+    safe=True,
+  ),
+  K(
+    "init_from",
+    str,
+    None,
+    "workdir or export to initialise the params from (stage 2)",
+    optional=True,
+    safe=True,
+  ),
+  K(
+    "init_teacher",
+    str,
+    "continue",
+    "with init_from: 'continue' the init run's teacher or 'reset' it",
+    choices=INIT_TEACHER,
+    safe=True,
+  ),
+  # --- model ---
+  K(
+    "model.embed_dim",
+    int,
+    lambda ctx: ctx.image_preset["width"] if ctx.clip_style else None,
+    "joint embedding width of the projections (None: TIPS, shared width, no projection)",
+    range=_POS_INT,
+    optional=True,
+  ),
+  K(
+    "model.logit_scale_init",
+    float,
+    lambda ctx: ctx.recipe.logit_scale_init,
+    "initial log of the contrastive logit scale",
+    range=ANY,
+  ),
+  K(
+    "model.logit_scale_max",
+    float,
+    lambda ctx: math.log(100.0) if ctx.clip_style else None,
+    "clamp of the log logit scale (None = no clamp)",
+    range=gt(0),
+    optional=True,
+  ),
+  K("model.logit_bias_init", float, -10.0, "initial SigLIP logit bias", range=ANY),
+  # image tower (VisionTransformer kwargs)
+  K("model.image.width", int, _image_preset("width"), "image tower width (variant preset)", range=_POS_INT),
+  K("model.image.depth", int, _image_preset("depth"), "image tower blocks (variant preset)", range=_POS_INT),
+  K(
+    "model.image.num_heads",
+    int,
+    _image_preset("num_heads"),
+    "attention heads (variant preset)",
+    range=_POS_INT,
+  ),
+  K(
+    "model.image.mlp_dim", int, _image_preset("mlp_dim"), "MLP hidden width (variant preset)", range=_POS_INT
+  ),
+  K("model.image.ffn", str, _image_preset("ffn"), "feed-forward block (variant preset)", choices=FFNS),
+  K(
+    "model.image.patch_size",
+    int,
+    _image_preset("patch_size"),
+    "patch size in px (variant preset)",
+    range=_POS_INT,
+  ),
+  K("model.image.num_cls_tokens", int, lambda ctx: ctx.recipe.num_cls, "CLS tokens (recipe)", choices=(1, 2)),
+  K(
+    "model.image.posemb_grid",
+    int,
+    lambda ctx: 224 // ctx.image_preset["patch_size"] if ctx.clip_style else 32,
+    "side of the learned position-embedding grid (resized to the input)",
+    range=_POS_INT,
+  ),
+  K(
+    "model.image.use_mask_token",
+    bool,
+    lambda ctx: ctx.recipe.mask_ratio > 0,
+    "learned mask token for iBOT-masked patches",
+    choices=BOOLS,
+  ),
+  K("model.image.dropout", float, 0.0, "dropout rate", range=UNIT_HI_OPEN),
+  K("model.image.stochastic_depth", float, 0.0, "stochastic depth (drop-path) rate", range=UNIT_HI_OPEN),
+  K("model.image.remat", bool, False, "rematerialise each block with remat_policy", choices=BOOLS),
+  K("model.image.dtype", str, "float32", "activation dtype", choices=DTYPES),
+  K("model.image.param_dtype", str, "float32", "parameter dtype", choices=DTYPES),
+  K(
+    "model.image.pixel_mean",
+    tuple,
+    lambda ctx: tuple(presets.TIPS_PIXEL_MEAN if ctx.tips_pixels else presets.CLIP_PIXEL_MEAN),
+    "per-channel mean subtracted from [0, 1] pixels (recipe's pixel statistics)",
+    length=3,
+    range=ANY,
+  ),
+  K(
+    "model.image.pixel_std",
+    tuple,
+    lambda ctx: tuple(presets.TIPS_PIXEL_STD if ctx.tips_pixels else presets.CLIP_PIXEL_STD),
+    "per-channel std dividing the pixels (recipe's pixel statistics)",
+    length=3,
+    range=gt(0),
+  ),
+  K(
+    "model.image.activation",
+    str,
+    _image_structure("activation"),
+    "MLP activation (tower structure)",
+    choices=tuple(ACTIVATIONS),
+  ),
+  K(
+    "model.image.ln_eps",
+    float,
+    _image_structure("ln_eps"),
+    "LayerNorm epsilon (tower structure)",
+    range=gt(0),
+  ),
+  K(
+    "model.image.patch_bias",
+    bool,
+    _image_structure("patch_bias"),
+    "bias in the patch embedding",
+    choices=BOOLS,
+  ),
+  K(
+    "model.image.cls_posemb",
+    bool,
+    _image_structure("cls_posemb"),
+    "the CLS tokens get a position row",
+    choices=BOOLS,
+  ),
+  K(
+    "model.image.pre_norm",
+    bool,
+    _image_structure("pre_norm"),
+    "LayerNorm before the blocks (OpenCLIP)",
+    choices=BOOLS,
+  ),
+  K(
+    "model.image.remat_policy",
+    str,
+    "nothing_saveable",
+    "what a rematerialised block saves",
+    choices=tuple(REMAT_POLICIES),
+  ),
+  K(
+    "model.image.scan",
+    bool,
+    False,
+    "run the blocks as one nn.scan (params stacked under 'blocks')",
+    choices=BOOLS,
+  ),
+  # text tower (TextEncoder kwargs)
+  K("model.text.width", int, _text_preset("width"), "text tower width (variant preset)", range=_POS_INT),
+  K("model.text.depth", int, _text_preset("depth"), "text tower blocks (variant preset)", range=_POS_INT),
+  K(
+    "model.text.num_heads", int, _text_preset("num_heads"), "attention heads (variant preset)", range=_POS_INT
+  ),
+  K("model.text.mlp_dim", int, _text_preset("mlp_dim"), "MLP hidden width (variant preset)", range=_POS_INT),
+  K(
+    "model.text.vocab_size",
+    int,
+    32000,
+    "embedding rows; None = the tokenizer's vocabulary size",
+    range=ge(2),
+    optional=True,
+  ),
+  K("model.text.max_len", int, 64, "text position-embedding length", range=_POS_INT),
+  K(
+    "model.text.out_dim",
+    int,
+    lambda ctx: ctx.image_preset["width"] if ctx.clip_style else None,
+    "text projection width (None = no projection)",
+    range=_POS_INT,
+    optional=True,
+  ),
+  K("model.text.dropout", float, 0.0, "dropout rate", range=UNIT_HI_OPEN),
+  K("model.text.remat", bool, False, "rematerialise each block with remat_policy", choices=BOOLS),
+  K("model.text.dtype", str, "float32", "activation dtype", choices=DTYPES),
+  K("model.text.param_dtype", str, "float32", "parameter dtype", choices=DTYPES),
+  K(
+    "model.text.flavour",
+    str,
+    _text_structure("flavour"),
+    "text tower flavour (tower structure)",
+    choices=FLAVOURS,
+  ),
+  K(
+    "model.text.activation",
+    str,
+    _text_structure("activation"),
+    "MLP activation (tower structure)",
+    choices=tuple(ACTIVATIONS),
+  ),
+  K(
+    "model.text.ln_eps", float, _text_structure("ln_eps"), "LayerNorm epsilon (tower structure)", range=gt(0)
+  ),
+  K(
+    "model.text.remat_policy",
+    str,
+    "nothing_saveable",
+    "what a rematerialised block saves",
+    choices=tuple(REMAT_POLICIES),
+  ),
+  K("model.text.scan", bool, False, "run the blocks as one nn.scan", choices=BOOLS),
+  # heads and fusion
+  K("model.heads.num_prototypes", int, 32768, "DINO / iBOT prototypes K", range=_POS_INT),
+  K("model.heads.hidden_dim", int, 2048, "head MLP hidden width", range=_POS_INT),
+  K("model.heads.bottleneck_dim", int, 256, "head bottleneck width", range=_POS_INT),
+  K("model.heads.num_layers", int, 3, "head MLP layers", range=_POS_INT),
+  K("model.fusion.width", int, 512, "ITO fusion Transformer width", range=_POS_INT),
+  K("model.fusion.depth", int, 2, "ITO fusion Transformer blocks", range=_POS_INT),
+  K("model.fusion.num_heads", int, 8, "ITO fusion Transformer heads", range=_POS_INT),
+  # --- loss weights: one key per term the recipe allows ---
+  *(
+    K(
+      f"loss.{term}",
+      float,
+      (lambda t: lambda ctx: ctx.recipe.loss[t])(term),
+      f"weight of the {term} loss term (recipe default; 0 = off)",
+      range=ge(0),
+      when=(lambda t: lambda r: t in r.loss)(term),
+    )
+    for term in TERMS
+  ),
+  # --- loss options ---
+  K("loss_opts.student_temp", float, 0.1, "DINO / iBOT student softmax temperature", range=gt(0)),
+  K("loss_opts.teacher_temp", float, 0.07, "DINO / iBOT teacher temperature after warmup", range=gt(0)),
+  K(
+    "loss_opts.warmup_teacher_temp", float, 0.04, "teacher temperature at step 0 (linear warmup)", range=gt(0)
+  ),
+  K("loss_opts.teacher_temp_warmup_steps", int, 0, "steps of the teacher temperature warmup", range=_COUNT),
+  K("loss_opts.center_momentum", float, 0.9, "momentum of the DINO / iBOT teacher centres", range=UNIT),
+  K(
+    "loss_opts.ibot_all_patches",
+    bool,
+    lambda ctx: ctx.recipe.ibot_all_patches,
+    "iBOT++ (every patch) instead of iBOT (masked patches only)",
+    choices=BOOLS,
+  ),
+  K(
+    "loss_opts.ibot_token_norm",
+    str,
+    "masked",
+    "iBOT normalisation: over masked tokens or all patches",
+    choices=TOKEN_NORMS,
+  ),
+  K(
+    "loss_opts.teacher_method",
+    str,
+    "centering",
+    "teacher target: softmax centering or Sinkhorn-Knopp",
+    choices=TEACHER_METHODS,
+  ),
+  K("loss_opts.fusion_cls", int, 0, "CLS token the ITO fusion module reads (< num_cls_tokens)", range=_COUNT),
+  K(
+    "loss_opts.contrastive_view",
+    str,
+    "unmasked",
+    "view 1 the contrastive terms see",
+    choices=CONTRASTIVE_VIEWS,
+  ),
+  K(
+    "loss_opts.dino_reduction",
+    str,
+    "mean",
+    "DINO cross-entropies over the student crops: mean or sum",
+    choices=DINO_REDUCTIONS,
+  ),
+  K(
+    "loss_opts.view_weighting",
+    str,
+    lambda ctx: ctx.recipe.view_weighting,
+    "alt-text InfoNCE over ITO's two views: mean or sum (recipe default)",
+    choices=VIEW_WEIGHTINGS,
+  ),
+  # --- EMA teacher ---
+  K(
+    "ema.mode",
+    str,
+    lambda ctx: ctx.recipe.ema_mode,
+    "EMA teacher: heads only, full, none (recipe)",
+    choices=EMA_MODES,
+  ),
+  K("ema.momentum", float, 0.996, "EMA teacher momentum (at step 0 with the cosine schedule)", range=UNIT),
+  K(
+    "ema.schedule",
+    str,
+    "constant",
+    "EMA momentum schedule (cosine: to 1 at the last step, DINO)",
+    choices=EMA_SCHEDULES,
+  ),
+  # --- optimizer (defaults per the recipe's optimizer: Adafactor / AdamW) ---
+  K("optim.name", str, lambda ctx: ctx.recipe.optimizer, "optimizer (recipe default)", choices=OPTIMIZERS),
+  K("optim.lr", float, _optim(1e-3, 5e-4), "peak learning rate", range=gt(0)),
+  K(
+    "optim.warmup_steps",
+    int,
+    lambda ctx: min(10000 if ctx.recipe.optimizer == "adafactor" else 2000, ctx.total_steps // 10),
+    "linear warmup steps (default: a tenth of total_steps, at most 10000 Adafactor / 2000 AdamW)",
+    range=_COUNT,
+  ),
+  K("optim.schedule", str, "cosine", "decay after warmup", choices=SCHEDULES),
+  K("optim.min_lr_ratio", float, 0.0, "the decay ends at lr * min_lr_ratio", range=UNIT),
+  K("optim.weight_decay", float, _optim(1e-4, 0.1), "decoupled weight decay on kernels", range=ge(0)),
+  K("optim.clip_norm", float, 1.0, "global-norm gradient clipping (None = off)", range=gt(0), optional=True),
+  K(
+    "optim.momentum",
+    float,
+    _optim(0.9, None),
+    "Adafactor momentum EMA / SGD trace (None = off)",
+    range=UNIT,
+    optional=True,
+  ),
+  K("optim.momentum_dtype", str, "float32", "dtype of the first moment", choices=DTYPES),
+  K(
+    "optim.decay_rate", float, 0.8, "Adafactor second-moment decay exponent (1 - t^-rate)", range=UNIT_LO_OPEN
+  ),
+  K("optim.beta2_cap", float, 0.999, "cap of Adafactor's second-moment decay", range=UNIT_LO_OPEN),
+  K("optim.min_dim_size_to_factor", int, 32, "Adafactor factors dims at least this large", range=_POS_INT),
+  K("optim.eps", float, _optim(1e-30, 1e-6), "epsilon of the second-moment normalisation", range=gt(0)),
+  K(
+    "optim.clip_block_rms",
+    float,
+    None,
+    "Adafactor per-block RMS clipping (None = off)",
+    range=gt(0),
+    optional=True,
+  ),
+  K("optim.b1", float, 0.9, "Adam first-moment decay", range=UNIT_HI_OPEN),
+  K("optim.b2", float, _optim(0.999, 0.98), "Adam second-moment decay", range=UNIT_HI_OPEN),
+  K("optim.frozen", tuple, (), "regexes of parameter paths that are not trained (no optimizer state)"),
+  # --- mesh and sharding (Orbax reshards on restore) ---
+  K("mesh.data", int, 1, "data-parallel mesh axis (-1 = the remaining devices)", range=ge(-1), safe=True),
+  K("mesh.fsdp", int, -1, "FSDP mesh axis (-1 = the remaining devices)", range=ge(-1), safe=True),
+  K("mesh.model", int, 1, "model-parallel mesh axis (-1 = the remaining devices)", range=ge(-1), safe=True),
+  K("sharding.rules", tuple, (), "(regex, PartitionSpec) rules for parameter sharding", safe=True),
+  K("sharding.min_size", int, 2**12, "parameters smaller than this are replicated", range=_COUNT, safe=True),
+  # --- data ---
+  K("data.name", str, "shapes", f"TFDS dataset name ({_C})"),
+  K("data.split", str, "train", "training split"),
+  K("data.data_dir", str, None, "TFDS data dir (None = the TFDS default)", optional=True, safe=True),
+  K("data.image_key", str, "image", "record field of the image"),
+  K("data.alt_text_key", str, "alt_text", "record field of the alt-text caption ('text')"),
+  K("data.caption_keys", tuple, (), "record fields of the synthetic captions ('text2')"),
+  K("data.label_key", str, None, "record field of a class label (evals only)", optional=True),
+  K(
+    "data.max_skip_fraction",
+    float,
+    0.05,
+    "the run stops when more records than this are undecodable",
+    range=UNIT,
+    safe=True,
+  ),
+  K(
+    "data.min_records_for_skip_check",
+    int,
+    None,
+    "records read before the skip fraction is checked",
+    range=_COUNT,
+    optional=True,
+    safe=True,
+  ),
+  K("data.build_if_missing", bool, False, "build the dataset on the fly when it is absent", choices=BOOLS),
+  K("data.build_options", object, None, "builder options of an on-the-fly build (a dict)", optional=True),
+  K("data.max_pixels", int, 4096 * 4096, "images above this are decoded downscaled", range=_POS_INT),
+  K("data.hard_max_pixels", int, 16384 * 16384, "images above this are skipped", range=_POS_INT),
+  K("data.min_side", int, 2, "images with a shorter side are skipped", range=_POS_INT),
+  K("data.max_aspect", float, 20.0, "images beyond this aspect ratio are skipped", range=ge(1)),
+  K(
+    "data.background",
+    tuple,
+    (255, 255, 255),
+    "RGB that transparent pixels are composited on",
+    length=3,
+    range=Range(0, 255),
+  ),
+  # --- input pipeline ---
+  K("input.batch_size", int, lambda ctx: ctx.batch_size, "global batch size", range=_POS_INT),
+  K(
+    "input.microbatches",
+    int,
+    1,
+    "micro-batches per step: the same update as the whole batch at once "
+    "(exact accumulation, tipsito/objective/accumulate.py), less memory, one extra forward",
+    range=_POS_INT,
+    safe=True,
+  ),
+  K("input.views", str, lambda ctx: ctx.recipe.views, "views per example (recipe)", choices=VIEWS),
+  K("input.global_size", int, 224, "global crop / view 1 and 2 size in px (whole patches)", range=_POS_INT),
+  K("input.local_size", int, 98, "local crop size in px (whole patches)", range=_POS_INT),
+  K(
+    "input.num_local",
+    int,
+    lambda ctx: 6 if "multicrop" in ctx.recipe.views else 0,
+    "local crops per example (multicrop views)",
+    range=_COUNT,
+  ),
+  K(
+    "input.mask_ratio",
+    float,
+    lambda ctx: ctx.recipe.mask_ratio,
+    "iBOT mask ratio (recipe)",
+    range=UNIT_HI_OPEN,
+  ),
+  K("input.mask_type", str, "random", "iBOT mask shape", choices=MASK_TYPES),
+  K("input.mask_prob", float, 1.0, "probability that an image is masked", range=UNIT),
+  K(
+    "input.augment",
+    str,
+    lambda ctx: "tips" if ctx.tips_pixels else "ito",
+    "augmentation of view 1",
+    choices=AUGMENTS,
+  ),
+  K(
+    "input.augment_view2",
+    str,
+    lambda ctx: "ito" if ctx.recipe.views == "multicrop_two_views" else None,
+    "augmentation of view 2 (None = input.augment)",
+    choices=(None,) + tuple(AUGMENTS),
+    optional=True,
+  ),
+  K("input.num_workers", int, 0, "grain worker processes (0 = in process)", range=_COUNT),
+  K("input.prefetch", int, 2, "batches prefetched", range=_COUNT, safe=True),
+  K("input.shuffle_seed", int, 0, "data order seed", range=_COUNT),
+  K("input.shuffle", bool, True, "shuffle the records (reshuffled every epoch)", choices=BOOLS),
+  K("input.num_epochs", int, None, "epochs to read (None = repeat forever)", range=_POS_INT, optional=True),
+  K(
+    "input.read_threads",
+    int,
+    None,
+    "reader threads (None = grain's default)",
+    range=_POS_INT,
+    optional=True,
+    safe=True,
+  ),
+  K(
+    "input.global_crop_scale",
+    tuple,
+    None,
+    "global crop area range (None = the augmentation's default)",
+    pair=True,
+    range=UNIT_LO_OPEN,
+    optional=True,
+  ),
+  K(
+    "input.local_crop_scale",
+    tuple,
+    None,
+    "local crop area range (None = DINO's (0.05, 0.32))",
+    pair=True,
+    range=UNIT_LO_OPEN,
+    optional=True,
+  ),
+  K(
+    "input.view2_crop_scale",
+    tuple,
+    (0.5, 1.0),
+    "view 2 crop area range (None = (0.5, 1), ITO's)",
+    pair=True,
+    range=UNIT_LO_OPEN,
+    optional=True,
+  ),
+  K(
+    "input.crop_ratio",
+    tuple,
+    None,
+    "crop aspect-ratio range (None = (3/4, 4/3))",
+    pair=True,
+    range=gt(0),
+    optional=True,
+  ),
+  # --- checkpoints, guards, export ---
+  K(
+    "ckpt.every_steps",
+    int,
+    1000,
+    "checkpoint cadence in steps (0 = only at the end)",
+    range=_COUNT,
+    safe=True,
+  ),
+  K("ckpt.keep", int, 3, "checkpoints kept", range=_POS_INT, safe=True),
+  K("ckpt.async_save", bool, True, "save checkpoints in the background", choices=BOOLS, safe=True),
+  K(
+    "nonfinite.max_consecutive",
+    int,
+    10,
+    "non-finite steps in a row that stop the run",
+    range=_POS_INT,
+    safe=True,
+  ),
+  K("export.enabled", bool, True, "write the export at the end of training", choices=BOOLS, safe=True),
+  K("export.dir", str, None, "export directory (None = <workdir>/export)", optional=True, safe=True),
+  # --- distillation teacher ---
+  K("distill.teacher", str, None, "teacher: a training workdir or an export dir", optional=True),
+  K("distill.teacher_image_npz", str, None, "teacher: official TIPS image weights (.npz)", optional=True),
+  K("distill.teacher_text_npz", str, None, "official TIPS text weights (.npz) for init_text", optional=True),
+  K("distill.init_text", bool, False, "the student text tower starts from the teacher's", choices=BOOLS),
+  K(
+    "distill.init_image",
+    bool,
+    False,
+    "the student image tower starts from the teacher's (distill only)",
+    choices=BOOLS,
+  ),
+  K(
+    "distill.dino_global_crop",
+    bool,
+    False,
+    "the global crop is also a DINO student view (distill only)",
+    choices=BOOLS,
+  ),
+  # --- user-named evals: typed optional entries (not created by the builder) ---
+  K("evals.*.data_dir", str, ABSENT, "TFDS data dir of an eval", optional=True, safe=True),
+  K(
+    "evals.*.max_examples",
+    int,
+    ABSENT,
+    "examples an eval reads (None = all)",
+    optional=True,
+    safe=True,
+    range=_POS_INT,
+  ),
+  K("evals.*.tokenizer", str, ABSENT, "tokenizer of an eval (None = the config's)", optional=True, safe=True),
 )
 
 BY_PATH: dict[str, Key] = {k.path: k for k in KEYS}
@@ -495,8 +817,9 @@ def optional_keys() -> dict[str, type]:
 
 def safe_keys() -> tuple[str, ...]:
   """Keys, and prefixes ending in '.' (user-named sub-dicts), whose change on resume is safe."""
-  return (tuple(k.path for k in KEYS if k.safe and "*" not in k.path)
-          + tuple(t.path + "." for t in TREES if t.safe))
+  return tuple(k.path for k in KEYS if k.safe and "*" not in k.path) + tuple(
+    t.path + "." for t in TREES if t.safe
+  )
 
 
 def subtrees() -> Iterable[str]:

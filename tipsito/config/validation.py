@@ -7,6 +7,7 @@ ranges come from the config schema (tipsito/config/schema.py; no default config 
 the allowed module kwargs are the dataclass fields of the modules; the rules that relate several keys
 (geometry, the recipe's loss terms, views, distillation, init) are the explicit functions below.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -55,8 +56,10 @@ def _divisible(key: str, value: int, by_key: str, by: int, why: str) -> None:
   if value % by:
     lo, hi = value - value % by, value - value % by + by
     near = [v for v in (lo, hi) if v > 0]
-    raise ConfigError(f"config.{key}={value} must be a multiple of config.{by_key}={by} ({why}); "
-                      f"valid values: multiples of {by}, e.g. {' or '.join(map(str, near))}")
+    raise ConfigError(
+      f"config.{key}={value} must be a multiple of config.{by_key}={by} ({why}); "
+      f"valid values: multiples of {by}, e.g. {' or '.join(map(str, near))}"
+    )
 
 
 _MISSING = object()
@@ -73,18 +76,21 @@ def _lookup(config: Any, path: str) -> Any:
 
 def _schema_error(key: schema.Key, path: str, value: Any, why: str) -> ConfigError:
   return ConfigError(
-      f"config.{path}={value!r} {why}; valid values: {key.allowed()} ({key.doc}). Set --config.{path} "
-      f"(or the config file) to an allowed value; `python -m tipsito.info --schema` lists every key")
+    f"config.{path}={value!r} {why}; valid values: {key.allowed()} ({key.doc}). Set --config.{path} "
+    f"(or the config file) to an allowed value; `python -m tipsito.info --schema` lists every key"
+  )
 
 
 def _is_number(v: Any, typ: type) -> bool:
   if isinstance(v, bool):
     return False
   if typ is int:
-    return isinstance(v, int) or (hasattr(v, "dtype") and getattr(v.dtype, "kind", "") in "iu"
-                                  and not hasattr(v, "__len__"))
-  return isinstance(v, (int, float)) or (hasattr(v, "dtype") and getattr(v.dtype, "kind", "") in "iuf"
-                                         and not hasattr(v, "__len__"))
+    return isinstance(v, int) or (
+      hasattr(v, "dtype") and getattr(v.dtype, "kind", "") in "iu" and not hasattr(v, "__len__")
+    )
+  return isinstance(v, (int, float)) or (
+    hasattr(v, "dtype") and getattr(v.dtype, "kind", "") in "iuf" and not hasattr(v, "__len__")
+  )
 
 
 def check_value(key: schema.Key, value: Any, path: str | None = None) -> None:
@@ -151,15 +157,18 @@ def _check_schema(config: mlc.ConfigDict, recipe) -> None:
   walk(config, "")
   for p in schema.subtrees():
     if not isinstance(_lookup(config, p), (mlc.ConfigDict, dict)):
-      raise ConfigError(f"config.{p} is missing or not a dict; every config has it (start the config "
-                        f"from tipsito.config.defaults.base_config)")
+      raise ConfigError(
+        f"config.{p} is missing or not a dict; every config has it (start the config "
+        f"from tipsito.config.defaults.base_config)"
+      )
   for key in schema.keys_for(recipe):
     value = _lookup(config, key.path)
     if value is _MISSING:
       raise ConfigError(
-          f"config.{key.path} is missing ({key.doc}; valid values: {key.allowed()}); every key must be set "
-          f"(the code reads it without a fallback): start the config from "
-          f"tipsito.config.defaults.base_config, or add the key")
+        f"config.{key.path} is missing ({key.doc}; valid values: {key.allowed()}); every key must be set "
+        f"(the code reads it without a fallback): start the config from "
+        f"tipsito.config.defaults.base_config, or add the key"
+      )
     check_value(key, value)
   for key in schema.KEYS:  # user-named entries ('evals.*.max_examples'): where present
     if "*" not in key.path:
@@ -170,8 +179,10 @@ def _check_schema(config: mlc.ConfigDict, recipe) -> None:
         check_value(key, entry[rest], f"{head}.{name}.{rest}")
   for regex, mult in config.optim.lr_mults.items():
     if not _is_number(mult, float) or not float(mult) >= 0:
-      raise ConfigError(f"config.optim.lr_mults[{regex!r}]={mult!r} is not allowed; valid values: a "
-                        f"number >= 0 (a learning-rate multiplier)")
+      raise ConfigError(
+        f"config.optim.lr_mults[{regex!r}]={mult!r} is not allowed; valid values: a "
+        f"number >= 0 (a learning-rate multiplier)"
+      )
 
 
 def _check_geometry(config: mlc.ConfigDict, recipe) -> None:
@@ -182,13 +193,23 @@ def _check_geometry(config: mlc.ConfigDict, recipe) -> None:
     if tower == "text" and "text" not in recipe.parts:
       continue
     t = m[tower]
-    _divisible(f"model.{tower}.width", t.width, f"model.{tower}.num_heads", t.num_heads,
-               "attention splits the width into equal heads")
+    _divisible(
+      f"model.{tower}.width",
+      t.width,
+      f"model.{tower}.num_heads",
+      t.num_heads,
+      "attention splits the width into equal heads",
+    )
   img = m.image
   if "fusion" in recipe.parts:
     f = m.fusion
-    _divisible("model.fusion.width", f.width, "model.fusion.num_heads", f.num_heads,
-               "attention splits the width into equal heads")
+    _divisible(
+      "model.fusion.width",
+      f.width,
+      "model.fusion.num_heads",
+      f.num_heads,
+      "attention splits the width into equal heads",
+    )
   p = int(img.patch_size)
   # Every training crop is whole patches. The ViT centre zero-pads an input that is not (the official
   # release's rule, kept for evaluation inputs, which are not checked here), so a 98 px local crop on a
@@ -196,28 +217,46 @@ def _check_geometry(config: mlc.ConfigDict, recipe) -> None:
   # iBOT mask lives on the global crop's patch grid. View 2 ('image2') is drawn at input.global_size.
   view2 = " and view 2" if "two_views" in inp.views else ""
   _int_at_least("input.global_size", inp.global_size, p)
-  _divisible("input.global_size", inp.global_size, "model.image.patch_size", p,
-             f"the global crop{view2} must be whole patches for training; only evaluation inputs are "
-             "zero-padded")
+  _divisible(
+    "input.global_size",
+    inp.global_size,
+    "model.image.patch_size",
+    p,
+    f"the global crop{view2} must be whole patches for training; only evaluation inputs are zero-padded",
+  )
   if "multicrop" in inp.views and inp.num_local:
     _int_at_least("input.local_size", inp.local_size, p)
-    _divisible("input.local_size", inp.local_size, "model.image.patch_size", p,
-               "local crops must be whole patches for training, or the ViT zero-pads them with a frame "
-               "the teacher never sees; only evaluation inputs are zero-padded")
+    _divisible(
+      "input.local_size",
+      inp.local_size,
+      "model.image.patch_size",
+      p,
+      "local crops must be whole patches for training, or the ViT zero-pads them with a frame "
+      "the teacher never sees; only evaluation inputs are zero-padded",
+    )
   sizes = {a: config.mesh[a] for a in ("data", "fsdp", "model")}
   if 0 in sizes.values() or list(sizes.values()).count(-1) > 1:
-    raise ConfigError(f"config.mesh={sizes} is not allowed; valid values: axis sizes >= 1, at most one of "
-                      f"them -1 (= the remaining devices)")
-  _divisible("input.batch_size", inp.batch_size, "input.microbatches", inp.microbatches,
-             "the step processes the global batch in that many equal micro-batches")
+    raise ConfigError(
+      f"config.mesh={sizes} is not allowed; valid values: axis sizes >= 1, at most one of "
+      f"them -1 (= the remaining devices)"
+    )
+  _divisible(
+    "input.batch_size",
+    inp.batch_size,
+    "input.microbatches",
+    inp.microbatches,
+    "the step processes the global batch in that many equal micro-batches",
+  )
 
 
 def _check_keys(key: str, got: Any, allowed: Iterable[str]) -> None:
   allowed = sorted(allowed)
   for k in got.keys():
     if k not in allowed:
-      raise ConfigError(f"config.{key + '.' if key else ''}{k} is not a known key; valid keys under "
-                        f"config{'.' + key if key else ''}: {allowed}")
+      raise ConfigError(
+        f"config.{key + '.' if key else ''}{k} is not a known key; valid keys under "
+        f"config{'.' + key if key else ''}: {allowed}"
+      )
 
 
 def _module_fields(cls) -> list[str]:
@@ -241,18 +280,27 @@ def check_text_vocab(config: mlc.ConfigDict) -> None:
   except FileNotFoundError as e:
     raise ConfigError(f"config.tokenizer={config.tokenizer!r}: {e}") from None
   if vocab is not None and tok.vocab_size != int(vocab):
-    which = ("None (the shipped demo model)" if config.tokenizer is None else repr(config.tokenizer))
-    special = (f" ({tok.vocab_size - 2} of the model + SOT/EOT of the 'clip' text flavour)"
-               if tok.flavour == "clip" else "")
+    which = "None (the shipped demo model)" if config.tokenizer is None else repr(config.tokenizer)
+    special = (
+      f" ({tok.vocab_size - 2} of the model + SOT/EOT of the 'clip' text flavour)"
+      if tok.flavour == "clip"
+      else ""
+    )
     raise ConfigError(
-        f"config.tokenizer={which} has a vocabulary of {tok.vocab_size}{special} but "
-        f"config.model.text.vocab_size={vocab}; set --config.tokenizer to the SentencePiece model the text tower is sized for (e.g. the "
-        f"official 32k TIPS model for vocab_size=32000), or --config.model.text.vocab_size=None to take the "
-        f"size from the tokenizer")
+      f"config.tokenizer={which} has a vocabulary of {tok.vocab_size}{special} but "
+      f"config.model.text.vocab_size={vocab}; set --config.tokenizer to the SentencePiece model the text tower is sized for (e.g. the "
+      f"official 32k TIPS model for vocab_size=32000), or --config.model.text.vocab_size=None to take the "
+      f"size from the tokenizer"
+    )
 
 
-def validate(config: mlc.ConfigDict, *, num_devices: int | None = None, process_count: int = 1,
-             check_tokenizer: bool = True) -> None:
+def validate(
+  config: mlc.ConfigDict,
+  *,
+  num_devices: int | None = None,
+  process_count: int = 1,
+  check_tokenizer: bool = True,
+) -> None:
   """Raises ConfigError naming the first wrong key/value. Cheap: no model is built.
 
   Args:
@@ -299,13 +347,16 @@ def _check_model(config: mlc.ConfigDict, recipe) -> None:
   _check_keys("model.fusion", m.fusion, _module_fields(models.FusionTransformer))
   _check_geometry(config, recipe)
   if "image_proj" in recipe.parts and not m.embed_dim:
-    raise ConfigError(f"config.model.embed_dim must be a positive int for recipe {recipe.name!r} "
-                      "(it has an image projection)")
+    raise ConfigError(
+      f"config.model.embed_dim must be a positive int for recipe {recipe.name!r} (it has an image projection)"
+    )
   if "image_proj" not in recipe.parts and m.embed_dim is not None:
     if m.text.width != m.image.width:
-      raise ConfigError(f"config.model.embed_dim must be None for recipe {recipe.name!r} and "
-                        f"model.text.width ({m.text.width}) must equal model.image.width "
-                        f"({m.image.width}) (TIPS: shared width, no projection)")
+      raise ConfigError(
+        f"config.model.embed_dim must be None for recipe {recipe.name!r} and "
+        f"model.text.width ({m.text.width}) must equal model.image.width "
+        f"({m.image.width}) (TIPS: shared width, no projection)"
+      )
 
 
 def _check_loss(config: mlc.ConfigDict, recipe) -> dict[str, float]:
@@ -313,22 +364,30 @@ def _check_loss(config: mlc.ConfigDict, recipe) -> dict[str, float]:
   non-zero weights."""
   for k in config.loss.keys():
     if k not in recipe.terms:
-      raise ConfigError(f"config.loss.{k} is not a loss term of recipe {recipe.name!r}; valid keys: "
-                        f"{list(recipe.terms)}")
+      raise ConfigError(
+        f"config.loss.{k} is not a loss term of recipe {recipe.name!r}; valid keys: {list(recipe.terms)}"
+      )
   weights = {k: float(v) for k, v in config.loss.items() if v}
   if not weights:
     raise ConfigError(f"config.loss: every weight is 0; set at least one of {list(recipe.terms)}")
-  _choice("loss_opts.fusion_cls", config.loss_opts.fusion_cls,
-          tuple(range(config.model.image.num_cls_tokens)))
+  _choice(
+    "loss_opts.fusion_cls", config.loss_opts.fusion_cls, tuple(range(config.model.image.num_cls_tokens))
+  )
   if config.distill.init_image and recipe.teacher != "frozen":
-    raise ConfigError(f"config.distill.init_image=True is for recipe 'distill' only (recipe "
-                      f"{config.recipe!r} has no frozen teacher); valid values: [False]")
+    raise ConfigError(
+      f"config.distill.init_image=True is for recipe 'distill' only (recipe "
+      f"{config.recipe!r} has no frozen teacher); valid values: [False]"
+    )
   if config.distill.dino_global_crop and recipe.teacher != "frozen":
-    raise ConfigError(f"config.distill.dino_global_crop=True is for recipe 'distill' only (recipe "
-                      f"{recipe.name!r} has no frozen teacher); valid values: [False]")
+    raise ConfigError(
+      f"config.distill.dino_global_crop=True is for recipe 'distill' only (recipe "
+      f"{recipe.name!r} has no frozen teacher); valid values: [False]"
+    )
   if recipe.teacher == "frozen" and config.ema.mode == "full":
-    raise ConfigError("config.ema.mode='full' is not allowed for recipe 'distill' (the teacher encoder is "
-                      "frozen); valid values: ['head', 'none']")
+    raise ConfigError(
+      "config.ema.mode='full' is not allowed for recipe 'distill' (the teacher encoder is "
+      "frozen); valid values: ['head', 'none']"
+    )
   return weights
 
 
@@ -337,14 +396,20 @@ def _check_input(config: mlc.ConfigDict, recipe, weights: dict[str, float]) -> N
   inp = config.input
   second_view = sorted(t for t in weights if "image2" in TERMS[t].fields)
   if second_view and "two_views" not in inp.views:
-    raise ConfigError(f"config.input.views={inp.views!r}: loss terms {second_view} "
-                      "need a second view; valid values: ['two_views', 'multicrop_two_views']")
+    raise ConfigError(
+      f"config.input.views={inp.views!r}: loss terms {second_view} "
+      "need a second view; valid values: ['two_views', 'multicrop_two_views']"
+    )
   if "ibot" in weights and inp.mask_ratio > 0 and not config.model.image.use_mask_token:
-    raise ConfigError("config.model.image.use_mask_token must be True when config.loss.ibot > 0 and "
-                      "config.input.mask_ratio > 0")
+    raise ConfigError(
+      "config.model.image.use_mask_token must be True when config.loss.ibot > 0 and "
+      "config.input.mask_ratio > 0"
+    )
   if recipe.teacher == "frozen" and not (config.distill.teacher or config.distill.teacher_image_npz):
-    raise ConfigError("config.distill.teacher (an export dir) or config.distill.teacher_image_npz "
-                      "(official TIPS weights) is required for recipe 'distill'")
+    raise ConfigError(
+      "config.distill.teacher (an export dir) or config.distill.teacher_image_npz "
+      "(official TIPS weights) is required for recipe 'distill'"
+    )
 
 
 def _check_init(config: mlc.ConfigDict) -> None:
@@ -358,12 +423,13 @@ def _check_init(config: mlc.ConfigDict) -> None:
     return
   was = (saved.get("ema") or {}).get("mode")
   if was != config.ema.mode:
-    hint = (" (configs/tipsv2_g14_hires.py: `ema=full`)" if was == "full" else "")
+    hint = " (configs/tipsv2_g14_hires.py: `ema=full`)" if was == "full" else ""
     raise ConfigError(
-        f"config.ema.mode={config.ema.mode!r} but config.init_from={config.init_from!r} was trained with "
-        f"ema.mode={was!r}; config.init_teacher='continue' (the default) continues that run's teacher, so "
-        f"set --config.ema.mode={was}{hint}, or --config.init_teacher=reset to start a new teacher from "
-        f"its params")
+      f"config.ema.mode={config.ema.mode!r} but config.init_from={config.init_from!r} was trained with "
+      f"ema.mode={was!r}; config.init_teacher='continue' (the default) continues that run's teacher, so "
+      f"set --config.ema.mode={was}{hint}, or --config.init_teacher=reset to start a new teacher from "
+      f"its params"
+    )
 
 
 def _check_batch_split(config: mlc.ConfigDict, num_devices: int, process_count: int) -> None:
@@ -375,9 +441,13 @@ def _check_batch_split(config: mlc.ConfigDict, num_devices: int, process_count: 
   split = shape[0] * shape[1]
   batch_size = config.input.batch_size
   if batch_size % split or batch_size % process_count:
-    raise ConfigError(f"config.input.batch_size={batch_size} must be divisible by mesh data*fsdp="
-                      f"{split} and the process count {process_count}")
+    raise ConfigError(
+      f"config.input.batch_size={batch_size} must be divisible by mesh data*fsdp="
+      f"{split} and the process count {process_count}"
+    )
   k = int(config.input.microbatches)
   if (batch_size // k) % split:
-    raise ConfigError(f"config.input.batch_size={batch_size} / config.input.microbatches={k} = "
-                      f"{batch_size // k} per micro-batch must be divisible by mesh data*fsdp={split}")
+    raise ConfigError(
+      f"config.input.batch_size={batch_size} / config.input.microbatches={k} = "
+      f"{batch_size // k} per micro-batch must be divisible by mesh data*fsdp={split}"
+    )

@@ -35,6 +35,7 @@ pipelines on after it has tried to download the Prism runner binary (a network f
 avoids); `--num_workers N` becomes `--direct_num_workers=N --direct_running_mode=multi_processing`
 unless `--beam_options` says otherwise. Tests: tests/test_data_beam_convert.py.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -66,10 +67,12 @@ UNITS_DIRNAME = "_units"
 def runner_and_options(runner: str, options: str | Sequence[str] | None, num_workers: int | None):
   """(runner for beam.Pipeline, PipelineOptions) from the CLI flags (see module docstring)."""
   from apache_beam.options import pipeline_options  # pylint: disable=g-import-not-at-top
+
   args = shlex.split(options) if isinstance(options, str) else list(options or [])
   given = {a.split("=", 1)[0].lstrip("-") for a in args}
   if runner in ("DirectRunner", "FnApiRunner"):
     from apache_beam.runners.portability.fn_api_runner import fn_runner  # pylint: disable=g-import-not-at-top
+
     if "default_sdk_harness_log_level" not in given:  # the workers' INFO lines would drown the report
       args.append("--default_sdk_harness_log_level=WARNING")
     if num_workers and num_workers > 1 and "direct_num_workers" not in given:
@@ -87,13 +90,22 @@ def unit_cache_dir(builder, reader, units: list) -> str:
   image root, labels), every unit's input (shard path and sample cap, or rows) and the version.
   """
   h = hashlib.sha256()
-  h.update(json.dumps([type(reader).__name__, vars(reader), builder.name, str(builder.version)],
-                      sort_keys=True, default=str).encode())
+  h.update(
+    json.dumps(
+      [type(reader).__name__, vars(reader), builder.name, str(builder.version)], sort_keys=True, default=str
+    ).encode()
+  )
   for unit in units:
     h.update(json.dumps(unit, sort_keys=True, default=str).encode())
   config = builder.builder_config.name if builder.builder_config else "default"
-  return paths.join(builder.data_dir_root, UNITS_DIRNAME, builder.name, config, str(builder.version),
-                    f"{builder._split}-{h.hexdigest()[:16]}")  # pylint: disable=protected-access
+  return paths.join(
+    builder.data_dir_root,
+    UNITS_DIRNAME,
+    builder.name,
+    config,
+    str(builder.version),
+    f"{builder._split}-{h.hexdigest()[:16]}",
+  )  # pylint: disable=protected-access
 
 
 def _unit_path(cache_dir: str, index: int, suffix: str) -> str:
@@ -188,13 +200,16 @@ def merge_reports(cache_dir: str, num_units: int, dataset: str) -> tuple[_common
 
 def _units_transform(elements, reader, cache_dir: str):
   """PTransform: unit elements -> (key, record), each unit on one worker (a Reshuffle spreads them)."""
+
   @beam.ptransform_fn
   def _convert_units(pbegin):
     """Create -> Reshuffle -> convert (or read back) each unit."""
-    return (pbegin
-            | "Units" >> beam.Create(elements, reshuffle=False)
-            | "Spread" >> beam.Reshuffle()
-            | "Convert" >> beam.FlatMap(lambda e: convert_unit(reader, cache_dir, *e)))
+    return (
+      pbegin
+      | "Units" >> beam.Create(elements, reshuffle=False)
+      | "Spread" >> beam.Reshuffle()
+      | "Convert" >> beam.FlatMap(lambda e: convert_unit(reader, cache_dir, *e))
+    )
 
   return _convert_units()  # pylint: disable=no-value-for-parameter
 
@@ -212,8 +227,11 @@ class ExactShardBeamWriter(writer_lib.BeamWriter):
     """num_shards (as the single-machine Writer picks it), the boundary ranks, the fine buckets."""
     num_shards = self._shard_config.get_number_shards(total_size, num_examples)
     boundaries = list(shard_utils.get_shard_boundaries(num_examples, num_shards))
-    return {"num_shards": num_shards, "boundaries": boundaries,
-            "buckets": FINE_BUCKETS_PER_SHARD * num_shards}
+    return {
+      "num_shards": num_shards,
+      "boundaries": boundaries,
+      "buckets": FINE_BUCKETS_PER_SHARD * num_shards,
+    }
 
   @staticmethod
   def _bucket(hkey: int, plan: dict) -> int:
@@ -250,15 +268,17 @@ class ExactShardBeamWriter(writer_lib.BeamWriter):
         writer_lib._raise_error_for_duplicated_keys(e1, e2, self._serializer.example_specs)  # pylint: disable=protected-access
     if self._ignore_duplicates:
       examples = [kv for i, kv in enumerate(examples) if i == 0 or kv[0] != examples[i - 1][0]]
-    shard_path = self._filename_template.sharded_filepath(shard_index=shard_id,
-                                                          num_shards=plan["num_shards"])
+    shard_path = self._filename_template.sharded_filepath(shard_index=shard_id, num_shards=plan["num_shards"])
     with utils.incomplete_files(epath.Path(shard_path)) as tmp_path:
       record_keys = self._example_writer.write(tmp_path, examples)
     if record_keys:
       writer_lib._write_index_file(writer_lib._get_index_path(os.fspath(shard_path)), list(record_keys))  # pylint: disable=protected-access
     self.inc_counter(name="written_shards")
-    return writer_lib._ShardInfo(id=shard_id, num_examples=len(examples),  # pylint: disable=protected-access
-                                 size=sum(len(e) for _, e in examples))
+    return writer_lib._ShardInfo(
+      id=shard_id,
+      num_examples=len(examples),  # pylint: disable=protected-access
+      size=sum(len(e) for _, e in examples),
+    )
 
   def write_from_pcollection(self, examples_pcollection):
     """(key, example) -> exact shards + split info (see class docstring)."""
@@ -266,29 +286,37 @@ class ExactShardBeamWriter(writer_lib.BeamWriter):
     serialized = examples_pcollection | "Serialize" >> beam.Map(self._serialize_example)
     keys = serialized | "Keys" >> beam.Keys()
     total_size = side(serialized | beam.Values() | beam.Map(len) | "TotalSize" >> beam.CombineGlobally(sum))
-    plan_pc = (keys
-               | "CountExamples" >> beam.combiners.Count.Globally()
-               | "CheckValidNumExamples" >> beam.Map(self._check_num_examples)
-               | "Plan" >> beam.Map(self._plan, total_size=total_size))
+    plan_pc = (
+      keys
+      | "CountExamples" >> beam.combiners.Count.Globally()
+      | "CheckValidNumExamples" >> beam.Map(self._check_num_examples)
+      | "Plan" >> beam.Map(self._plan, total_size=total_size)
+    )
     plan = side(plan_pc)
-    counts = side(keys
-                  | "FineBucket" >> beam.Map(lambda h, p: (self._bucket(h, p), 1), p=plan)
-                  | "CountPerBucket" >> beam.CombinePerKey(sum)
-                  | "CountsToDict" >> beam.combiners.ToDict())
+    counts = side(
+      keys
+      | "FineBucket" >> beam.Map(lambda h, p: (self._bucket(h, p), 1), p=plan)
+      | "CountPerBucket" >> beam.CombinePerKey(sum)
+      | "CountsToDict" >> beam.combiners.ToDict()
+    )
     needed = side(plan_pc | "Needed" >> beam.Map(lambda p, c: self._needed(p, c), c=counts))
-    split_keys = side(keys
-                      | "KeyToBucket" >> beam.Map(lambda h, p: (self._bucket(h, p), h), p=plan)
-                      | "BoundaryBuckets" >> beam.Filter(lambda bh, n: bh[0] in n, n=needed)
-                      | "GroupBoundaryBuckets" >> beam.GroupByKey()
-                      | "PickBoundaryKeys" >> beam.FlatMap(self._pick, needed=needed)
-                      | "BoundaryKeys" >> beam.combiners.ToList()
-                      | "SortBoundaryKeys" >> beam.Map(lambda jk: [k for _, k in sorted(jk)]))
-    return (serialized
-            | "AssignShard" >> beam.Map(lambda kv, s: (bisect.bisect_right(s, kv[0]), kv), s=split_keys)
-            | "GroupShards" >> beam.GroupByKey()
-            | "WriteFinalShards" >> beam.Map(self._write_shard, plan=plan)
-            | "CollectShardInfo" >> beam.combiners.ToList()
-            | "CalculateSplitInfo" >> beam.ParDo(self._store_split_info))
+    split_keys = side(
+      keys
+      | "KeyToBucket" >> beam.Map(lambda h, p: (self._bucket(h, p), h), p=plan)
+      | "BoundaryBuckets" >> beam.Filter(lambda bh, n: bh[0] in n, n=needed)
+      | "GroupBoundaryBuckets" >> beam.GroupByKey()
+      | "PickBoundaryKeys" >> beam.FlatMap(self._pick, needed=needed)
+      | "BoundaryKeys" >> beam.combiners.ToList()
+      | "SortBoundaryKeys" >> beam.Map(lambda jk: [k for _, k in sorted(jk)])
+    )
+    return (
+      serialized
+      | "AssignShard" >> beam.Map(lambda kv, s: (bisect.bisect_right(s, kv[0]), kv), s=split_keys)
+      | "GroupShards" >> beam.GroupByKey()
+      | "WriteFinalShards" >> beam.Map(self._write_shard, plan=plan)
+      | "CollectShardInfo" >> beam.combiners.ToList()
+      | "CalculateSplitInfo" >> beam.ParDo(self._store_split_info)
+    )
 
 
 def _remove_cache(cache_dir: str, units_root: str) -> None:
@@ -315,8 +343,15 @@ class BeamRun:
   cache_dir: str
 
 
-def download_and_prepare(builder, download_config, *, runner: str, options=None,
-                         num_workers: int | None = None, rows_per_unit: int = ROWS_PER_UNIT) -> BeamRun:
+def download_and_prepare(
+  builder,
+  download_config,
+  *,
+  runner: str,
+  options=None,
+  num_workers: int | None = None,
+  rows_per_unit: int = ROWS_PER_UNIT,
+) -> BeamRun:
   """Builds `builder` (table / webdataset) on Beam; sets `builder.report` to the merged skip report.
 
   The report is merged even when the pipeline fails (the units that did commit), so that an
@@ -328,8 +363,11 @@ def download_and_prepare(builder, download_config, *, runner: str, options=None,
   units = builder.units(rows_per_unit=rows_per_unit) if takes_rows else builder.units()
   reader = builder.unit_reader()
   cache_dir = unit_cache_dir(builder, reader, units)
-  reused = sum(paths.isfile(_unit_path(cache_dir, i, "json")) for i in range(len(units))) \
-      if paths.isdir(cache_dir) else 0
+  reused = (
+    sum(paths.isfile(_unit_path(cache_dir, i, "json")) for i in range(len(units)))
+    if paths.isdir(cache_dir)
+    else 0
+  )
   if reused:
     print(f"[{builder.name}] {reused} of {len(units)} units already converted in {cache_dir}: read back")
   elements = unit_elements(units, cache_dir)

@@ -4,6 +4,7 @@ Builds a tipsito dataset as sharded TFDS array_record (`convert`), with a skip r
 (`conversion_report.json` next to the array_record files) for the inputs left out; library code
 (tipsito/data/prepare.py, tipsito/data/eval_input.py) calls it here, not through the CLI module.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,9 +42,11 @@ def _all_skipped_message(name: str, report: _common.SkipReport, builder, report_
   reasons = report.by_reason
   if reasons.get(_common.SKIP_MISSING_IMAGE) and name == "table":
     root = getattr(builder, "_image_root", None)
-    lines.append(f"Relative image paths are resolved against --image_root (now {root!r}, by default the "
-                 "table's folder): pass --image_root DIR with the folder the paths are relative to, or "
-                 "--image_column COL if the paths are in another column.")
+    lines.append(
+      f"Relative image paths are resolved against --image_root (now {root!r}, by default the "
+      "table's folder): pass --image_root DIR with the folder the paths are relative to, or "
+      "--image_column COL if the paths are in another column."
+    )
   elif reasons.get(_common.SKIP_MISSING_CAPTION):
     lines.append("Pass --caption_columns with the columns (or json fields) that hold the captions.")
   return "\n".join(lines)
@@ -84,41 +87,86 @@ def choose_num_shards(builder) -> int:
   return max(1, min(-(-max(sizes) // EXAMPLES_PER_SHARD), min(sizes)))
 
 
-def convert(name: str, data_dir: str, *, input_path: str | None = None, split_sizes: dict | None = None,
-            image_size: int | None = None, num_workers: int | None = None, num_shards: int | None = None,
-            limit: int | None = None, config_name: str | None = None, overwrite: bool = False,
-            verbose: bool = True, max_objects: int | None = None,
-            object_sizes: Sequence[str] | None = None, colours: Sequence[str] | None = None,
-            beam_runner: str | None = None, beam_options: str | None = None,
-            rows_per_unit: int | None = None, **builder_kwargs) -> ConvertResult:
+def convert(
+  name: str,
+  data_dir: str,
+  *,
+  input_path: str | None = None,
+  split_sizes: dict | None = None,
+  image_size: int | None = None,
+  num_workers: int | None = None,
+  num_shards: int | None = None,
+  limit: int | None = None,
+  config_name: str | None = None,
+  overwrite: bool = False,
+  verbose: bool = True,
+  max_objects: int | None = None,
+  object_sizes: Sequence[str] | None = None,
+  colours: Sequence[str] | None = None,
+  beam_runner: str | None = None,
+  beam_options: str | None = None,
+  rows_per_unit: int | None = None,
+  **builder_kwargs,
+) -> ConvertResult:
   """Builds dataset `name` into `data_dir`; returns a ConvertResult. See module docstring. `beam_runner`
   (table / webdataset): build on Apache Beam, the same dataset and report (tipsito/data/beam_convert.py)."""
   start = time.time()
   cls = builders.builder_class(name)
   kwargs = dict(builder_kwargs)
   kwargs["num_workers"] = _common.default_num_workers() if num_workers is None else num_workers
-  config = _builder_options(name, cls, kwargs, input_path=input_path, split_sizes=split_sizes,
-                            image_size=image_size, limit=limit, config_name=config_name,
-                            max_objects=max_objects, object_sizes=object_sizes, colours=colours)
+  config = _builder_options(
+    name,
+    cls,
+    kwargs,
+    input_path=input_path,
+    split_sizes=split_sizes,
+    image_size=image_size,
+    limit=limit,
+    config_name=config_name,
+    max_objects=max_objects,
+    object_sizes=object_sizes,
+    colours=colours,
+  )
   builder = cls(data_dir=data_dir, config=config, file_format="array_record", **kwargs)
   beam = None
   if beam_runner:  # tipsito/data/beam_convert.py: the same dataset and report, built on Beam
-    beam = dict(runner=beam_runner, options=beam_options, num_workers=num_workers,
-                rows_per_unit=rows_per_unit or 10000)
-  report, report_path = _prepare(builder, name, data_dir, num_shards=num_shards, overwrite=overwrite,
-                                 verbose=verbose, beam=beam)
+    beam = dict(
+      runner=beam_runner, options=beam_options, num_workers=num_workers, rows_per_unit=rows_per_unit or 10000
+    )
+  report, report_path = _prepare(
+    builder, name, data_dir, num_shards=num_shards, overwrite=overwrite, verbose=verbose, beam=beam
+  )
   sizes = {k: v.num_examples for k, v in builder.info.splits.items()}
-  result = ConvertResult(name=name, dataset_dir=os.fspath(builder.data_dir), split_sizes=sizes, report=report,
-                         report_path=report_path, seconds=time.time() - start)
+  result = ConvertResult(
+    name=name,
+    dataset_dir=os.fspath(builder.data_dir),
+    split_sizes=sizes,
+    report=report,
+    report_path=report_path,
+    seconds=time.time() - start,
+  )
   if verbose:
     print(f"[{name}] {sizes} -> {result.dataset_dir} ({result.seconds:.1f}s)")
   return result
 
 
-def _builder_options(name: str, cls, kwargs: dict, *, input_path, split_sizes, image_size, limit, config_name,
-                     max_objects, object_sizes, colours):
+def _builder_options(
+  name: str,
+  cls,
+  kwargs: dict,
+  *,
+  input_path,
+  split_sizes,
+  image_size,
+  limit,
+  config_name,
+  max_objects,
+  object_sizes,
+  colours,
+):
   """Checks the options that apply to builder `name`, adds them to `kwargs`; returns its BuilderConfig."""
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
   config = None
   if name in ("shapes", "tuxpaint", "fashion_mnist", "openclipart"):
     # Size knobs are builder overrides, not part of the config identity: the default config's
@@ -136,9 +184,14 @@ def _builder_options(name: str, cls, kwargs: dict, *, input_path, split_sizes, i
     shapes_gen.check_options(max_objects=max_objects, sizes=object_sizes, colours=colours)
     object_sizes = tuple(object_sizes) if object_sizes is not None else None
     colours = tuple(colours) if colours is not None else None
-    kwargs["overrides"] = {"image_size": image_size, "train_size": sizes.get("train"),
-                           "test_size": sizes.get("test"), "max_objects": max_objects,
-                           "object_sizes": object_sizes, "colours": colours}
+    kwargs["overrides"] = {
+      "image_size": image_size,
+      "train_size": sizes.get("train"),
+      "test_size": sizes.get("test"),
+      "max_objects": max_objects,
+      "object_sizes": object_sizes,
+      "colours": colours,
+    }
   elif name == "tuxpaint":
     if input_path:
       kwargs["stamps_dir"] = input_path
@@ -171,10 +224,15 @@ def _builder_options(name: str, cls, kwargs: dict, *, input_path, split_sizes, i
 def _prepare(builder, name: str, data_dir: str, *, num_shards, overwrite: bool, verbose: bool, beam=None):
   """Runs TFDS' download_and_prepare unless already built; returns (ConversionReport, its path) or Nones."""
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
   dl_config = tfds.download.DownloadConfig(
-      num_shards=num_shards or choose_num_shards(builder),
-      download_mode=(tfds.download.GenerateMode.FORCE_REDOWNLOAD if overwrite
-                     else tfds.download.GenerateMode.REUSE_DATASET_IF_EXISTS))
+    num_shards=num_shards or choose_num_shards(builder),
+    download_mode=(
+      tfds.download.GenerateMode.FORCE_REDOWNLOAD
+      if overwrite
+      else tfds.download.GenerateMode.REUSE_DATASET_IF_EXISTS
+    ),
+  )
   already = builder.is_prepared() if hasattr(builder, "is_prepared") else False
   if already and not overwrite:
     if verbose:
@@ -183,6 +241,7 @@ def _prepare(builder, name: str, data_dir: str, *, num_shards, overwrite: bool, 
   try:
     if beam:
       from tipsito.data import beam_convert  # optional dependency: Apache Beam (--beam_runner only)
+
       beam_convert.download_and_prepare(builder, dl_config, **beam)
     else:
       builder.download_and_prepare(download_config=dl_config)
@@ -192,8 +251,9 @@ def _prepare(builder, name: str, data_dir: str, *, num_shards, overwrite: bool, 
       raise
     paths.as_path(data_dir).mkdir(parents=True, exist_ok=True)
     report_path = paths.join(data_dir, f"{name}_{_common.REPORT_FILENAME}")
-    paths.as_path(report_path).write_text(json.dumps(report.to_dict(), indent=2, ensure_ascii=False),
-                                          encoding="utf-8")
+    paths.as_path(report_path).write_text(
+      json.dumps(report.to_dict(), indent=2, ensure_ascii=False), encoding="utf-8"
+    )
     raise ConversionError(_all_skipped_message(name, report, builder, report_path)) from e
   report = getattr(builder, "report", None)
   report_path = report.write(builder.data_dir) if report is not None else None

@@ -19,6 +19,7 @@ Examples:
 Read back: tfds.data_source('shapes', data_dir=...) / 'tuxpaint' / 'openclipart' / 'fashion_mnist/default' /
 'table/mycaps', or tipsito.data.sources.open_source(config).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,23 +28,38 @@ import sys
 from typing import Sequence
 
 from tipsito.data.conversion import (  # noqa: F401  (the library, also re-exported for callers of this module)
-    EXAMPLES_PER_SHARD, NAMES, ConversionError, ConvertResult, choose_num_shards, convert, parse_split_sizes)
+  EXAMPLES_PER_SHARD,
+  NAMES,
+  ConversionError,
+  ConvertResult,
+  choose_num_shards,
+  convert,
+  parse_split_sizes,
+)
 
 
 def _parser() -> argparse.ArgumentParser:
   """argparse parser of the CLI (flags documented in --help)."""
-  p = argparse.ArgumentParser(prog="python -m tipsito.data.convert", description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = argparse.ArgumentParser(
+    prog="python -m tipsito.data.convert",
+    description=__doc__,
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+  )
   p.add_argument("name", choices=NAMES)
   p.add_argument("--data_dir", required=True, help="TFDS data dir to write into")
-  p.add_argument("--input", dest="input_path", help="input file/dir/glob (table, webdataset; optional "
-                 "override of the Debian package dir for tuxpaint / fashion_mnist / openclipart)")
+  p.add_argument(
+    "--input",
+    dest="input_path",
+    help="input file/dir/glob (table, webdataset; optional "
+    "override of the Debian package dir for tuxpaint / fashion_mnist / openclipart)",
+  )
   p.add_argument("--split_sizes", help="shapes only: 'train=2000,test=200'")
   p.add_argument("--max_objects", type=int, help="shapes only: 1..N objects per image (default 4)")
   p.add_argument("--object_sizes", help="shapes only: comma subset of small,medium,large (default all)")
   p.add_argument("--colours", help="shapes only: comma subset of the fill colours (default all ten)")
-  p.add_argument("--image_size", type=int,
-                 help="shapes: side; tuxpaint, openclipart: max side; fashion_mnist: upscale to")
+  p.add_argument(
+    "--image_size", type=int, help="shapes: side; tuxpaint, openclipart: max side; fashion_mnist: upscale to"
+  )
   p.add_argument("--num_workers", type=int, help="conversion processes (default: cores - 1)")
   p.add_argument("--num_shards", type=int, help="array_record shards per split (default: by size)")
   p.add_argument("--limit", type=int, help="at most this many inputs (per split for fashion_mnist)")
@@ -54,12 +70,21 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--caption_columns", help="table/webdataset: comma list; the first is the alt-text")
   p.add_argument("--label_column", help="table: column to use as a ClassLabel")
   p.add_argument("--overwrite", action="store_true", help="rebuild even if already prepared")
-  p.add_argument("--beam_runner", help="table/webdataset: convert on Apache Beam (DirectRunner, "
-                 "DataflowRunner, FlinkRunner, ...; needs the [beam] extra), see tipsito/data/beam_convert.py")
-  p.add_argument("--beam_options", help="Beam pipeline options, one shell-quoted string "
-                 "('--project=P --region=R --temp_location=gs://b/tmp')")
-  p.add_argument("--rows_per_unit", type=int, help="Beam: table rows (or folder files) per unit of work "
-                 "(default 10000; a tar shard is one unit)")
+  p.add_argument(
+    "--beam_runner",
+    help="table/webdataset: convert on Apache Beam (DirectRunner, "
+    "DataflowRunner, FlinkRunner, ...; needs the [beam] extra), see tipsito/data/beam_convert.py",
+  )
+  p.add_argument(
+    "--beam_options",
+    help="Beam pipeline options, one shell-quoted string "
+    "('--project=P --region=R --temp_location=gs://b/tmp')",
+  )
+  p.add_argument(
+    "--rows_per_unit",
+    type=int,
+    help="Beam: table rows (or folder files) per unit of work (default 10000; a tar shard is one unit)",
+  )
   return p
 
 
@@ -80,13 +105,25 @@ def main(argv: Sequence[str] | None = None) -> ConvertResult:
     for k in ("image_column", "image_root", "label_column"):
       if getattr(args, k):
         extra[k] = getattr(args, k)
-  return convert(args.name, args.data_dir, input_path=args.input_path,
-                 split_sizes=parse_split_sizes(args.split_sizes), image_size=args.image_size,
-                 num_workers=args.num_workers, num_shards=args.num_shards, limit=args.limit,
-                 config_name=args.config_name, overwrite=args.overwrite, max_objects=args.max_objects,
-                 object_sizes=_comma_list(args.object_sizes), colours=_comma_list(args.colours),
-                 beam_runner=args.beam_runner, beam_options=args.beam_options,
-                 rows_per_unit=args.rows_per_unit, **extra)
+  return convert(
+    args.name,
+    args.data_dir,
+    input_path=args.input_path,
+    split_sizes=parse_split_sizes(args.split_sizes),
+    image_size=args.image_size,
+    num_workers=args.num_workers,
+    num_shards=args.num_shards,
+    limit=args.limit,
+    config_name=args.config_name,
+    overwrite=args.overwrite,
+    max_objects=args.max_objects,
+    object_sizes=_comma_list(args.object_sizes),
+    colours=_comma_list(args.colours),
+    beam_runner=args.beam_runner,
+    beam_options=args.beam_options,
+    rows_per_unit=args.rows_per_unit,
+    **extra,
+  )
 
 
 if __name__ == "__main__":

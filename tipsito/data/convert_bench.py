@@ -21,6 +21,7 @@ CPU-second figures are per core even on a shared, busy machine, where wall-clock
 other people's work (the load average is printed). Prints a table and one JSON line;
 `run_convert_bench()` returns the numbers.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,8 +48,9 @@ def _cpu_seconds() -> float:
   return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def write_tars(directory: str, fmt: str, size: int, num_inputs: int, per_tar: int,
-               distinct: int = 16) -> list[str]:
+def write_tars(
+  directory: str, fmt: str, size: int, num_inputs: int, per_tar: int, distinct: int = 16
+) -> list[str]:
   """webdataset tars of `num_inputs` samples (`distinct` different images, cycled), `per_tar` a tar."""
   src = synthetic_source(distinct, fmt, size)
   ext = "jpg" if fmt == "JPEG" else "png"
@@ -59,8 +61,9 @@ def write_tars(directory: str, fmt: str, size: int, num_inputs: int, per_tar: in
     with tarfile.open(path, "w") as tar:
       for j in range(t * per_tar, min(num_inputs, (t + 1) * per_tar)):
         r = src[j % distinct]
-        meta = json.dumps({"caption": r["alt_text"], "paligemma": r["caption_paligemma"],
-                           "gemini": r["caption_gemini"]}).encode()
+        meta = json.dumps(
+          {"caption": r["alt_text"], "paligemma": r["caption_paligemma"], "gemini": r["caption_gemini"]}
+        ).encode()
         for name, data in ((f"{j:08d}.{ext}", r["image"]), (f"{j:08d}.json", meta)):
           info = tarfile.TarInfo(name)
           info.size = len(data)
@@ -85,8 +88,14 @@ def _convert_once(tars_dir: str, data_dir: str, n: int, **kwargs) -> tuple[float
   """(wall seconds, CPU seconds) of one conversion of the tars in `tars_dir` (n samples)."""
   shutil.rmtree(data_dir, ignore_errors=True)
   c0, t0 = _cpu_seconds(), time.perf_counter()
-  result = conversion.convert("webdataset", data_dir, input_path=tars_dir, caption_columns=["paligemma", "gemini"],
-                              verbose=False, **kwargs)
+  result = conversion.convert(
+    "webdataset",
+    data_dir,
+    input_path=tars_dir,
+    caption_columns=["paligemma", "gemini"],
+    verbose=False,
+    **kwargs,
+  )
   wall, cpu = time.perf_counter() - t0, _cpu_seconds() - c0
   assert result.split_sizes["train"] == n and result.report.written == n, (result.split_sizes, n)
   shutil.rmtree(data_dir, ignore_errors=True)
@@ -104,14 +113,25 @@ def _convert_rate(small: str, big: str, n: int, data_dir: str, **kwargs) -> tupl
   return rate, 2 * n / max(c3 - c1, 1e-9), max(0.0, w1 - n / rate)
 
 
-def run_convert_bench(sizes: Sequence[int] = (512, 1024), formats: Sequence[str] = ("JPEG", "PNG"),
-                      num_inputs: int = 128, per_tar: int = 32, beam_workers: Sequence[int] = (1, 2),
-                      seconds: float = 2.0, work_dir: str | None = None) -> dict:
+def run_convert_bench(
+  sizes: Sequence[int] = (512, 1024),
+  formats: Sequence[str] = ("JPEG", "PNG"),
+  num_inputs: int = 128,
+  per_tar: int = 32,
+  beam_workers: Sequence[int] = (1, 2),
+  seconds: float = 2.0,
+  work_dir: str | None = None,
+) -> dict:
   """Measures validate / single-machine / Beam conversion rates; returns a flat result dict."""
-  res = {"cpu_count": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 2), "num_inputs": num_inputs,
-         "inputs_per_tar": per_tar}
+  res = {
+    "cpu_count": os.cpu_count(),
+    "load_avg_1m": round(os.getloadavg()[0], 2),
+    "num_inputs": num_inputs,
+    "inputs_per_tar": per_tar,
+  }
   try:
     import apache_beam  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+
     have_beam = True
   except ImportError:
     have_beam = False
@@ -133,8 +153,9 @@ def run_convert_bench(sizes: Sequence[int] = (512, 1024), formats: Sequence[str]
         if have_beam:
           runs += [(f"beam_w{w}", dict(num_workers=w, beam_runner="DirectRunner")) for w in beam_workers]
         for name, kwargs in runs:
-          (res[f"{name}_{tag}_per_s"], res[f"{name}_{tag}_per_cpu_s"],
-           res[f"{name}_{tag}_fixed_s"]) = _convert_rate(small, big, num_inputs, out, num_shards=shards, **kwargs)
+          (res[f"{name}_{tag}_per_s"], res[f"{name}_{tag}_per_cpu_s"], res[f"{name}_{tag}_fixed_s"]) = (
+            _convert_rate(small, big, num_inputs, out, num_shards=shards, **kwargs)
+          )
         shutil.rmtree(os.path.join(tmp, tag), ignore_errors=True)
   finally:
     if work_dir is None:
@@ -145,20 +166,32 @@ def run_convert_bench(sizes: Sequence[int] = (512, 1024), formats: Sequence[str]
 
 def main(argv: Sequence[str] | None = None) -> dict:
   """CLI entry point; also callable as `main([...])`."""
-  ap = argparse.ArgumentParser(prog="python -m tipsito.data.convert_bench", description=__doc__.split("\n")[0])
+  ap = argparse.ArgumentParser(
+    prog="python -m tipsito.data.convert_bench", description=__doc__.split("\n")[0]
+  )
   ap.add_argument("--sizes", default="512,1024", help="comma list of image sides in pixels")
   ap.add_argument("--formats", default="JPEG,PNG", help="comma list of JPEG, PNG")
-  ap.add_argument("--num_inputs", type=int, default=128, help="samples of the smaller conversion (the larger: 3x)")
+  ap.add_argument(
+    "--num_inputs", type=int, default=128, help="samples of the smaller conversion (the larger: 3x)"
+  )
   ap.add_argument("--per_tar", type=int, default=32, help="samples per tar (a Beam unit of work)")
-  ap.add_argument("--beam_workers", default="1,2", help="comma list of Beam DirectRunner worker counts; '' = none")
+  ap.add_argument(
+    "--beam_workers", default="1,2", help="comma list of Beam DirectRunner worker counts; '' = none"
+  )
   ap.add_argument("--seconds", type=float, default=2.0, help="timing window of the validate-only rate")
   args = ap.parse_args(argv)
-  res = run_convert_bench(sizes=[int(s) for s in args.sizes.split(",") if s.strip()],
-                          formats=[f.strip().upper() for f in args.formats.split(",") if f.strip()],
-                          num_inputs=args.num_inputs, per_tar=args.per_tar, seconds=args.seconds,
-                          beam_workers=[int(w) for w in args.beam_workers.split(",") if w.strip()])
-  print("Conversion throughput (inputs = image + captions). *_per_cpu_s: per CPU-second (= per worker "
-        "core); *_per_s: wall clock on this machine (shared: see load_avg_1m).")
+  res = run_convert_bench(
+    sizes=[int(s) for s in args.sizes.split(",") if s.strip()],
+    formats=[f.strip().upper() for f in args.formats.split(",") if f.strip()],
+    num_inputs=args.num_inputs,
+    per_tar=args.per_tar,
+    seconds=args.seconds,
+    beam_workers=[int(w) for w in args.beam_workers.split(",") if w.strip()],
+  )
+  print(
+    "Conversion throughput (inputs = image + captions). *_per_cpu_s: per CPU-second (= per worker "
+    "core); *_per_s: wall clock on this machine (shared: see load_avg_1m)."
+  )
   width = max(len(k) for k in res)
   for k, v in res.items():
     print(f"{k:<{width}}  {v:>10.1f}" if isinstance(v, float) else f"{k:<{width}}  {v!s:>10}")

@@ -52,9 +52,16 @@ RESIZE_MODES = tuple(T.FIXED_RESIZE_MODES) + ('short_side',)
 # --------------------------------------------------------------------------------------------
 
 
-def open_records(dataset: str, split: str, data_dir: str | None = None, prepare: bool = True, *,
-                 image_key: str = 'image', label_key: str | None = 'label',
-                 segmentation_key: str | None = 'segmentation'):
+def open_records(
+  dataset: str,
+  split: str,
+  data_dir: str | None = None,
+  prepare: bool = True,
+  *,
+  image_key: str = 'image',
+  label_key: str | None = 'label',
+  segmentation_key: str | None = 'segmentation',
+):
   """Opens eval records of `dataset`/`split`; returns (source, class_names or None).
 
   Order: tipsito's own reader (tipsito record schema, encoded images; a missing built-in dataset is built
@@ -62,9 +69,16 @@ def open_records(dataset: str, split: str, data_dir: str | None = None, prepare:
   dataset (other field names, decoded images).
   """
   data_dir = data_dir or sources.default_data_dir()
-  data_cfg = dict(name=dataset, split=split, data_dir=data_dir, image_key=image_key,
-                  alt_text_key='alt_text', caption_keys=None, label_key=label_key,
-                  segmentation_key=segmentation_key)
+  data_cfg = dict(
+    name=dataset,
+    split=split,
+    data_dir=data_dir,
+    image_key=image_key,
+    alt_text_key='alt_text',
+    caption_keys=None,
+    label_key=label_key,
+    segmentation_key=segmentation_key,
+  )
   builtin = sources.base_name(dataset) in sources.BUILT_IN_CONVERTERS
   for attempt in range(2):
     try:
@@ -108,12 +122,15 @@ def open_tfds(name: str, split: str, data_dir: str | None = None):
   except Exception as e:  # pylint: disable=broad-except  # tfds' DatasetNotFoundError and friends
     if type(e).__name__ != 'DatasetNotFoundError':
       raise
-    raise FileNotFoundError(f'dataset {name!r} not found (data_dir={data_dir!r}): neither a tipsito '
-                            'dataset nor a prepared TFDS dataset; evaluations never download') from None
+    raise FileNotFoundError(
+      f'dataset {name!r} not found (data_dir={data_dir!r}): neither a tipsito '
+      'dataset nor a prepared TFDS dataset; evaluations never download'
+    ) from None
   if not _is_prepared(builder):
     raise FileNotFoundError(
-        f'TFDS dataset {name!r} is not prepared under {builder.data_dir!r}; build it first '
-        '(evaluations never download)')
+      f'TFDS dataset {name!r} is not prepared under {builder.data_dir!r}; build it first '
+      '(evaluations never download)'
+    )
   try:
     return builder.as_data_source(split=split), builder
   except Exception:  # pylint: disable=broad-except  # not ArrayRecord (e.g. TFRecord): stream it
@@ -137,6 +154,7 @@ class _NumpyIterable:
   def __iter__(self):
     """A fresh numpy iterator over the whole split."""
     import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
     return iter(tfds.as_numpy(self._ds))
 
 
@@ -170,8 +188,9 @@ def as_text(value) -> list[str]:
     return []
   if isinstance(value, (str, bytes, np.bytes_, np.str_)):
     value = [value]
-  items = (list(value) if isinstance(value, (list, tuple))
-           else np.asarray(value, dtype=object).reshape(-1).tolist())
+  items = (
+    list(value) if isinstance(value, (list, tuple)) else np.asarray(value, dtype=object).reshape(-1).tolist()
+  )
   out = []
   for v in items:
     if isinstance(v, (bytes, np.bytes_)):
@@ -184,8 +203,11 @@ def as_text(value) -> list[str]:
 
 def captions_of(record: Mapping, caption_keys: Sequence[str] | None = None) -> list[str]:
   """All distinct captions of a record: the given keys, or 'alt_text' plus every 'caption_*' field."""
-  keys = list(caption_keys) if caption_keys else (
-      ['alt_text'] + sorted(k for k in record if str(k).startswith('caption_')))
+  keys = (
+    list(caption_keys)
+    if caption_keys
+    else (['alt_text'] + sorted(k for k in record if str(k).startswith('caption_')))
+  )
   caps: list[str] = []
   for k in keys:
     for c in as_text(get_field(record, k)):
@@ -215,6 +237,7 @@ class MaskSpec:
   'auto' (the label map when the record has one, else alpha). `reduce_zero_label` maps 0 -> ignore and
   v -> v - 1 (the ADE20K convention).
   """
+
   source: str = 'segmentation'
   key: str = 'segmentation'
   alpha_label_key: str | None = 'label'
@@ -222,8 +245,9 @@ class MaskSpec:
   ignore_index: int = 255
 
 
-def ground_truth_mask(record: Mapping, alpha: np.ndarray | None, image_hw: tuple[int, int],
-                      spec: MaskSpec) -> np.ndarray:
+def ground_truth_mask(
+  record: Mapping, alpha: np.ndarray | None, image_hw: tuple[int, int], spec: MaskSpec
+) -> np.ndarray:
   """The (H, W) uint8 GT label map of a record (see `MaskSpec`)."""
   raw = get_field(record, spec.key)
   if spec.source not in MASK_SOURCES:
@@ -277,6 +301,7 @@ class EvalFields:
   With `resize='short_side'` the image is (H', W', 3) with min(H', W') = S (`short_side_size`) and the
   label map keeps the record's own (H, W): such examples differ in shape, so they are read one by one
   (`eval_examples`), never stacked into batches."""
+
   image_size: int | tuple[int, int] = 224
   resize: str = 'center_crop'
   image_key: str = 'image'
@@ -380,8 +405,9 @@ def chunks(items: Iterable, n: int) -> Iterator[list]:
     yield buf
 
 
-def eval_examples(source, fields: EvalFields, *, max_examples: int | None = None,
-                  num_workers: int = 1, chunk_size: int = 32) -> Iterator[dict]:
+def eval_examples(
+  source, fields: EvalFields, *, max_examples: int | None = None, num_workers: int = 1, chunk_size: int = 32
+) -> Iterator[dict]:
   """`read_example` outputs one by one, in dataset order (for examples of different shapes).
 
   Records are decoded `chunk_size` at a time by `num_workers` threads, so memory stays bounded; the
@@ -399,8 +425,9 @@ def eval_examples(source, fields: EvalFields, *, max_examples: int | None = None
       yield from pool.map(read, recs)
 
 
-def eval_batches(source, fields: EvalFields, batch_size: int, *, max_examples: int | None = None,
-                 num_workers: int = 1) -> Iterator[dict]:
+def eval_batches(
+  source, fields: EvalFields, batch_size: int, *, max_examples: int | None = None, num_workers: int = 1
+) -> Iterator[dict]:
   """Padded fixed-size batches of `read_example` outputs (with `_valid`), in dataset order.
 
   `num_workers` decoding threads; the order never depends on it. Every process of a multi-host run
@@ -408,8 +435,9 @@ def eval_batches(source, fields: EvalFields, batch_size: int, *, max_examples: i
   `eval_examples`).
   """
   if fields.resize == 'short_side':
-    raise ValueError("resize='short_side' examples differ in shape and cannot be batched; "
-                     'read them with eval_examples')
+    raise ValueError(
+      "resize='short_side' examples differ in shape and cannot be batched; read them with eval_examples"
+    )
   records = iterate_source(source, max_examples)
   read = functools.partial(read_example, fields=fields)
   workers = max(1, int(num_workers or 1))

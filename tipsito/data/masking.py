@@ -41,9 +41,17 @@ def random_mask(rng: np.random.Generator, gh: int, gw: int, ratio: float) -> np.
   return mask.reshape(gh, gw)
 
 
-def block_mask(rng: np.random.Generator, gh: int, gw: int, ratio: float, *,
-               min_num_patches: int = 4, min_aspect: float = 0.3,
-               max_aspect: float | None = None, max_attempts: int = 10) -> np.ndarray:
+def block_mask(
+  rng: np.random.Generator,
+  gh: int,
+  gw: int,
+  ratio: float,
+  *,
+  min_num_patches: int = 4,
+  min_aspect: float = 0.3,
+  max_aspect: float | None = None,
+  max_attempts: int = 10,
+) -> np.ndarray:
   """BEiT/iBOT blockwise masking with an exact final count.
 
   Rectangles with a log-uniform aspect ratio and an area drawn in [min_num_patches, remaining]
@@ -71,7 +79,7 @@ def block_mask(rng: np.random.Generator, gh: int, gw: int, ratio: float, *,
       if 0 < h < gh and 0 < w < gw:
         top = int(rng.integers(0, gh - h + 1))
         left = int(rng.integers(0, gw - w + 1))
-        block = mask[top:top + h, left:left + w]
+        block = mask[top : top + h, left : left + w]
         new = h * w - int(block.sum())
         if 0 < new <= remaining:
           block[...] = True
@@ -92,12 +100,11 @@ def block_mask(rng: np.random.Generator, gh: int, gw: int, ratio: float, *,
     rest = np.flatnonzero(~grow & ~mask)
     order = np.concatenate([rng.permutation(border), rng.permutation(rest)])
     flat = mask.reshape(-1)
-    flat[order[:target - count]] = True
+    flat[order[: target - count]] = True
   return mask
 
 
-def make_mask(rng: np.random.Generator, gh: int, gw: int, ratio: float,
-              kind: str = 'random') -> np.ndarray:
+def make_mask(rng: np.random.Generator, gh: int, gw: int, ratio: float, kind: str = 'random') -> np.ndarray:
   """Dispatch on `config.input.mask_type` ('random' | 'block')."""
   if kind == 'random':
     return random_mask(rng, gh, gw, ratio)

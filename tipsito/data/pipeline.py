@@ -42,16 +42,21 @@ from tipsito.data import tokenizer as tok_lib
 from tipsito.data import transforms as T
 
 __all__ = [
-    'TooManySkippedError', 'ExampleSpec', 'TrainExampleFn', 'make_train_iterator', 'open_source',
-    'VIEWS', 'AUGMENTS',
+  'TooManySkippedError',
+  'ExampleSpec',
+  'TrainExampleFn',
+  'make_train_iterator',
+  'open_source',
+  'VIEWS',
+  'AUGMENTS',
 ]
 
 VIEWS = ('single', 'two_views', 'multicrop', 'multicrop_two_views')
 AUGMENTS = ('ito', 'tips', 'none')
 _REASON_INDEX = {r: i for i, r in enumerate(T.SKIP_REASONS)}
-_SKIP = '_skip'          # key of the skip marker returned by the per-example function
-_SKIPS = '_skips'        # per-batch per-reason skip counts (popped by the accounting iterator)
-_SEEN = '_seen'          # per-batch number of records consumed (good + skipped)
+_SKIP = '_skip'  # key of the skip marker returned by the per-example function
+_SKIPS = '_skips'  # per-batch per-reason skip counts (popped by the accounting iterator)
+_SEEN = '_seen'  # per-batch number of records consumed (good + skipped)
 DEFAULT_MIN_RECORDS_FOR_SKIP_CHECK = 256
 # Crop area range of the second view ('image2') when `config.input.view2_crop_scale` is None: ITO's
 # RandomResizedCrop scale (ITO "Method"), whatever the first view uses.
@@ -78,6 +83,7 @@ def _process_info(process_index, process_count):
   """Defaults to the JAX process; importing JAX only when the caller did not say."""
   if process_index is None or process_count is None:
     import jax  # pylint: disable=g-import-not-at-top
+
     process_index = jax.process_index() if process_index is None else process_index
     process_count = jax.process_count() if process_count is None else process_count
   if not 0 <= process_index < process_count:
@@ -92,9 +98,12 @@ def open_source(data_config, split: str | None = None):
   ('image', 'alt_text', 'label', 'segmentation'; captions keep their names, and caption_keys=()
   there means every 'caption_*' field), so the spec must read those keys."""
   src, info = sources.open_source(data_config, split=split)
-  keys = dict(image_key='image', alt_text_key='alt_text',
-              caption_keys=tuple(getattr(info, 'caption_keys', ()) or ()),
-              label_key='label' if getattr(info, 'label_key', None) else None)
+  keys = dict(
+    image_key='image',
+    alt_text_key='alt_text',
+    caption_keys=tuple(getattr(info, 'caption_keys', ()) or ()),
+    label_key='label' if getattr(info, 'label_key', None) else None,
+  )
   return src, keys
 
 
@@ -106,6 +115,7 @@ def open_source(data_config, split: str | None = None):
 @dataclasses.dataclass(frozen=True)
 class ExampleSpec:
   """Everything the per-example function needs, resolved once from the config (picklable)."""
+
   views: str = 'two_views'
   augment: str = 'ito'
   augment_view2: str | None = None  # multicrop_two_views: the second global view's augmentation
@@ -138,52 +148,71 @@ class ExampleSpec:
       raise ValueError(f'config.input.augment={augment!r}; valid values: {list(AUGMENTS)}')
     augment_view2 = _get(inp, 'augment_view2', None)
     if augment_view2 not in (None,) + tuple(AUGMENTS):
-      raise ValueError(f'config.input.augment_view2={augment_view2!r}; valid values: '
-                       f'{[None] + list(AUGMENTS)}')
+      raise ValueError(
+        f'config.input.augment_view2={augment_view2!r}; valid values: {[None] + list(AUGMENTS)}'
+      )
     mask_type = _get(inp, 'mask_type', 'random')
     if mask_type not in masking.MASK_TYPES:
       raise ValueError(f'config.input.mask_type={mask_type!r}; valid: {list(masking.MASK_TYPES)}')
     default_global = (0.5, 1.0) if augment == 'ito' else (0.32, 1.0)
     model_image = _get(_get(config, 'model'), 'image')
     limits = T.ImageLimits(
-        max_pixels=int(_get(data, 'max_pixels', T.DEFAULT_LIMITS.max_pixels)),
-        hard_max_pixels=int(_get(data, 'hard_max_pixels', T.DEFAULT_LIMITS.hard_max_pixels)),
-        min_side=int(_get(data, 'min_side', T.DEFAULT_LIMITS.min_side)),
-        max_aspect=float(_get(data, 'max_aspect', T.DEFAULT_LIMITS.max_aspect)),
-        background=tuple(_get(data, 'background', T.DEFAULT_LIMITS.background)))
+      max_pixels=int(_get(data, 'max_pixels', T.DEFAULT_LIMITS.max_pixels)),
+      hard_max_pixels=int(_get(data, 'hard_max_pixels', T.DEFAULT_LIMITS.hard_max_pixels)),
+      min_side=int(_get(data, 'min_side', T.DEFAULT_LIMITS.min_side)),
+      max_aspect=float(_get(data, 'max_aspect', T.DEFAULT_LIMITS.max_aspect)),
+      background=tuple(_get(data, 'background', T.DEFAULT_LIMITS.background)),
+    )
     return cls(
-        views=views, augment=augment, augment_view2=augment_view2,
-        global_size=int(_get(inp, 'global_size', 224)),
-        local_size=int(_get(inp, 'local_size', 98)),
-        num_local=int(_get(inp, 'num_local', 0) or 0) if 'multicrop' in views else 0,
-        global_scale=tuple(_get(inp, 'global_crop_scale', None) or default_global),
-        local_scale=tuple(_get(inp, 'local_crop_scale', None) or (0.05, 0.32)),
-        view2_scale=tuple(_get(inp, 'view2_crop_scale', None) or ITO_VIEW2_SCALE),
-        ratio=tuple(_get(inp, 'crop_ratio', None) or (3 / 4, 4 / 3)),
-        mask_ratio=float(_get(inp, 'mask_ratio', 0.0) or 0.0),
-        mask_type=mask_type,
-        mask_prob=float(_get(inp, 'mask_prob', 1.0)),
-        patch_size=int(_get(model_image, 'patch_size', 16) or 16),
-        image_key=_get(data, 'image_key', 'image') or 'image',
-        alt_text_key=_get(data, 'alt_text_key', 'alt_text'),
-        caption_keys=tuple(_get(data, 'caption_keys', ()) or ()),
-        label_key=_get(data, 'label_key', None),
-        limits=limits)
+      views=views,
+      augment=augment,
+      augment_view2=augment_view2,
+      global_size=int(_get(inp, 'global_size', 224)),
+      local_size=int(_get(inp, 'local_size', 98)),
+      num_local=int(_get(inp, 'num_local', 0) or 0) if 'multicrop' in views else 0,
+      global_scale=tuple(_get(inp, 'global_crop_scale', None) or default_global),
+      local_scale=tuple(_get(inp, 'local_crop_scale', None) or (0.05, 0.32)),
+      view2_scale=tuple(_get(inp, 'view2_crop_scale', None) or ITO_VIEW2_SCALE),
+      ratio=tuple(_get(inp, 'crop_ratio', None) or (3 / 4, 4 / 3)),
+      mask_ratio=float(_get(inp, 'mask_ratio', 0.0) or 0.0),
+      mask_type=mask_type,
+      mask_prob=float(_get(inp, 'mask_prob', 1.0)),
+      patch_size=int(_get(model_image, 'patch_size', 16) or 16),
+      image_key=_get(data, 'image_key', 'image') or 'image',
+      alt_text_key=_get(data, 'alt_text_key', 'alt_text'),
+      caption_keys=tuple(_get(data, 'caption_keys', ()) or ()),
+      label_key=_get(data, 'label_key', None),
+      limits=limits,
+    )
 
   def view_transform(self):
     """The grain RandomMapTransform producing the image fields for these views/augment."""
     two = 'two_views' in self.views
     if 'multicrop' in self.views:
-      return T.MultiCrop(self.global_size, self.local_size, self.num_local, self.global_scale,
-                         self.local_scale, self.ratio, num_global=2 if two else 1,
-                         photometric=self.augment == 'ito', limits=self.limits,
-                         view2_photometric=(self.augment_view2 or self.augment) == 'ito',
-                         view2_scale=self.view2_scale)
+      return T.MultiCrop(
+        self.global_size,
+        self.local_size,
+        self.num_local,
+        self.global_scale,
+        self.local_scale,
+        self.ratio,
+        num_global=2 if two else 1,
+        photometric=self.augment == 'ito',
+        limits=self.limits,
+        view2_photometric=(self.augment_view2 or self.augment) == 'ito',
+        view2_scale=self.view2_scale,
+      )
     if self.augment == 'none':
       return None  # the deterministic resize evaluations use (see TrainExampleFn)
-    return T.ITOTwoViews(self.global_size, self.global_scale, self.ratio, self.limits,
-                         photometric=self.augment == 'ito', num_views=2 if two else 1,
-                         view2_scale=self.view2_scale)
+    return T.ITOTwoViews(
+      self.global_size,
+      self.global_scale,
+      self.ratio,
+      self.limits,
+      photometric=self.augment == 'ito',
+      num_views=2 if two else 1,
+      view2_scale=self.view2_scale,
+    )
 
   @property
   def mask_grid(self) -> int:
@@ -273,8 +302,12 @@ class TrainExampleFn:
     except Exception as e:  # pylint: disable=broad-except
       if TrainExampleFn._warned < 5:  # a bug guard: count it, say it loudly a few times
         TrainExampleFn._warned += 1
-        log.warning('tipsito.data: unexpected error in example transform (counted as skip '
-                    "'other'): %s: %s", type(e).__name__, e, exc_info=True)
+        log.warning(
+          'tipsito.data: unexpected error in example transform (counted as skip \'other\'): %s: %s',
+          type(e).__name__,
+          e,
+          exc_info=True,
+        )
       return _skip_marker('other')
 
   def _process(self, epoch: int, index: int) -> dict:
@@ -336,9 +369,10 @@ def _skip_error(name, skipped, seen, limit, counts) -> TooManySkippedError:
   """The error raised when too many records are skipped; names the dataset."""
   reasons = {r: int(c) for r, c in zip(T.SKIP_REASONS, counts) if c}
   return TooManySkippedError(
-      f'dataset {name!r}: skipped {int(skipped)} of {int(seen)} records '
-      f'({skipped / max(seen, 1):.1%}) > config.data.max_skip_fraction={limit}; '
-      f'by reason: {reasons}. Check the data (or raise the limit).')
+    f'dataset {name!r}: skipped {int(skipped)} of {int(seen)} records '
+    f'({skipped / max(seen, 1):.1%}) > config.data.max_skip_fraction={limit}; '
+    f'by reason: {reasons}. Check the data (or raise the limit).'
+  )
 
 
 class _SkipBatchIterDataset(grain.IterDataset):
@@ -350,8 +384,7 @@ class _SkipBatchIterDataset(grain.IterDataset):
   A whole batch's worth of consecutive failures beyond the limit raises here (all-bad datasets
   would otherwise spin forever)."""
 
-  def __init__(self, parent, batch_size: int, name: str, max_skip_fraction: float,
-               min_records: int):
+  def __init__(self, parent, batch_size: int, name: str, max_skip_fraction: float, min_records: int):
     super().__init__(parent)
     self.batch_size, self.name = int(batch_size), name
     self.max_skip_fraction, self.min_records = float(max_skip_fraction), int(min_records)
@@ -434,24 +467,28 @@ class PipelineIterator(grain.DatasetIterator):
       self._counts += np.asarray(counts, np.int64).reshape(-1, len(T.SKIP_REASONS)).sum(0)
       self._seen += int(np.sum(seen))
       skipped = int(self._counts.sum())
-      if (self._seen >= self._cfg.min_records and
-          skipped > self._cfg.max_skip_fraction * self._seen):
-        raise _skip_error(self._cfg.name, skipped, self._seen, self._cfg.max_skip_fraction,
-                          self._counts)
+      if self._seen >= self._cfg.min_records and skipped > self._cfg.max_skip_fraction * self._seen:
+        raise _skip_error(self._cfg.name, skipped, self._seen, self._cfg.max_skip_fraction, self._counts)
     return batch
 
   @property
   def stats(self) -> dict:
     """Cumulative skip accounting (restored with the state)."""
     skipped = int(self._counts.sum())
-    return {'seen': int(self._seen), 'skipped': skipped,
-            'skip_fraction': skipped / max(self._seen, 1),
-            'skipped_by_reason': {r: int(c) for r, c in zip(T.SKIP_REASONS, self._counts) if c}}
+    return {
+      'seen': int(self._seen),
+      'skipped': skipped,
+      'skip_fraction': skipped / max(self._seen, 1),
+      'skipped_by_reason': {r: int(c) for r, c in zip(T.SKIP_REASONS, self._counts) if c},
+    }
 
   def get_state(self):
     """JSON-serialisable state at a batch boundary."""
-    return {'pipeline': self._parent.get_state(), 'seen': int(self._seen),
-            'skipped': [int(c) for c in self._counts]}
+    return {
+      'pipeline': self._parent.get_state(),
+      'seen': int(self._seen),
+      'skipped': [int(c) for c in self._counts],
+    }
 
   def set_state(self, state):
     """Restores a state from get_state (exact resume)."""
@@ -489,26 +526,38 @@ def _read_options(num_workers: int, config_input, per_host_batch: int) -> grain.
   a few threads help in-process; inside worker processes one thread avoids oversubscription."""
   default = 1 if num_workers > 0 else min(4, os.cpu_count() or 1)
   threads = int(_get(config_input, 'read_threads', None) or default)
-  return grain.ReadOptions(num_threads=threads,
-                           prefetch_buffer_size=max(2 * threads, min(per_host_batch, 256)))
+  return grain.ReadOptions(
+    num_threads=threads, prefetch_buffer_size=max(2 * threads, min(per_host_batch, 256))
+  )
 
 
 def _ensure_absl_flags_parsed():
   """grain's multiprocessing reads absl flags; outside an absl app (tests, notebooks) they are
   unparsed and reading them raises, so use their defaults."""
   from absl import flags  # pylint: disable=g-import-not-at-top
+
   if not flags.FLAGS.is_parsed():
     flags.FLAGS.mark_as_parsed()
 
 
-def _finish(ds: grain.MapDataset, *, per_host: int, name: str, num_workers: int, prefetch: int,
-            max_skip: float, min_records: int, read_options) -> PipelineIterator:
+def _finish(
+  ds: grain.MapDataset,
+  *,
+  per_host: int,
+  name: str,
+  num_workers: int,
+  prefetch: int,
+  max_skip: float,
+  min_records: int,
+  read_options,
+) -> PipelineIterator:
   """The tail: to_iter_dataset -> skip-and-count batcher -> workers -> thread prefetch -> accounting."""
   it = _SkipBatchIterDataset(ds.to_iter_dataset(read_options), per_host, name, max_skip, min_records)
   if num_workers > 0:
     _ensure_absl_flags_parsed()
-    it = it.mp_prefetch(grain.MultiprocessingOptions(
-        num_workers=num_workers, per_worker_buffer_size=max(1, prefetch)))
+    it = it.mp_prefetch(
+      grain.MultiprocessingOptions(num_workers=num_workers, per_worker_buffer_size=max(1, prefetch))
+    )
   if prefetch > 0:
     it = grain_exp.ThreadPrefetchIterDataset(it, prefetch_buffer_size=prefetch)
   return iter(_AccountingIterDataset(it, name, max_skip, min_records))
@@ -519,18 +568,22 @@ def _tokenizer_for(config, tokenizer) -> _Tokenizer:
   if isinstance(tokenizer, _Tokenizer):
     return tokenizer
   text = _get(_get(config, 'model', None), 'text', None)
-  return _Tokenizer(tokenizer, _get(config, 'tokenizer', None), _get(config, 'max_len', 64),
-                    _get(text, 'flavour', 'tips'))
+  return _Tokenizer(
+    tokenizer, _get(config, 'tokenizer', None), _get(config, 'max_len', 64), _get(text, 'flavour', 'tips')
+  )
 
 
 def _skip_settings(data):
   """(max_skip_fraction, min records before the fraction is checked) from config.data."""
-  return (float(_get(data, 'max_skip_fraction', 0.05)),
-          int(_get(data, 'min_records_for_skip_check', None) or DEFAULT_MIN_RECORDS_FOR_SKIP_CHECK))
+  return (
+    float(_get(data, 'max_skip_fraction', 0.05)),
+    int(_get(data, 'min_records_for_skip_check', None) or DEFAULT_MIN_RECORDS_FOR_SKIP_CHECK),
+  )
 
 
-def make_train_iterator(config, *, source=None, process_index: int | None = None,
-                        process_count: int | None = None, tokenizer=None) -> PipelineIterator:
+def make_train_iterator(
+  config, *, source=None, process_index: int | None = None, process_count: int | None = None, tokenizer=None
+) -> PipelineIterator:
   """The per-host training iterator (contract batch format), a grain DatasetIterator.
 
   Args:
@@ -548,8 +601,7 @@ def make_train_iterator(config, *, source=None, process_index: int | None = None
   inp, data = config.input, config.data
   global_bs = int(inp.batch_size)
   if global_bs % pc:
-    raise ValueError(f'config.input.batch_size={global_bs} is not divisible by the process '
-                     f'count {pc}')
+    raise ValueError(f'config.input.batch_size={global_bs} is not divisible by the process count {pc}')
   per_host = global_bs // pc
   name = str(_get(data, 'name', 'dataset'))
   spec = ExampleSpec.from_config(config)
@@ -570,9 +622,16 @@ def make_train_iterator(config, *, source=None, process_index: int | None = None
   if _get(inp, 'shuffle', True):
     ds = ds.shuffle(seed=shuffle_seed)
   ds = ds.repeat(_get(inp, 'num_epochs', None))  # reshuffled every epoch
-  ds = ds.map_with_index(_EpochTag(n))            # epoch feeds augmentation + caption RNG
-  ds = ds.slice(slice(pi, None, pc))              # disjoint, covering per-process shards
+  ds = ds.map_with_index(_EpochTag(n))  # epoch feeds augmentation + caption RNG
+  ds = ds.slice(slice(pi, None, pc))  # disjoint, covering per-process shards
   ds = ds.map(TrainExampleFn(source, spec, _tokenizer_for(config, tokenizer), seed))
   return _finish(
-      ds, per_host=per_host, name=name, num_workers=num_workers, prefetch=prefetch, max_skip=max_skip,
-      min_records=min_records, read_options=_read_options(num_workers, inp, per_host))
+    ds,
+    per_host=per_host,
+    name=name,
+    num_workers=num_workers,
+    prefetch=prefetch,
+    max_skip=max_skip,
+    min_records=min_records,
+    read_options=_read_options(num_workers, inp, per_host),
+  )

@@ -49,8 +49,19 @@ def _transform_rate(source: Sequence[dict], transform, min_seconds: float) -> tu
 
 
 #: Per-op rows of the breakdown, in pipeline order ('open' = header parse, `T.open_image`).
-OPS = ('open', 'decode', 'crop_resize', 'flip', 'jitter_brightness', 'jitter_contrast',
-       'jitter_saturation', 'jitter_hue', 'grayscale', 'blur', 'to_array')
+OPS = (
+  'open',
+  'decode',
+  'crop_resize',
+  'flip',
+  'jitter_brightness',
+  'jitter_contrast',
+  'jitter_saturation',
+  'jitter_hue',
+  'grayscale',
+  'blur',
+  'to_array',
+)
 
 
 def op_breakdown(source: Sequence[dict], transform, passes: int = 2) -> dict:
@@ -84,8 +95,10 @@ def op_breakdown(source: Sequence[dict], transform, passes: int = 2) -> dict:
 
 def format_breakdown(name: str, bd: dict) -> str:
   """Text table of `op_breakdown`."""
-  lines = [f'{name}: CPU ms per op (per image = per record, all its views)',
-           f'  {"op":<18} {"ms/image":>9} {"ms/call":>8} {"calls/image":>11} {"share":>6}']
+  lines = [
+    f'{name}: CPU ms per op (per image = per record, all its views)',
+    f'  {"op":<18} {"ms/image":>9} {"ms/call":>8} {"calls/image":>11} {"share":>6}',
+  ]
   tot = bd['total'][0]
   for op, (per_img, per_call, calls) in bd.items():
     pc = '' if per_call is None or math.isnan(per_call) else f'{per_call:8.3f}'
@@ -96,14 +109,15 @@ def format_breakdown(name: str, bd: dict) -> str:
 
 class _WordTokenizer:
   """Fallback when the SentencePiece demo model is unavailable (keeps the bench runnable)."""
+
   max_len = 64
 
   def tokenize(self, texts):
     """Same contract as Tokenizer.tokenize: (n, max_len) int32, 0-padded."""
     out = np.zeros((len(texts), self.max_len), np.int32)
     for i, t in enumerate(texts):
-      ids = [zlib.crc32(w.encode()) % 30000 + 1 for w in t.lower().split()][:self.max_len]
-      out[i, :len(ids)] = ids
+      ids = [zlib.crc32(w.encode()) % 30000 + 1 for w in t.lower().split()][: self.max_len]
+      out[i, : len(ids)] = ids
     return out
 
 
@@ -118,26 +132,48 @@ def _tokenizer():
 def _bench_config(mode: str, batch_size: int, workers: int):
   """Minimal config for the ITO (two views) or TIPSv2 (1+6 crops, mask) pipeline."""
   import ml_collections as mlc  # pylint: disable=g-import-not-at-top
+
   ito = mode == 'ito'
-  return mlc.ConfigDict(dict(
-      seed=0, tokenizer=None, max_len=64, model=dict(image=dict(patch_size=14 if not ito else 16)),
-      data=dict(name=f'synthetic_{mode}', image_key='image', alt_text_key='alt_text',
-                caption_keys=('caption_paligemma', 'caption_gemini'), label_key=None,
-                max_skip_fraction=0.05),
-      input=dict(batch_size=batch_size, views='two_views' if ito else 'multicrop',
-                 global_size=224, local_size=98, num_local=0 if ito else 6,
-                 mask_ratio=0.0 if ito else 0.5, mask_type='random' if ito else 'block',
-                 augment='ito' if ito else 'tips', num_workers=workers, prefetch=2,
-                 shuffle_seed=0)))
+  return mlc.ConfigDict(
+    dict(
+      seed=0,
+      tokenizer=None,
+      max_len=64,
+      model=dict(image=dict(patch_size=14 if not ito else 16)),
+      data=dict(
+        name=f'synthetic_{mode}',
+        image_key='image',
+        alt_text_key='alt_text',
+        caption_keys=('caption_paligemma', 'caption_gemini'),
+        label_key=None,
+        max_skip_fraction=0.05,
+      ),
+      input=dict(
+        batch_size=batch_size,
+        views='two_views' if ito else 'multicrop',
+        global_size=224,
+        local_size=98,
+        num_local=0 if ito else 6,
+        mask_ratio=0.0 if ito else 0.5,
+        mask_type='random' if ito else 'block',
+        augment='ito' if ito else 'tips',
+        num_workers=workers,
+        prefetch=2,
+        shuffle_seed=0,
+      ),
+    )
+  )
 
 
-def _pipeline_rate(source, mode: str, workers: int, batch_size: int, min_seconds: float,
-                   tokenizer) -> tuple[float, float]:
+def _pipeline_rate(
+  source, mode: str, workers: int, batch_size: int, min_seconds: float, tokenizer
+) -> tuple[float, float]:
   """(steady-state images/s, seconds to the first batch) of the full pipeline."""
   cfg = _bench_config(mode, batch_size, workers)
   t0 = time.perf_counter()
-  with pipeline.make_train_iterator(cfg, source=source, process_index=0, process_count=1,
-                                    tokenizer=tokenizer) as it:
+  with pipeline.make_train_iterator(
+    cfg, source=source, process_index=0, process_count=1, tokenizer=tokenizer
+  ) as it:
     next(it)
     first = time.perf_counter() - t0
     for _ in range(2 * workers):  # workers start one after another: time the steady state
@@ -149,14 +185,25 @@ def _pipeline_rate(source, mode: str, workers: int, batch_size: int, min_seconds
     return n / (time.perf_counter() - t1), first
 
 
-def run_data_bench(num_images: int = 48, workers: Sequence[int] = (0,), batch_size: int = 32,
-                   seconds: float = 3.0, size: int = 400, formats: Sequence[str] = ('JPEG', 'PNG'),
-                   pipeline_bench: bool = True, breakdown: bool = True) -> dict:
+def run_data_bench(
+  num_images: int = 48,
+  workers: Sequence[int] = (0,),
+  batch_size: int = 32,
+  seconds: float = 3.0,
+  size: int = 400,
+  formats: Sequence[str] = ('JPEG', 'PNG'),
+  pipeline_bench: bool = True,
+  breakdown: bool = True,
+) -> dict:
   """Measures the transforms (per worker) and the pipeline (per W); returns a flat result dict
   (plus 'breakdown': {transform_format: {op: [CPU ms per image, ms per call, calls per image]}}
   when `breakdown`, see `op_breakdown`)."""
-  res = {'cpu_count': os.cpu_count(), 'load_avg_1m': os.getloadavg()[0], 'source_px': size,
-         'num_images': num_images}
+  res = {
+    'cpu_count': os.cpu_count(),
+    'load_avg_1m': os.getloadavg()[0],
+    'source_px': size,
+    'num_images': num_images,
+  }
   ito = T.ITOTwoViews(size=224)
   tips = T.MultiCrop(global_size=224, local_size=98, num_local=6)
   sources = {fmt: synthetic_source(num_images, fmt, size) for fmt in formats}
@@ -167,8 +214,8 @@ def run_data_bench(num_images: int = 48, workers: Sequence[int] = (0,), batch_si
       res[f'{name}_{fmt.lower()}_img_per_cpu_s'] = cpu
       if breakdown:
         res.setdefault('breakdown', {})[f'{name}_{fmt.lower()}'] = {
-            op: [None if math.isnan(x) else round(x, 4) for x in v]
-            for op, v in op_breakdown(src, tr).items()}
+          op: [None if math.isnan(x) else round(x, 4) for x in v] for op, v in op_breakdown(src, tr).items()
+        }
   if pipeline_bench:
     tok, tok_name = _tokenizer()
     res['tokenizer'] = tok_name
@@ -197,9 +244,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
   argv = list(sys.argv[1:] if argv is None else argv)
   if '--convert' in argv:
     from tipsito.data import convert_bench  # CLI dispatch: that CLI imports this one's library
+
     return convert_bench.main([a for a in argv if a != '--convert'])
-  ap = argparse.ArgumentParser(prog='python -m tipsito.data.pipeline_bench',
-                               description=__doc__.split('\n')[0])
+  ap = argparse.ArgumentParser(
+    prog='python -m tipsito.data.pipeline_bench', description=__doc__.split('\n')[0]
+  )
   ap.add_argument('--num_images', type=int, default=48, help='distinct synthetic source images')
   ap.add_argument('--workers', default='0', help='comma list of grain worker counts, e.g. 0,2')
   ap.add_argument('--batch_size', type=int, default=32)
@@ -209,11 +258,20 @@ def main(argv: Sequence[str] | None = None) -> dict:
   ap.add_argument('--no_breakdown', action='store_true', help='skip the per-op CPU breakdown')
   args = ap.parse_args(argv)
   workers = [int(w) for w in str(args.workers).split(',') if w.strip() != '']
-  res = run_data_bench(args.num_images, workers, args.batch_size, args.seconds, args.size,
-                       pipeline_bench=not args.no_pipeline, breakdown=not args.no_breakdown)
-  print('Input pipeline throughput. Transforms: one process, one thread = images/s per worker '
-        '(*_img_s wall clock, *_img_per_cpu_s per CPU-second of that thread); pipeline_*: end to '
-        'end with W grain workers (wall clock).')
+  res = run_data_bench(
+    args.num_images,
+    workers,
+    args.batch_size,
+    args.seconds,
+    args.size,
+    pipeline_bench=not args.no_pipeline,
+    breakdown=not args.no_breakdown,
+  )
+  print(
+    'Input pipeline throughput. Transforms: one process, one thread = images/s per worker '
+    '(*_img_s wall clock, *_img_per_cpu_s per CPU-second of that thread); pipeline_*: end to '
+    'end with W grain workers (wall clock).'
+  )
   print(_table(res))
   for name, bd in res.get('breakdown', {}).items():
     print(format_breakdown(name, bd))

@@ -5,6 +5,7 @@ demo's built-in dataset (`data.build_if_missing`) is built into the workdir on f
 questions the training loop (tipsito/train/loop.py) only asks, in this order: `resolve_data_dirs`,
 `check_data_available`, then `ensure_dataset` on every process.
 """
+
 from __future__ import annotations
 
 import jax
@@ -37,8 +38,9 @@ def check_data_available(config: mlc.ConfigDict) -> None:
   try:
     sources.resolve_dataset_dir(d.name, data_dir)
   except (FileNotFoundError, ValueError) as e:
-    raise FileNotFoundError(f"config.data.name={d.name!r}, config.data.data_dir={d.data_dir!r}: {e}. "
-                            "Nothing was written.") from None
+    raise FileNotFoundError(
+      f"config.data.name={d.name!r}, config.data.data_dir={d.data_dir!r}: {e}. Nothing was written."
+    ) from None
 
 
 def ensure_dataset(config: mlc.ConfigDict) -> None:
@@ -53,4 +55,5 @@ def ensure_dataset(config: mlc.ConfigDict) -> None:
     conversion.convert(d.name, d.data_dir, verbose=True, **kw)
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+
     multihost_utils.sync_global_devices("dataset_built")

@@ -16,6 +16,7 @@ Record returned by `source[i]` (python/numpy values only):
   'label': int (when `label_key` is set), 'segmentation': bytes (PNG, when the dataset has it and
   `segmentation_key` is not None).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -23,6 +24,7 @@ import os
 from typing import Any, Mapping, Sequence
 
 from tipsito.data.builders import _common  # noqa: F401  (installs the importlib_resources shim)
+
 
 @dataclasses.dataclass
 class SourceInfo:
@@ -76,6 +78,8 @@ BUILT_IN_CONVERTERS = ("shapes", "tuxpaint", "fashion_mnist", "openclipart")
 def base_name(name: str | None) -> str:
   """'shapes/tiny:1.0.0' -> 'shapes': the builder name, which converters and dataset defaults use."""
   return str(name or "").split(":")[0].split("/")[0]
+
+
 FILE_CONVERTERS = ("table", "webdataset")
 
 
@@ -92,12 +96,16 @@ def how_to_convert(name: str, data_dir: str) -> str:
   if base in FILE_CONVERTERS:
     cfg = cfg or "NAME"
     inp = "caps.tsv" if base == "table" else "'shards/*.tar'"
-    return (f"build it with `python -m tipsito.data.convert {base} --data_dir {data_dir} --input {inp} "
-            f"--config_name {cfg}`")
-  return (f"{base!r} is not a tipsito converter: convert your copy with `python -m tipsito.data.convert "
-          f"table --data_dir {data_dir} --input caps.tsv --config_name {base}` (or `webdataset ... --input "
-          f"'shards/*.tar' --config_name {base}`) and train with --config.data.name=table/{base} (or "
-          f"webdataset/{base}); a TFDS dataset prepared elsewhere needs --config.data.data_dir=<its data dir>")
+    return (
+      f"build it with `python -m tipsito.data.convert {base} --data_dir {data_dir} --input {inp} "
+      f"--config_name {cfg}`"
+    )
+  return (
+    f"{base!r} is not a tipsito converter: convert your copy with `python -m tipsito.data.convert "
+    f"table --data_dir {data_dir} --input caps.tsv --config_name {base}` (or `webdataset ... --input "
+    f"'shards/*.tar' --config_name {base}`) and train with --config.data.name=table/{base} (or "
+    f"webdataset/{base}); a TFDS dataset prepared elsewhere needs --config.data.data_dir=<its data dir>"
+  )
 
 
 def default_data_dir() -> str:
@@ -114,6 +122,7 @@ def resolve_dataset_dir(name: str, data_dir: str) -> str:
   and the command that builds it.
   """
   from etils import epath  # pylint: disable=g-import-not-at-top
+
   version = None
   if ":" in name:
     name, version = name.split(":", 1)
@@ -123,8 +132,9 @@ def resolve_dataset_dir(name: str, data_dir: str) -> str:
   if not base.is_dir():
     present = sorted(d.name for d in root.iterdir()) if root.is_dir() else []
     raise FileNotFoundError(
-        f"dataset {parts[0]!r} not found in data_dir {os.fspath(data_dir)!r} (present: {present}); "
-        f"{how_to_convert(name, os.fspath(data_dir))}")
+      f"dataset {parts[0]!r} not found in data_dir {os.fspath(data_dir)!r} (present: {present}); "
+      f"{how_to_convert(name, os.fspath(data_dir))}"
+    )
   subdirs = [d.name for d in base.iterdir() if d.is_dir() and not d.name.startswith(".")]
   if len(parts) > 1:
     cfg_dir = base / parts[1]
@@ -135,6 +145,7 @@ def resolve_dataset_dir(name: str, data_dir: str) -> str:
     meta = base / ".config" / "metadata.json"
     if meta.exists():
       import json  # pylint: disable=g-import-not-at-top
+
       default = json.loads(meta.read_text(encoding="utf-8")).get("default_config_name")
     configs = [d for d in subdirs if not d.startswith("incomplete")]
     if default in configs:
@@ -144,19 +155,25 @@ def resolve_dataset_dir(name: str, data_dir: str) -> str:
     elif len(configs) == 1:
       cfg_dir = base / configs[0]
     else:
-      raise ValueError(f"dataset {name!r} in {os.fspath(data_dir)!r} has several configs {sorted(configs)}; "
-                       f"name one as '{name}/<config>'")
+      raise ValueError(
+        f"dataset {name!r} in {os.fspath(data_dir)!r} has several configs {sorted(configs)}; "
+        f"name one as '{name}/<config>'"
+      )
   if not cfg_dir.is_dir():
-    raise FileNotFoundError(f"dataset {name!r}: {os.fspath(cfg_dir)!r} does not exist (configs: "
-                            f"{sorted(subdirs)}); {how_to_convert(name, os.fspath(data_dir))}")
+    raise FileNotFoundError(
+      f"dataset {name!r}: {os.fspath(cfg_dir)!r} does not exist (configs: "
+      f"{sorted(subdirs)}); {how_to_convert(name, os.fspath(data_dir))}"
+    )
   versions = sorted((d.name for d in cfg_dir.iterdir() if _is_version(d.name)), key=_version_key)
   if version is not None:
     if version not in versions:
       raise FileNotFoundError(f"dataset {name!r}: version {version} not in {versions}")
     return os.fspath(cfg_dir / version)
   if not versions:
-    raise FileNotFoundError(f"dataset {name!r}: no prepared version under {os.fspath(cfg_dir)!r}; "
-                            f"{how_to_convert(name, os.fspath(data_dir))}")
+    raise FileNotFoundError(
+      f"dataset {name!r}: no prepared version under {os.fspath(cfg_dir)!r}; "
+      f"{how_to_convert(name, os.fspath(data_dir))}"
+    )
   return os.fspath(cfg_dir / versions[-1])
 
 
@@ -167,6 +184,7 @@ def data_source(name: str, *, split: str = "train", data_dir: str | None = None)
   resolves TFDS's own catalogue dataset and tries to download it. This never consults the catalogue.
   """
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
   builder = tfds.builder_from_directory(resolve_dataset_dir(name, data_dir or default_data_dir()))
   return builder.as_data_source(split=split)
 
@@ -265,6 +283,7 @@ def _example_proto():
   global _EXAMPLE_PROTO
   if _EXAMPLE_PROTO is None:
     from tensorflow_datasets.core import example_parser  # pylint: disable=g-import-not-at-top
+
     _EXAMPLE_PROTO = example_parser.tf_example_pb2.Example
   return _EXAMPLE_PROTO
 
@@ -314,12 +333,16 @@ def open_source(data_config: Any, *, split: str | None = None) -> tuple[RecordSo
   feats = tinfo.features
   fields = tuple(feats.keys())
   if split not in tinfo.splits:
-    raise KeyError(f"dataset {name!r} has no split {split!r} (splits: {sorted(tinfo.splits)}) in {dataset_dir}")
+    raise KeyError(
+      f"dataset {name!r} has no split {split!r} (splits: {sorted(tinfo.splits)}) in {dataset_dir}"
+    )
 
   def need(key: str, role: str) -> str:
     """Checks that a configured field exists; the error names the dataset, the field and its role."""
     if key not in fields:
-      raise KeyError(f"dataset {name!r} ({dataset_dir}) has no field {key!r} for {role}; fields: {list(fields)}")
+      raise KeyError(
+        f"dataset {name!r} ({dataset_dir}) has no field {key!r} for {role}; fields: {list(fields)}"
+      )
     return key
 
   image_key = need(_get(data_config, "image_key", "image"), "the image")
@@ -336,16 +359,31 @@ def open_source(data_config: Any, *, split: str | None = None) -> tuple[RecordSo
   else:
     label_key = None
   seg_default = "segmentation" if "segmentation" in fields else None
-  seg_key = _get(data_config, "segmentation_key", seg_default) if _has(data_config, "segmentation_key") else seg_default
+  seg_key = (
+    _get(data_config, "segmentation_key", seg_default)
+    if _has(data_config, "segmentation_key")
+    else seg_default
+  )
   if seg_key:
     need(seg_key, "the segmentation mask")
   # Raw serialized records: we parse the few fields we need ourselves (see RecordSource._parse) and
   # leave image decoding to the pipeline.
   tsource = builder.as_data_source(split=split, deserialize_method=tfds.decode.DeserializeMethod.RAW_BYTES)
-  info = SourceInfo(name=name, split=split, data_dir=data_dir, dataset_dir=dataset_dir,
-                    num_examples=len(tsource), image_key=image_key, alt_text_key=alt_text_key,
-                    caption_keys=caption_keys, label_key=label_key, label_names=label_names,
-                    segmentation_key=seg_key or None, fields=fields, tfds_info=tinfo)
+  info = SourceInfo(
+    name=name,
+    split=split,
+    data_dir=data_dir,
+    dataset_dir=dataset_dir,
+    num_examples=len(tsource),
+    image_key=image_key,
+    alt_text_key=alt_text_key,
+    caption_keys=caption_keys,
+    label_key=label_key,
+    label_names=label_names,
+    segmentation_key=seg_key or None,
+    fields=fields,
+    tfds_info=tinfo,
+  )
   return RecordSource(tsource, info), info
 
 

@@ -6,6 +6,7 @@ Why a library module of its own: step time, FLOPs and memory are measured withou
 disk (`tipsito.data.pipeline_bench`, `tipsito.data.convert_bench`), and the tests build their batches the
 same way; the command-line modules only call it.
 """
+
 from __future__ import annotations
 
 import io
@@ -15,8 +16,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
 
-def synthetic_batch(config, batch_size: Optional[int] = None, seed: int = 0,
-                    vocab_size: int = 100) -> dict:
+def synthetic_batch(config, batch_size: Optional[int] = None, seed: int = 0, vocab_size: int = 100) -> dict:
   """A random host batch with every field the config's recipe/views need (bench, tests, info FLOPs).
 
   Why: step time and FLOPs must be measurable without any dataset on disk.
@@ -67,8 +67,7 @@ def _photo_like(rng: np.random.Generator, h: int, w: int) -> Image.Image:
   return Image.fromarray(arr.astype(np.uint8))
 
 
-def synthetic_source(num_images: int = 64, fmt: str = 'JPEG', size: int = 400,
-                     seed: int = 0) -> list[dict]:
+def synthetic_source(num_images: int = 64, fmt: str = 'JPEG', size: int = 400, seed: int = 0) -> list[dict]:
   """Records in the shared schema with ~`size` px images (aspect 3:4..4:3) and three captions."""
   rng = np.random.default_rng(seed)
   out = []
@@ -78,7 +77,13 @@ def synthetic_source(num_images: int = 64, fmt: str = 'JPEG', size: int = 400,
     buf = io.BytesIO()
     img = _photo_like(rng, h, w)
     img.save(buf, fmt, **({'quality': 90} if fmt == 'JPEG' else {}))
-    out.append({'image': buf.getvalue(), 'alt_text': f'a photo number {i} of shapes',
-                'caption_paligemma': f'several coloured ellipses on a smooth background {i}',
-                'caption_gemini': f'an abstract picture with {i % 7 + 2} blobs', 'id': str(i)})
+    out.append(
+      {
+        'image': buf.getvalue(),
+        'alt_text': f'a photo number {i} of shapes',
+        'caption_paligemma': f'several coloured ellipses on a smooth background {i}',
+        'caption_gemini': f'an abstract picture with {i % 7 + 2} blobs',
+        'id': str(i),
+      }
+    )
   return out

@@ -23,6 +23,7 @@ Two flavours, the text tower's (`config.model.text.flavour`, tipsito/models/text
     Face pools the first `eos_token_id`; with EOT = vocab_size - 1 both pick the position tipsito's
     tower pools, for every SentencePiece model.
 """
+
 from __future__ import annotations
 
 import os
@@ -45,8 +46,14 @@ class Tokenizer:
   < vocab_size); `sot_id` / `eot_id` are None for 'tips'.
   """
 
-  def __init__(self, model_path: str | None = None, max_len: int = 64, lowercase: bool = True,
-               shift_ids: bool = False, flavour: str = "tips"):
+  def __init__(
+    self,
+    model_path: str | None = None,
+    max_len: int = 64,
+    lowercase: bool = True,
+    shift_ids: bool = False,
+    flavour: str = "tips",
+  ):
     """Loads the model; FileNotFoundError names the configured path.
 
     shift_ids: add 1 to every id of a model whose own pad id is not 0 (see the module docstring);
@@ -61,8 +68,9 @@ class Tokenizer:
     path = os.path.expanduser(os.fspath(model_path)) if model_path else DEFAULT_TOKENIZER
     if not epath.Path(path).is_file():
       raise FileNotFoundError(
-          f"tokenizer model {path!r} not found (config.tokenizer); use None for the shipped demo model "
-          f"{DEFAULT_TOKENIZER!r} or train one with `python -m tipsito.data.train_tokenizer`")
+        f"tokenizer model {path!r} not found (config.tokenizer); use None for the shipped demo model "
+        f"{DEFAULT_TOKENIZER!r} or train one with `python -m tipsito.data.train_tokenizer`"
+      )
     if max_len <= 0:
       raise ValueError(f"max_len must be positive, got {max_len}")
     if flavour not in FLAVOURS:
@@ -88,8 +96,13 @@ class Tokenizer:
 
   def __getstate__(self):
     """Pickles by path (grain workers rebuild the SentencePiece processor)."""
-    return {"model_path": self.model_path, "max_len": self.max_len, "lowercase": self.lowercase,
-            "shift_ids": self.shift_ids, "flavour": self.flavour}
+    return {
+      "model_path": self.model_path,
+      "max_len": self.max_len,
+      "lowercase": self.lowercase,
+      "shift_ids": self.shift_ids,
+      "flavour": self.flavour,
+    }
 
   def __setstate__(self, state):
     """Rebuilds from the pickled path/max_len/lowercase/shift_ids/flavour."""
@@ -135,8 +148,10 @@ class Tokenizer:
 
   def __repr__(self) -> str:
     """Model path, max_len and vocab size, for logs."""
-    return (f"Tokenizer({self.model_path!r}, max_len={self.max_len}, flavour={self.flavour!r}, "
-            f"vocab_size={self.vocab_size})")
+    return (
+      f"Tokenizer({self.model_path!r}, max_len={self.max_len}, flavour={self.flavour!r}, "
+      f"vocab_size={self.vocab_size})"
+    )
 
 
 def flavour_of(text_config) -> str:
@@ -156,5 +171,6 @@ def from_config(config) -> Tokenizer:
   """
   model = config.get("model", None) if hasattr(config, "get") else None
   text = model.get("text", None) if model is not None else None
-  return Tokenizer(config.get("tokenizer", None), max_len=int(config.get("max_len", 64)),
-                   flavour=flavour_of(text or {}))
+  return Tokenizer(
+    config.get("tokenizer", None), max_len=int(config.get("max_len", 64)), flavour=flavour_of(text or {})
+  )

@@ -7,6 +7,7 @@ synthetic captions (when the Debian package is installed), and the Fashion-MNIST
 few generic words of contrastive prompts ("a photo of a ..."). Text is lower-cased (as the
 Tokenizer does). Special ids: pad=0, unk=1, no BOS/EOS (contract).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,9 +21,18 @@ from tipsito.data.builders import tuxpaint
 from tipsito.data.tokenizer import DEFAULT_TOKENIZER
 
 _PROMPTS = [
-    "a photo of a {}.", "a picture of a {}.", "an image of a {}.", "a drawing of a {}.",
-    "a close-up photo of the {}.", "a bad photo of a {}.", "a good photo of the {}.", "a rendering of a {}.",
-    "a cropped photo of the {}.", "a bright photo of a {}.", "a dark photo of the {}.", "a blurry photo of a {}.",
+  "a photo of a {}.",
+  "a picture of a {}.",
+  "an image of a {}.",
+  "a drawing of a {}.",
+  "a close-up photo of the {}.",
+  "a bad photo of a {}.",
+  "a good photo of the {}.",
+  "a rendering of a {}.",
+  "a cropped photo of the {}.",
+  "a bright photo of a {}.",
+  "a dark photo of the {}.",
+  "a blurry photo of a {}.",
 ]
 
 
@@ -50,8 +60,9 @@ def demo_corpus(num_shapes: int = 3000) -> list[str]:
   return [line.lower() for line in lines if line.strip()]
 
 
-def train(output: str = DEFAULT_TOKENIZER, vocab_size: int = 2000, num_shapes: int = 3000,
-          model_type: str = "bpe") -> str:
+def train(
+  output: str = DEFAULT_TOKENIZER, vocab_size: int = 2000, num_shapes: int = 3000, model_type: str = "bpe"
+) -> str:
   """Trains a (BPE by default: the small corpus caps unigram vocabularies at ~700) model on `demo_corpus()` and writes it to `output` (.model); returns the path."""
   import sentencepiece as spm  # pylint: disable=g-import-not-at-top
 
@@ -63,10 +74,21 @@ def train(output: str = DEFAULT_TOKENIZER, vocab_size: int = 2000, num_shapes: i
       f.write("\n".join(corpus) + "\n")
     prefix = os.path.join(tmp, "sp")
     spm.SentencePieceTrainer.train(
-        input=txt, model_prefix=prefix, vocab_size=vocab_size, model_type=model_type,
-        character_coverage=1.0, pad_id=0, unk_id=1, bos_id=-1, eos_id=-1,
-        hard_vocab_limit=False, normalization_rule_name="nmt_nfkc", shuffle_input_sentence=False,
-        num_threads=2, minloglevel=2)
+      input=txt,
+      model_prefix=prefix,
+      vocab_size=vocab_size,
+      model_type=model_type,
+      character_coverage=1.0,
+      pad_id=0,
+      unk_id=1,
+      bos_id=-1,
+      eos_id=-1,
+      hard_vocab_limit=False,
+      normalization_rule_name="nmt_nfkc",
+      shuffle_input_sentence=False,
+      num_threads=2,
+      minloglevel=2,
+    )
     with open(prefix + ".model", "rb") as src, open(output, "wb") as dst:
       dst.write(src.read())
   return output

@@ -26,13 +26,38 @@ import numpy as np
 from PIL import Image
 
 __all__ = [
-    'SkipExample', 'SKIP_REASONS', 'ImageLimits', 'open_image', 'load_rgb', 'decode_rgb',
-    'CropParams', 'JitterParams', 'sample_resized_crop', 'sample_color_jitter',
-    'apply_color_jitter', 'adjust_hue', 'adjust_brightness', 'adjust_contrast',
-    'adjust_saturation', 'image_mean_grey', 'hue_shift_planes', 'gaussian_kernel', 'gaussian_blur',
-    'gaussian_blur_array', 'ITOViewParams', 'sample_ito_view', 'apply_view', 'alpha_channel',
-    'ITOTwoViews', 'MultiCrop', 'FIXED_RESIZE_MODES', 'fixed_resize', 'fixed_size_image',
-    'decode_text', 'choose_caption', 'ChooseCaptions',
+  'SkipExample',
+  'SKIP_REASONS',
+  'ImageLimits',
+  'open_image',
+  'load_rgb',
+  'decode_rgb',
+  'CropParams',
+  'JitterParams',
+  'sample_resized_crop',
+  'sample_color_jitter',
+  'apply_color_jitter',
+  'adjust_hue',
+  'adjust_brightness',
+  'adjust_contrast',
+  'adjust_saturation',
+  'image_mean_grey',
+  'hue_shift_planes',
+  'gaussian_kernel',
+  'gaussian_blur',
+  'gaussian_blur_array',
+  'ITOViewParams',
+  'sample_ito_view',
+  'apply_view',
+  'alpha_channel',
+  'ITOTwoViews',
+  'MultiCrop',
+  'FIXED_RESIZE_MODES',
+  'fixed_resize',
+  'fixed_size_image',
+  'decode_text',
+  'choose_caption',
+  'ChooseCaptions',
 ]
 
 # PIL refuses images over ~179M pixels with DecompressionBombError (and warns above ~89M); we
@@ -45,17 +70,17 @@ BICUBIC = Image.Resampling.BICUBIC
 
 #: Reasons a record can be skipped; the pipeline counts each separately.
 SKIP_REASONS = (
-    'read_error',      # the source raised while reading the record
-    'missing_image',   # no image field / None
-    'empty_image',     # zero-byte payload or zero-size array
-    'corrupt_image',   # undecodable or truncated bytes, unsupported array
-    'tiny_image',      # a side < ImageLimits.min_side
-    'huge_image',      # more pixels than ImageLimits.hard_max_pixels
-    'extreme_aspect',  # long/short side > ImageLimits.max_aspect
-    'missing_text',    # alt-text field absent
-    'bad_text',        # alt-text empty, or not valid UTF-8
-    'missing_label',   # label configured but absent / not an int
-    'other',           # any other exception inside a transform (bug guard)
+  'read_error',  # the source raised while reading the record
+  'missing_image',  # no image field / None
+  'empty_image',  # zero-byte payload or zero-size array
+  'corrupt_image',  # undecodable or truncated bytes, unsupported array
+  'tiny_image',  # a side < ImageLimits.min_side
+  'huge_image',  # more pixels than ImageLimits.hard_max_pixels
+  'extreme_aspect',  # long/short side > ImageLimits.max_aspect
+  'missing_text',  # alt-text field absent
+  'bad_text',  # alt-text empty, or not valid UTF-8
+  'missing_label',  # label configured but absent / not an int
+  'other',  # any other exception inside a transform (bug guard)
 )
 
 
@@ -85,6 +110,7 @@ class ImageLimits:
   skipped outright (decompression-bomb guard); min_side: shorter side below this is skipped;
   max_aspect: long/short side ratio above this is skipped (banners, 1-px lines).
   """
+
   max_pixels: int = 4096 * 4096
   hard_max_pixels: int = 16384 * 16384
   min_side: int = 2
@@ -184,8 +210,9 @@ def _to_rgb(img: Image.Image, background: tuple[int, int, int]) -> Image.Image:
   return img.convert('RGB')  # L, CMYK (Adobe inversion handled by PIL), YCbCr, LAB, HSV, ...
 
 
-def load_rgb(img: Image.Image, max_reduce: float = 1.0,
-             limits: ImageLimits = DEFAULT_LIMITS) -> tuple[Image.Image, float]:
+def load_rgb(
+  img: Image.Image, max_reduce: float = 1.0, limits: ImageLimits = DEFAULT_LIMITS
+) -> tuple[Image.Image, float]:
   """Decodes `img` to RGB uint8, allowing a downscale by up to `max_reduce`.
 
   Returns (rgb, factor) where factor = original width / returned width (>= 1): callers scale their
@@ -238,18 +265,23 @@ def alpha_channel(img: Image.Image) -> np.ndarray | None:
 @dataclasses.dataclass(frozen=True)
 class CropParams:
   """A crop box in source pixels (top, left, height, width) plus what was drawn to get it."""
+
   top: int
   left: int
   height: int
   width: int
-  scale: float      # drawn target area fraction (NaN for the fallback)
+  scale: float  # drawn target area fraction (NaN for the fallback)
   log_ratio: float  # drawn log aspect ratio (NaN for the fallback)
   fallback: bool
 
 
-def sample_resized_crop(rng: np.random.Generator, height: int, width: int,
-                        scale: Sequence[float] = (0.08, 1.0),
-                        ratio: Sequence[float] = (3 / 4, 4 / 3)) -> CropParams:
+def sample_resized_crop(
+  rng: np.random.Generator,
+  height: int,
+  width: int,
+  scale: Sequence[float] = (0.08, 1.0),
+  ratio: Sequence[float] = (3 / 4, 4 / 3),
+) -> CropParams:
   """torchvision `RandomResizedCrop.get_params`: 10 tries of (area ~ U(scale), log-ratio ~ U),
   then a centre crop with the ratio clamped into range. Same rounding and integer ranges."""
   area = height * width
@@ -280,6 +312,7 @@ def sample_resized_crop(rng: np.random.Generator, height: int, width: int,
 class JitterParams:
   """torchvision ColorJitter draw: application order (0=brightness,1=contrast,2=saturation,
   3=hue) and the factors; `applied` is the RandomApply(p) coin."""
+
   applied: bool
   order: tuple[int, ...]
   brightness: float
@@ -288,8 +321,9 @@ class JitterParams:
   hue: float
 
 
-def sample_color_jitter(rng: np.random.Generator, brightness=0.4, contrast=0.4, saturation=0.4,
-                        hue=0.1, p: float = 0.8) -> JitterParams:
+def sample_color_jitter(
+  rng: np.random.Generator, brightness=0.4, contrast=0.4, saturation=0.4, hue=0.1, p: float = 0.8
+) -> JitterParams:
   """Draws like `RandomApply([ColorJitter(b, c, s, h)], p)`: factors U(max(0,1-x), 1+x), hue
   U(-h, h), and a random permutation of the four ops. All values are drawn even when not
   applied, so RNG consumption (hence downstream draws) does not depend on the coin."""
@@ -320,9 +354,13 @@ def _hue_table() -> np.ndarray:
   i = np.arange(256)
   ia, ib = (x.ravel() for x in np.meshgrid(i, i, indexing='ij'))
   full = np.full_like(ia, 255)
-  px = np.concatenate([np.stack([full, 255 - ia, 255 - ib], 1),    # r is max: a=v-g, b=v-b
-                       np.stack([255 - ia, full, 255 - ib], 1),    # g is max: a=v-r, b=v-b
-                       np.stack([255 - ia, 255 - ib, full], 1)])   # b is max: a=v-r, b=v-g
+  px = np.concatenate(
+    [
+      np.stack([full, 255 - ia, 255 - ib], 1),  # r is max: a=v-g, b=v-b
+      np.stack([255 - ia, full, 255 - ib], 1),  # g is max: a=v-r, b=v-b
+      np.stack([255 - ia, 255 - ib, full], 1),
+    ]
+  )  # b is max: a=v-r, b=v-g
   px = np.ascontiguousarray(px, np.uint8)
   im = Image.frombuffer('RGB', (px.shape[0], 1), px, 'raw', 'RGB', 0, 1)
   return np.asarray(im.convert('HSV'))[0, :, 0].copy()
@@ -351,27 +389,27 @@ def hue_shift_planes(r: np.ndarray, g: np.ndarray, b: np.ndarray, shift: int):
   one), and keeps the min and max exactly as the continuous HSV rotation does."""
   v = np.maximum(np.maximum(r, g), b)
   dr, dg, db = v - r, v - g, v - b
-  nzr = dr != 0                       # g or b is the max (PIL tests r first)
-  isb = nzr & (dg != 0)               # b is the max
-  key = (dr + dg * ~nzr).astype(np.intp)           # first distance
+  nzr = dr != 0  # g or b is the max (PIL tests r first)
+  isb = nzr & (dg != 0)  # b is the max
+  key = (dr + dg * ~nzr).astype(np.intp)  # first distance
   key <<= 8
-  key |= db + dg * isb                              # second distance
-  br = nzr.astype(np.intp)                          # branch: 0 r max, 1 g max, 2 b max
+  key |= db + dg * isb  # second distance
+  br = nzr.astype(np.intp)  # branch: 0 r max, 1 g max, 2 b max
   br += isb
   br <<= 16
   key |= br
   h = _hue_table().take(key)
-  h += np.uint8(shift % 256)          # uint8 wrap-around, as torchvision
-  c = np.maximum(np.maximum(dr, dg), db)            # max - min
+  h += np.uint8(shift % 256)  # uint8 wrap-around, as torchvision
+  c = np.maximum(np.maximum(dr, dg), db)  # max - min
   h6 = h.astype(np.uint16) * 6
-  sector = (h6 + (h6 >> 8) + 1) >> 8                # floor(6 h / 255), 0..6 (6 = sector 0)
-  j = h6 - sector * 255                             # 255 * fractional part
+  sector = (h6 + (h6 >> 8) + 1) >> 8  # floor(6 h / 255), 0..6 (6 = sector 0)
+  j = h6 - sector * 255  # 255 * fractional part
   odd = sector & 1
-  k = 255 - j                                       # even sectors: 1 - f; odd: f
+  k = 255 - j  # even sectors: 1 - f; odd: f
   k += odd * (2 * j - 255)
-  x = c * k                                         # uint16: <= 255 * 255
+  x = c * k  # uint16: <= 255 * 255
   x += 128
-  dm = (((x >> 8) + x) >> 8).astype(np.uint8)       # round(c k / 255), PIL's MULDIV255
+  dm = (((x >> 8) + x) >> 8).astype(np.uint8)  # round(c k / 255), PIL's MULDIV255
   dp = c - dm
   sector = sector.astype(np.uint8)
   out = []
@@ -443,11 +481,11 @@ def _pad_reflect(a: np.ndarray, k: int, dtype) -> np.ndarray:
   if k >= h or k >= w:
     return np.pad(a, ((k, k), (k, k), (0, 0)), mode='edge').astype(dtype)
   p = np.empty((h + 2 * k, w + 2 * k, a.shape[2]), dtype)
-  p[k:k + h, k:k + w] = a
-  p[k:k + h, :k] = a[:, k:0:-1]
-  p[k:k + h, k + w:] = a[:, w - 2:w - k - 2:-1] if w - k - 2 >= 0 else a[:, w - 2::-1]
-  p[:k] = p[2 * k:k:-1]
-  p[k + h:] = p[k + h - 2:h - 2:-1]
+  p[k : k + h, k : k + w] = a
+  p[k : k + h, :k] = a[:, k:0:-1]
+  p[k : k + h, k + w :] = a[:, w - 2 : w - k - 2 : -1] if w - k - 2 >= 0 else a[:, w - 2 :: -1]
+  p[:k] = p[2 * k : k : -1]
+  p[k + h :] = p[k + h - 2 : h - 2 : -1]
   return p
 
 
@@ -456,12 +494,11 @@ def _blur_pass(flat: np.ndarray, w: np.ndarray, step: int, n: int) -> np.ndarray
   / 256) for i < n (k = len(w) // 2). Symmetric pairs are added first; all sums fit in uint16
   (255 * 256 total, pairs <= 510 * 128)."""
   k = len(w) // 2
-  acc = flat[k * step:k * step + n] * np.uint16(w[k])
+  acc = flat[k * step : k * step + n] * np.uint16(w[k])
   tmp = np.empty_like(acc)
   for j in range(1, k + 1):
     if w[k + j]:
-      np.add(flat[(k - j) * step:(k - j) * step + n], flat[(k + j) * step:(k + j) * step + n],
-             out=tmp)
+      np.add(flat[(k - j) * step : (k - j) * step + n], flat[(k + j) * step : (k + j) * step + n], out=tmp)
       tmp *= np.uint16(w[k + j])
       acc += tmp
   acc += np.uint16(128)
@@ -488,12 +525,12 @@ def gaussian_blur_array(arr: np.ndarray, sigma: float) -> np.ndarray:
   flat = _pad_reflect(a, k, np.uint16).reshape(-1)
   row = (wd + 2 * k) * c
   n = h * row
-  acc = _blur_pass(flat, w, row, n)              # vertical: rows k..k+h of the padded image
+  acc = _blur_pass(flat, w, row, n)  # vertical: rows k..k+h of the padded image
   m = n - 2 * k * c
-  out = _blur_pass(acc, w, c, m)                 # horizontal, over the flat rows
+  out = _blur_pass(acc, w, c, m)  # horizontal, over the flat rows
   res = np.empty(n, np.uint8)
-  res[k * c:k * c + m] = out
-  res = res.reshape(h, wd + 2 * k, c)[:, k:k + wd]
+  res[k * c : k * c + m] = out
+  res = res.reshape(h, wd + 2 * k, c)[:, k : k + wd]
   return np.ascontiguousarray(res[..., 0] if squeeze else res)
 
 
@@ -528,6 +565,7 @@ def _jitter_op(img: Image.Image, op: int, jp: JitterParams) -> Image.Image:
 @dataclasses.dataclass(frozen=True)
 class ITOViewParams:
   """Everything drawn for one augmented view (ITO or crop-only)."""
+
   crop: CropParams
   flip: bool
   jitter: JitterParams | None
@@ -536,10 +574,21 @@ class ITOViewParams:
   sigma: float
 
 
-def sample_ito_view(rng: np.random.Generator, height: int, width: int, *,
-                    scale=(0.5, 1.0), ratio=(3 / 4, 4 / 3), photometric: bool = True,
-                    jitter=(0.4, 0.4, 0.4, 0.1), jitter_p=0.8, gray_p=0.2, blur_p=0.5,
-                    sigma=(0.1, 2.0), flip_p=0.5) -> ITOViewParams:
+def sample_ito_view(
+  rng: np.random.Generator,
+  height: int,
+  width: int,
+  *,
+  scale=(0.5, 1.0),
+  ratio=(3 / 4, 4 / 3),
+  photometric: bool = True,
+  jitter=(0.4, 0.4, 0.4, 0.1),
+  jitter_p=0.8,
+  gray_p=0.2,
+  blur_p=0.5,
+  sigma=(0.1, 2.0),
+  flip_p=0.5,
+) -> ITOViewParams:
   """Draws one ITO view: RandomResizedCrop, then (ITO only) ColorJitter p=0.8,
   grayscale p=0.2, Gaussian blur sigma~U(0.1,2) p=0.5, and horizontal flip p=0.5."""
   crop = sample_resized_crop(rng, height, width, scale, ratio)
@@ -558,9 +607,12 @@ def _resize_box(img: Image.Image, crop: CropParams, factor, size: int) -> Image.
   """Crop-before-resize in one PIL call. `factor` (scalar or (fx, fy)) maps source coordinates to
   the decoded image (> 1 after JPEG draft / pixel-cap reduction); the box is clamped to it."""
   fx, fy = (factor, factor) if np.isscalar(factor) else factor
-  box = (max(0.0, crop.left / fx), max(0.0, crop.top / fy),
-         min(float(img.width), (crop.left + crop.width) / fx),
-         min(float(img.height), (crop.top + crop.height) / fy))
+  box = (
+    max(0.0, crop.left / fx),
+    max(0.0, crop.top / fy),
+    min(float(img.width), (crop.left + crop.width) / fx),
+    min(float(img.height), (crop.top + crop.height) / fy),
+  )
   down = min(box[2] - box[0], box[3] - box[1]) / size
   return img.resize((size, size), BICUBIC, box=box, reducing_gap=3.0 if down > 3.0 else None)
 
@@ -578,8 +630,9 @@ def _tick(timings: dict | None, key: str, t0: float) -> float:
 _JITTER_NAMES = ('jitter_brightness', 'jitter_contrast', 'jitter_saturation', 'jitter_hue')
 
 
-def apply_view(img: Image.Image, vp: ITOViewParams, factor, size: int,
-               timings: dict | None = None) -> np.ndarray:
+def apply_view(
+  img: Image.Image, vp: ITOViewParams, factor, size: int, timings: dict | None = None
+) -> np.ndarray:
   """Renders a sampled view to a (size, size, 3) uint8 array.
 
   Order: crop+resize, flip, colour jitter, grayscale, blur. (torchvision flips last; flipping
@@ -617,8 +670,9 @@ def _max_reduce(views: Sequence[tuple[ITOViewParams, int]]) -> float:
   return min(min(v.crop.width, v.crop.height) / size for v, size in views)
 
 
-def _decode_for(img: Image.Image, plan: Sequence[tuple[ITOViewParams, int]], limits: ImageLimits,
-                timings: dict | None) -> tuple[Image.Image, tuple[float, float]]:
+def _decode_for(
+  img: Image.Image, plan: Sequence[tuple[ITOViewParams, int]], limits: ImageLimits, timings: dict | None
+) -> tuple[Image.Image, tuple[float, float]]:
   """Decodes `img` once, as small as every planned (view, output size) allows; returns the RGB image
   and the (x, y) factor from source to decoded pixels."""
   w, h = img.size  # before decoding: JPEG draft mode changes img.size
@@ -628,8 +682,9 @@ def _decode_for(img: Image.Image, plan: Sequence[tuple[ITOViewParams, int]], lim
   return rgb, (w / rgb.width, h / rgb.height)
 
 
-def _put_global_views(out: dict, rgb: Image.Image, views: Sequence[ITOViewParams], factor,
-                      size: int, timings: dict | None) -> None:
+def _put_global_views(
+  out: dict, rgb: Image.Image, views: Sequence[ITOViewParams], factor, size: int, timings: dict | None
+) -> None:
   """Renders the global views into out['image'], out['image2'], ..."""
   for i, v in enumerate(views):
     out['image' if i == 0 else f'image{i + 1}'] = apply_view(rgb, v, factor, size, timings)
@@ -644,9 +699,16 @@ class ITOTwoViews(grain.RandomMapTransform):
   """ITO two views: element['image'] (PIL) -> 'image', 'image2' (S, S, 3) uint8. The first view's crop
   area is drawn from `scale`, the second's from `view2_scale` (None = `scale`)."""
 
-  def __init__(self, size: int = 224, scale=(0.5, 1.0), ratio=(3 / 4, 4 / 3),
-               limits: ImageLimits = DEFAULT_LIMITS, photometric: bool = True,
-               num_views: int = 2, view2_scale=None):
+  def __init__(
+    self,
+    size: int = 224,
+    scale=(0.5, 1.0),
+    ratio=(3 / 4, 4 / 3),
+    limits: ImageLimits = DEFAULT_LIMITS,
+    photometric: bool = True,
+    num_views: int = 2,
+    view2_scale=None,
+  ):
     self.size, self.scale, self.ratio = size, tuple(scale), tuple(ratio)
     self.limits, self.photometric, self.num_views = limits, photometric, num_views
     self.view2_scale = self.scale if view2_scale is None else tuple(view2_scale)
@@ -656,9 +718,17 @@ class ITOTwoViews(grain.RandomMapTransform):
     `timings` (bench) CPU seconds per op ('decode' + the `apply_view` keys)."""
     img = element['image']
     w, h = img.size
-    views = [sample_ito_view(rng, h, w, scale=self.scale if i == 0 else self.view2_scale,
-                             ratio=self.ratio, photometric=self.photometric)
-             for i in range(self.num_views)]
+    views = [
+      sample_ito_view(
+        rng,
+        h,
+        w,
+        scale=self.scale if i == 0 else self.view2_scale,
+        ratio=self.ratio,
+        photometric=self.photometric,
+      )
+      for i in range(self.num_views)
+    ]
     rgb, factor = _decode_for(img, [(v, self.size) for v in views], self.limits, timings)
     out = dict(element)
     _put_global_views(out, rgb, views, factor, self.size, timings)
@@ -677,11 +747,20 @@ class MultiCrop(grain.RandomMapTransform):
   drawn from `view2_scale` (None = `global_scale`).
   """
 
-  def __init__(self, global_size: int = 224, local_size: int = 98, num_local: int = 6,
-               global_scale=(0.32, 1.0), local_scale=(0.05, 0.32), ratio=(3 / 4, 4 / 3),
-               num_global: int = 1, photometric: bool = False,
-               limits: ImageLimits = DEFAULT_LIMITS, view2_photometric: bool | None = None,
-               view2_scale=None):
+  def __init__(
+    self,
+    global_size: int = 224,
+    local_size: int = 98,
+    num_local: int = 6,
+    global_scale=(0.32, 1.0),
+    local_scale=(0.05, 0.32),
+    ratio=(3 / 4, 4 / 3),
+    num_global: int = 1,
+    photometric: bool = False,
+    limits: ImageLimits = DEFAULT_LIMITS,
+    view2_photometric: bool | None = None,
+    view2_scale=None,
+  ):
     self.global_size, self.local_size, self.num_local = global_size, local_size, num_local
     self.global_scale, self.local_scale = tuple(global_scale), tuple(local_scale)
     self.ratio, self.num_global = tuple(ratio), num_global
@@ -694,12 +773,21 @@ class MultiCrop(grain.RandomMapTransform):
     `timings` (bench) CPU seconds per op ('decode' + the `apply_view` keys)."""
     img = element['image']
     w, h = img.size
-    glob = [sample_ito_view(rng, h, w, scale=self.global_scale if i == 0 else self.view2_scale,
-                            ratio=self.ratio,
-                            photometric=self.photometric if i == 0 else self.view2_photometric)
-            for i in range(self.num_global)]
-    loc = [sample_ito_view(rng, h, w, scale=self.local_scale, ratio=self.ratio,
-                           photometric=self.photometric) for _ in range(self.num_local)]
+    glob = [
+      sample_ito_view(
+        rng,
+        h,
+        w,
+        scale=self.global_scale if i == 0 else self.view2_scale,
+        ratio=self.ratio,
+        photometric=self.photometric if i == 0 else self.view2_photometric,
+      )
+      for i in range(self.num_global)
+    ]
+    loc = [
+      sample_ito_view(rng, h, w, scale=self.local_scale, ratio=self.ratio, photometric=self.photometric)
+      for _ in range(self.num_local)
+    ]
     plan = [(v, self.global_size) for v in glob] + [(v, self.local_size) for v in loc]
     rgb, factor = _decode_for(img, plan, self.limits, timings)
     out = dict(element)
@@ -734,8 +822,9 @@ def _resize_array(arr: np.ndarray, size_hw: tuple[int, int], nearest: bool) -> n
   return np.asarray(Image.fromarray(arr).resize((w, h), resample=resample))
 
 
-def fixed_resize(image: np.ndarray, mask: np.ndarray | None, size: int | Sequence[int],
-                 mode: str = 'center_crop') -> tuple[np.ndarray, np.ndarray | None]:
+def fixed_resize(
+  image: np.ndarray, mask: np.ndarray | None, size: int | Sequence[int], mode: str = 'center_crop'
+) -> tuple[np.ndarray, np.ndarray | None]:
   """Resizes a decoded uint8 image (and its label map, nearest neighbour) to a fixed (S, S).
 
   The geometry comes from the image, so a label map stays aligned with it. The whole image is
@@ -754,14 +843,15 @@ def fixed_resize(image: np.ndarray, mask: np.ndarray | None, size: int | Sequenc
   scale = max(th / h, tw / w)
   nh, nw = max(th, int(round(h * scale))), max(tw, int(round(w * scale)))
   top, left = (nh - th) // 2, (nw - tw) // 2
-  img = _resize_array(image, (nh, nw), nearest=False)[top:top + th, left:left + tw]
+  img = _resize_array(image, (nh, nw), nearest=False)[top : top + th, left : left + tw]
   if mask is not None:
-    mask = _resize_array(mask, (nh, nw), nearest=True)[top:top + th, left:left + tw]
+    mask = _resize_array(mask, (nh, nw), nearest=True)[top : top + th, left : left + tw]
   return img, mask
 
 
-def fixed_size_image(img: Image.Image, size: int, mode: str = 'center_crop',
-                     limits: ImageLimits = DEFAULT_LIMITS) -> np.ndarray:
+def fixed_size_image(
+  img: Image.Image, size: int, mode: str = 'center_crop', limits: ImageLimits = DEFAULT_LIMITS
+) -> np.ndarray:
   """A lazily opened image decoded at full resolution (no JPEG draft) and `fixed_resize`d."""
   rgb, _ = load_rgb(img, 1.0, limits)
   return np.ascontiguousarray(fixed_resize(np.asarray(rgb), None, size, mode)[0])
@@ -791,8 +881,9 @@ def decode_text(value: Any) -> str | None:
   return value or None
 
 
-def choose_caption(rng: np.random.Generator, record: dict,
-                   caption_keys: Sequence[str]) -> tuple[str | None, str | None]:
+def choose_caption(
+  rng: np.random.Generator, record: dict, caption_keys: Sequence[str]
+) -> tuple[str | None, str | None]:
   """CLS2 caption: uniform over the configured synthetic fields that hold usable text.
 
   Returns (key, text); (None, None) when no field is usable (caller falls back to alt-text).

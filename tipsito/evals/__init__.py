@@ -24,5 +24,12 @@ from tipsito.evals.registry import make_evaluators
 from tipsito.evals.runner import run_all
 from tipsito.evals.runner import run_evaluators
 
-__all__ = ["EVALUATOR_TYPES", "Evaluator", "builtin_evals", "make_evaluator", "make_evaluators",
-           "run_all", "run_evaluators"]
+__all__ = [
+  "EVALUATOR_TYPES",
+  "Evaluator",
+  "builtin_evals",
+  "make_evaluator",
+  "make_evaluators",
+  "run_all",
+  "run_evaluators",
+]

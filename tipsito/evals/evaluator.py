@@ -43,29 +43,29 @@ from tipsito.evals import pictures as pictures_lib
 from tipsito.evals import templates as templates_lib
 
 COMMON_DEFAULTS: dict[str, Any] = dict(
-    type=None,
-    dataset=None,
-    split="test",
-    data_dir=None,
-    every_steps=0,
-    batch_size=32,
-    image_size=224,
-    cls_index=0,
-    project=None,
-    max_examples=None,
-    image_key="image",
-    label_key="label",
-    segmentation_key="segmentation",
-    caption_keys=None,
-    resize="center_crop",
-    num_pictures=0,
-    class_names=None,
-    templates=None,
-    text_batch_size=64,
-    tokenizer=None,
-    prepare=True,
-    enabled=True,
-    num_workers=4,
+  type=None,
+  dataset=None,
+  split="test",
+  data_dir=None,
+  every_steps=0,
+  batch_size=32,
+  image_size=224,
+  cls_index=0,
+  project=None,
+  max_examples=None,
+  image_key="image",
+  label_key="label",
+  segmentation_key="segmentation",
+  caption_keys=None,
+  resize="center_crop",
+  num_pictures=0,
+  class_names=None,
+  templates=None,
+  text_batch_size=64,
+  tokenizer=None,
+  prepare=True,
+  enabled=True,
+  num_workers=4,
 )
 
 # A record source is a random-access sequence (or an iterable) of dict records, for one split.
@@ -96,10 +96,12 @@ def over_processes(fn: Callable[[Any], Any], rows):
   call this the same number of times (it is a collective); one process just calls `fn`.
   """
   import jax  # pylint: disable=g-import-not-at-top
+
   count = jax.process_count()
   if count == 1:
     return fn(rows)
   from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+
   n = len(rows)
   per = -(-n // count)
   lo = jax.process_index() * per
@@ -130,8 +132,9 @@ class Evaluator:
   DEFAULTS: dict[str, Any] = {}
   NEEDS_MASKS = False  # segmentation masks are only read (and decoded) by evaluators that use them
 
-  def __init__(self, name: str, cfg=None, *, source_fn: SourceFn | None = None,
-               class_names: Sequence[str] | None = None):
+  def __init__(
+    self, name: str, cfg=None, *, source_fn: SourceFn | None = None, class_names: Sequence[str] | None = None
+  ):
     self.name = str(name)
     merged = dict(COMMON_DEFAULTS)
     merged.update(self.DEFAULTS)
@@ -172,9 +175,14 @@ class Evaluator:
         self._sources[split] = (src, eval_input.class_names_of(src, self.cfg["label_key"]))
       else:
         self._sources[split] = eval_input.open_records(
-            self.cfg["dataset"], split, self.cfg["data_dir"], self.cfg["prepare"],
-            image_key=self.cfg["image_key"], label_key=self.cfg["label_key"],
-            segmentation_key=self.cfg["segmentation_key"] if self.NEEDS_MASKS else None)
+          self.cfg["dataset"],
+          split,
+          self.cfg["data_dir"],
+          self.cfg["prepare"],
+          image_key=self.cfg["image_key"],
+          label_key=self.cfg["label_key"],
+          segmentation_key=self.cfg["segmentation_key"] if self.NEEDS_MASKS else None,
+        )
     return self._sources[split][0]
 
   def class_names(self) -> list[str]:
@@ -196,8 +204,11 @@ class Evaluator:
   def templates(self, default: str | None = None) -> tuple[str, ...]:
     """Prompt templates from the config (or the dataset / evaluator default)."""
     spec = self.cfg.get("templates")
-    if (spec is None and default is not None
-        and sources.base_name(self.cfg.get("dataset")) not in templates_lib.DEFAULT_TEMPLATES):
+    if (
+      spec is None
+      and default is not None
+      and sources.base_name(self.cfg.get("dataset")) not in templates_lib.DEFAULT_TEMPLATES
+    ):
       spec = default
     return templates_lib.get_templates(spec, self.cfg.get("dataset"))
 
@@ -210,23 +221,32 @@ class Evaluator:
     cfg = self.cfg
     caption_keys = cfg.get("caption_keys")
     return eval_input.EvalFields(
-        image_size=cfg["image_size"], resize=cfg["resize"], image_key=cfg["image_key"],
-        label_key=cfg["label_key"] if need_label else None,
-        mask=self.mask_spec() if need_mask else None, captions=need_captions,
-        caption_keys=tuple(caption_keys) if caption_keys else None)
+      image_size=cfg["image_size"],
+      resize=cfg["resize"],
+      image_key=cfg["image_key"],
+      label_key=cfg["label_key"] if need_label else None,
+      mask=self.mask_spec() if need_mask else None,
+      captions=need_captions,
+      caption_keys=tuple(caption_keys) if caption_keys else None,
+    )
 
   def batches(self, split: str | None = None, *, max_examples: int | None = None, **need) -> Iterator[dict]:
     """Padded fixed-size batches (with `_valid`) of a split in dataset order; `need`: the keywords of
     `input_fields` (need_label, need_mask, need_captions)."""
     if max_examples is None:
       max_examples = self.cfg.get("max_examples")
-    return eval_input.eval_batches(self.source(split), self.input_fields(**need),
-                                   int(self.cfg["batch_size"]), max_examples=max_examples,
-                                   num_workers=int(self.cfg.get("num_workers") or 1))
+    return eval_input.eval_batches(
+      self.source(split),
+      self.input_fields(**need),
+      int(self.cfg["batch_size"]),
+      max_examples=max_examples,
+      num_workers=int(self.cfg.get("num_workers") or 1),
+    )
 
   # -------------------------------------------------------------------- encoder calls
-  def embed_images(self, encoder, images: np.ndarray, *, project: bool | None = None,
-                   need_values: bool = False) -> dict[str, np.ndarray]:
+  def embed_images(
+    self, encoder, images: np.ndarray, *, project: bool | None = None, need_values: bool = False
+  ) -> dict[str, np.ndarray]:
     """Runs the image tower on one fixed-size batch; returns numpy cls (B,n_cls,D), patches, values."""
     if project is None:
       project = self.cfg["project"]
@@ -261,12 +281,12 @@ class Evaluator:
     bs = int(self.cfg["text_batch_size"])
     out = []
     for start in range(0, len(texts), bs):
-      chunk = texts[start:start + bs]
+      chunk = texts[start : start + bs]
       n = len(chunk)
       chunk = chunk + [chunk[-1]] * (bs - n)  # repeat (not ''): padding never produces NaNs
       emb = over_processes(
-          lambda rows: np.asarray(encoder.embed_texts(self._text_input(encoder, rows)), np.float32),
-          chunk)[:n]
+        lambda rows: np.asarray(encoder.embed_texts(self._text_input(encoder, rows)), np.float32), chunk
+      )[:n]
       out.append(emb)
     emb = np.concatenate(out, 0) if out else np.zeros((0, 0), np.float32)
     return metrics_lib.l2_normalize(emb)
@@ -281,16 +301,22 @@ class Evaluator:
       return texts
     if self._tokenizer is None:
       text_cfg = getattr(encoder, "text_config", None) or {}
-      self._tokenizer = Tokenizer(self.cfg.get("tokenizer"), max_len=int(text_cfg.get("max_len", 64)),
-                                  flavour=text_cfg.get("flavour") or "tips")
+      self._tokenizer = Tokenizer(
+        self.cfg.get("tokenizer"),
+        max_len=int(text_cfg.get("max_len", 64)),
+        flavour=text_cfg.get("flavour") or "tips",
+      )
       vocab = text_cfg.get("vocab_size")
       if vocab is not None and self._tokenizer.vocab_size > int(vocab):
-        raise ValueError(f"eval {self.name!r}: tokenizer vocab {self._tokenizer.vocab_size} exceeds the "
-                         f"text encoder's {vocab}; set the eval's 'tokenizer'")
+        raise ValueError(
+          f"eval {self.name!r}: tokenizer vocab {self._tokenizer.vocab_size} exceeds the "
+          f"text encoder's {vocab}; set the eval's 'tokenizer'"
+        )
     return self._tokenizer.tokenize(texts)
 
-  def class_text_embeddings(self, encoder, class_names: Sequence[str], templates: Sequence[str]
-                            ) -> np.ndarray:
+  def class_text_embeddings(
+    self, encoder, class_names: Sequence[str], templates: Sequence[str]
+  ) -> np.ndarray:
     """Per-class text embedding: prompts embedded, normalised, averaged over templates, renormalised."""
     prompts = templates_lib.fill(templates, class_names)
     emb = self.embed_texts(encoder, prompts).reshape(len(class_names), len(templates), -1)

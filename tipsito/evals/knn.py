@@ -22,8 +22,15 @@ class KnnEvaluator(evaluator.Evaluator):
   """Weighted kNN accuracy: train split as bank, eval split as queries."""
 
   TYPE = "knn"
-  DEFAULTS = dict(train_split="train", max_train_examples=None, k=20, temperature=0.07, topk=(1, 5),
-                  num_classes=None, project=False)
+  DEFAULTS = dict(
+    train_split="train",
+    max_train_examples=None,
+    k=20,
+    temperature=0.07,
+    topk=(1, 5),
+    num_classes=None,
+    project=False,
+  )
 
   def _features(self, encoder, split: str, max_examples):
     """Normalised CLS features and labels of the valid examples of a split."""
@@ -51,8 +58,16 @@ class KnnEvaluator(evaluator.Evaluator):
       except ValueError:
         num_classes = int(max(bank_labels.max(), query_labels.max())) + 1
     ks = tuple(int(k) for k in self.cfg["topk"])
-    acc = metrics_lib.knn_accuracy(queries, query_labels, bank, bank_labels, int(num_classes),
-                                   k=int(self.cfg["k"]), temperature=float(self.cfg["temperature"]), ks=ks)
+    acc = metrics_lib.knn_accuracy(
+      queries,
+      query_labels,
+      bank,
+      bank_labels,
+      int(num_classes),
+      k=int(self.cfg["k"]),
+      temperature=float(self.cfg["temperature"]),
+      ks=ks,
+    )
     res = {self.key(f"top{k}"): evaluator.pct(acc[k]) for k in ks}
     res[self.key("num_examples")] = float(len(queries))
     res[self.key("num_train")] = float(len(bank))

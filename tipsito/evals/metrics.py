@@ -131,8 +131,9 @@ def recall_from_ranks(ranks, ks: Sequence[int] = (1, 5, 10), valid=None) -> dict
   return {int(k): (float(np.sum((ranks < k) & valid)) / n if n else float("nan")) for k in ks}
 
 
-def retrieval_recall(sim, text_to_image, ks: Sequence[int] = (1, 5, 10), image_valid=None,
-                     text_valid=None) -> dict[str, dict[int, float]]:
+def retrieval_recall(
+  sim, text_to_image, ks: Sequence[int] = (1, 5, 10), image_valid=None, text_valid=None
+) -> dict[str, dict[int, float]]:
   """Recall@k in both directions: {'i2t': {k: r}, 't2i': {k: r}} (see retrieval_ranks for the rules)."""
   n_img, n_txt = np.asarray(sim).shape
   iv = _valid_or_ones(image_valid, n_img)
@@ -164,8 +165,11 @@ def confusion_matrix(pred, gt, num_classes: int, ignore_index: int = IGNORE_INDE
   p, g = pred[keep], gt[keep]
   if p.size and (p.min() < 0 or p.max() >= num_classes):
     raise ValueError(f"predictions outside [0, {num_classes})")
-  return np.bincount(g * num_classes + p, minlength=num_classes * num_classes).reshape(
-      num_classes, num_classes).astype(np.int64)
+  return (
+    np.bincount(g * num_classes + p, minlength=num_classes * num_classes)
+    .reshape(num_classes, num_classes)
+    .astype(np.int64)
+  )
 
 
 class ConfusionMatrix:
@@ -206,10 +210,10 @@ def miou_from_confusion(matrix) -> dict:
   total = m.sum()
   present = ~np.isnan(iou)
   return {
-      "miou": float(np.mean(iou[present])) if present.any() else float("nan"),
-      "iou": iou,
-      "pixel_acc": float(tp.sum() / total) if total > 0 else float("nan"),
-      "mean_acc": float(np.nanmean(class_acc)) if np.any(gt_count > 0) else float("nan"),
+    "miou": float(np.mean(iou[present])) if present.any() else float("nan"),
+    "iou": iou,
+    "pixel_acc": float(tp.sum() / total) if total > 0 else float("nan"),
+    "mean_acc": float(np.nanmean(class_acc)) if np.any(gt_count > 0) else float("nan"),
   }
 
 
@@ -223,8 +227,16 @@ def miou(pred, gt, num_classes: int, ignore_index: int = IGNORE_INDEX, valid=Non
 # ------------------------------------------------------------------------------------------------------
 
 
-def knn_votes(queries, bank, bank_labels, num_classes: int, k: int = 20, temperature: float = 0.07,
-              bank_valid=None, chunk_size: int = 1024) -> np.ndarray:
+def knn_votes(
+  queries,
+  bank,
+  bank_labels,
+  num_classes: int,
+  k: int = 20,
+  temperature: float = 0.07,
+  bank_valid=None,
+  chunk_size: int = 1024,
+) -> np.ndarray:
   """Class votes of DINO's weighted kNN: sum over the k nearest bank entries of exp(sim / T) * onehot.
 
   Features are used as given (callers L2-normalise them so sim is the cosine). Padded bank entries get
@@ -246,12 +258,12 @@ def knn_votes(queries, bank, bank_labels, num_classes: int, k: int = 20, tempera
   n = queries.shape[0]
   chunk = max(1, min(chunk_size, n))
   for start in range(0, n, chunk):
-    q = queries[start:start + chunk]
+    q = queries[start : start + chunk]
     pad = chunk - q.shape[0]
     if pad:
       q = np.concatenate([q, np.zeros((pad, q.shape[1]), q.dtype)], axis=0)
     v = np.asarray(fn(jnp.asarray(q), bank, onehot, bv, jnp.float32(temperature)))
-    out.append(v[:chunk - pad] if pad else v)
+    out.append(v[: chunk - pad] if pad else v)
   return np.concatenate(out, axis=0) if out else np.zeros((0, num_classes), np.float32)
 
 
@@ -275,9 +287,18 @@ def _knn_chunk_fn(k: int):
   return _KNN_FNS[k]
 
 
-def knn_accuracy(queries, query_labels, bank, bank_labels, num_classes: int, k: int = 20,
-                 temperature: float = 0.07, ks: Sequence[int] = (1, 5), query_valid=None,
-                 bank_valid=None) -> dict[int, float]:
+def knn_accuracy(
+  queries,
+  query_labels,
+  bank,
+  bank_labels,
+  num_classes: int,
+  k: int = 20,
+  temperature: float = 0.07,
+  ks: Sequence[int] = (1, 5),
+  query_valid=None,
+  bank_valid=None,
+) -> dict[int, float]:
   """Top-k accuracy of weighted kNN votes over valid queries."""
   votes = knn_votes(queries, bank, bank_labels, num_classes, k, temperature, bank_valid)
   return topk_accuracy(votes, query_labels, ks, query_valid)

@@ -55,8 +55,7 @@ def pca_rgb(patches: np.ndarray, *, joint: bool = False) -> np.ndarray:
     comp = pca_components(p.reshape(-1, d)).reshape(b, h, w, 3)
     rgb = _robust_minmax(comp)
   else:
-    rgb = np.stack([_robust_minmax(pca_components(p[i].reshape(-1, d)).reshape(h, w, 3))
-                    for i in range(b)])
+    rgb = np.stack([_robust_minmax(pca_components(p[i].reshape(-1, d)).reshape(h, w, 3)) for i in range(b)])
   return np.round(rgb * 255.0).astype(np.uint8)
 
 
@@ -114,8 +113,9 @@ def _as_rgb_uint8(img: np.ndarray) -> np.ndarray:
   return img[..., :3]
 
 
-def segmentation_overlay(image: np.ndarray, pred: np.ndarray, gt: np.ndarray | None, num_classes: int,
-                         alpha: float = 0.6) -> np.ndarray:
+def segmentation_overlay(
+  image: np.ndarray, pred: np.ndarray, gt: np.ndarray | None, num_classes: int, alpha: float = 0.6
+) -> np.ndarray:
   """[image | prediction over image | ground truth over image] as uint8 (H, 2W or 3W, 3)."""
   img = _as_rgb_uint8(image)
   panels = [img]
@@ -146,8 +146,13 @@ def _safe_name(name: str) -> str:
   return re.sub(r"[^0-9A-Za-z_.-]+", "_", name).strip("_") or "picture"
 
 
-def write_pictures(pictures: Mapping[str, np.ndarray], *, step: int = 0, writer=None,
-                   directory: str | os.PathLike | None = None) -> list[str]:
+def write_pictures(
+  pictures: Mapping[str, np.ndarray],
+  *,
+  step: int = 0,
+  writer=None,
+  directory: str | os.PathLike | None = None,
+) -> list[str]:
   """Writes pictures as TensorBoard images (clu `writer.write_images`) and/or PNG files.
 
   PNG names are '<name with / -> _>_<step>.png' under `directory`. Returns the PNG paths written.
@@ -157,6 +162,7 @@ def write_pictures(pictures: Mapping[str, np.ndarray], *, step: int = 0, writer=
     writer.write_images(step, {k: _as_rgb_uint8(v)[None] for k, v in pictures.items()})
   if directory is not None:
     for name, arr in pictures.items():
-      paths.append(write_png(os.path.join(os.fspath(directory), f"{_safe_name(name)}_{int(step):08d}.png"),
-                             arr))
+      paths.append(
+        write_png(os.path.join(os.fspath(directory), f"{_safe_name(name)}_{int(step):08d}.png"), arr)
+      )
   return paths

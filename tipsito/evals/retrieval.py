@@ -38,7 +38,7 @@ class RetrievalEvaluator(evaluator.Evaluator):
       img_feats.append(feats[valid])
       for caps in (c for c, v in zip(batch["captions"], valid) if v):
         if max_caps:
-          caps = caps[:int(max_caps)]
+          caps = caps[: int(max_caps)]
         texts.extend(caps)
         text_to_image.extend([n_img] * len(caps))
         n_img += 1
@@ -48,8 +48,9 @@ class RetrievalEvaluator(evaluator.Evaluator):
     image_emb = np.concatenate(img_feats, 0)
     text_emb = self.embed_texts(encoder, texts)
     ks = tuple(int(k) for k in self.cfg["ks"])
-    recalls = retrieval_recall_chunked(image_emb, text_emb, np.asarray(text_to_image), ks,
-                                       int(self.cfg["chunk_size"]))
+    recalls = retrieval_recall_chunked(
+      image_emb, text_emb, np.asarray(text_to_image), ks, int(self.cfg["chunk_size"])
+    )
     res = {}
     for direction in ("i2t", "t2i"):
       for k in ks:
@@ -59,8 +60,13 @@ class RetrievalEvaluator(evaluator.Evaluator):
     return res
 
 
-def retrieval_recall_chunked(image_emb: np.ndarray, text_emb: np.ndarray, text_to_image: np.ndarray,
-                             ks=(1, 5, 10), chunk_size: int = 1024) -> dict[str, dict[int, float]]:
+def retrieval_recall_chunked(
+  image_emb: np.ndarray,
+  text_emb: np.ndarray,
+  text_to_image: np.ndarray,
+  ks=(1, 5, 10),
+  chunk_size: int = 1024,
+) -> dict[str, dict[int, float]]:
   """Same result as metrics.retrieval_recall(image_emb @ text_emb.T, ...), computed in row blocks.
 
   Only real (unpadded) images and texts are passed here, so no masks are needed.
@@ -81,5 +87,7 @@ def retrieval_recall_chunked(image_emb: np.ndarray, text_emb: np.ndarray, text_t
     sim = text_emb[rows] @ image_emb.T
     pos = np.arange(n_img)[None, :] == t2i[rows][:, None]
     t2i_ranks.append(metrics_lib.best_rank_of_positives(sim, pos, ones_i))
-  return {"i2t": metrics_lib.recall_from_ranks(np.concatenate(i2t_ranks), ks),
-          "t2i": metrics_lib.recall_from_ranks(np.concatenate(t2i_ranks), ks)}
+  return {
+    "i2t": metrics_lib.recall_from_ranks(np.concatenate(i2t_ranks), ks),
+    "t2i": metrics_lib.recall_from_ranks(np.concatenate(t2i_ranks), ks),
+  }

@@ -16,9 +16,15 @@ from tipsito.evals import pictures as pictures_lib
 from tipsito.evals.evaluator import Evaluator
 
 
-def run_all(evaluators: Mapping[str, Evaluator] | Sequence[Evaluator], encoder, *, step: int = 0,
-            only_due: bool = False, is_last: bool = False,
-            log: Callable[[str], None] | None = None) -> tuple[dict[str, float], dict[str, np.ndarray]]:
+def run_all(
+  evaluators: Mapping[str, Evaluator] | Sequence[Evaluator],
+  encoder,
+  *,
+  step: int = 0,
+  only_due: bool = False,
+  is_last: bool = False,
+  log: Callable[[str], None] | None = None,
+) -> tuple[dict[str, float], dict[str, np.ndarray]]:
   """Runs evaluators (only those due at `step` when `only_due`); returns (merged metrics, merged pictures).
 
   Computes only: the training loop (`run_evaluators`) and `tipsito.evaluate` each write the results their
@@ -35,15 +41,25 @@ def run_all(evaluators: Mapping[str, Evaluator] | Sequence[Evaluator], encoder, 
     results.update(res)
     pics.update(ev.pictures)
     if log is not None:
-      log(f"eval {ev.name} @ step {step}: " + ", ".join(f"{k.split('/', 1)[-1]}={v:.2f}"
-                                                       for k, v in res.items())
-          + f" ({time.time() - t0:.1f}s)")
+      log(
+        f"eval {ev.name} @ step {step}: "
+        + ", ".join(f"{k.split('/', 1)[-1]}={v:.2f}" for k, v in res.items())
+        + f" ({time.time() - t0:.1f}s)"
+      )
   return results, pics
 
 
-def run_evaluators(evaluators: Mapping[str, Evaluator] | Sequence[Evaluator], encoder, *, step: int = 0,
-                   writer=None, picture_dir: str | None = None, only_due: bool = False,
-                   is_last: bool = False, log: Callable[[str], None] | None = None) -> dict[str, float]:
+def run_evaluators(
+  evaluators: Mapping[str, Evaluator] | Sequence[Evaluator],
+  encoder,
+  *,
+  step: int = 0,
+  writer=None,
+  picture_dir: str | None = None,
+  only_due: bool = False,
+  is_last: bool = False,
+  log: Callable[[str], None] | None = None,
+) -> dict[str, float]:
   """Runs evaluators, merges their metrics, and writes scalars/pictures (the training-loop hook).
 
   writer: a clu metric writer (write_scalars / write_images), optional.
@@ -55,9 +71,11 @@ def run_evaluators(evaluators: Mapping[str, Evaluator] | Sequence[Evaluator], en
     writer.write_scalars(step, {k: v for k, v in results.items() if np.isfinite(v)})
   if pics:
     import jax  # pylint: disable=g-import-not-at-top
+
     # Every process computes the same pictures; only process 0 writes PNGs (shared file systems).
-    pictures_lib.write_pictures(pics, step=step, writer=writer,
-                                directory=picture_dir if jax.process_index() == 0 else None)
+    pictures_lib.write_pictures(
+      pics, step=step, writer=writer, directory=picture_dir if jax.process_index() == 0 else None
+    )
   if writer is not None:
     try:
       writer.flush()

@@ -86,6 +86,7 @@ PROTOCOLS = ("whole", "slide")
 @dataclasses.dataclass(frozen=True)
 class Benchmark:
   """One named zero-shot segmentation benchmark (see the module docstring)."""
+
   class_names: tuple[str, ...]
   background_index: int | None  # the scored 'background' class, or None (label 0 is ignored)
   reduce_zero_label: bool  # label 0 -> ignore, v -> v - 1
@@ -96,19 +97,37 @@ class Benchmark:
 
 
 BENCHMARKS: dict[str, Benchmark] = {
-    "ade150": Benchmark(class_names_lib.ADE150, None, True, "TIPS zero-shot segmentation notebook"),
-    "pc59": Benchmark(class_names_lib.PC59, None, True, "TCL 'context59' (mmseg PascalContextDataset59)"),
-    "pc60": Benchmark(class_names_lib.PC60, 0, False, "TCL 'context' (mmseg PascalContextDataset)"),
-    "voc21": Benchmark(class_names_lib.VOC21, 0, False, "TCL 'voc' (mmseg PascalVOCDataset)"),
+  "ade150": Benchmark(class_names_lib.ADE150, None, True, "TIPS zero-shot segmentation notebook"),
+  "pc59": Benchmark(class_names_lib.PC59, None, True, "TCL 'context59' (mmseg PascalContextDataset59)"),
+  "pc60": Benchmark(class_names_lib.PC60, 0, False, "TCL 'context' (mmseg PascalContextDataset)"),
+  "voc21": Benchmark(class_names_lib.VOC21, 0, False, "TCL 'voc' (mmseg PascalVOCDataset)"),
 }
 
 # Keys a benchmark sets itself; giving one next to `benchmark` is an error (it would change the benchmark).
-BENCHMARK_KEYS = ("class_names", "background_index", "background_name", "ignore_index",
-                  "reduce_zero_label", "mask_source", "resize")
+BENCHMARK_KEYS = (
+  "class_names",
+  "background_index",
+  "background_name",
+  "ignore_index",
+  "reduce_zero_label",
+  "mask_source",
+  "resize",
+)
 
-DEFAULTS = dict(benchmark=None, protocol="whole", crop_size=None, stride=None, background_index=0,
-                background_name="background", bg_threshold=None, ignore_index=255,
-                reduce_zero_label=False, mask_source="auto", alpha_label="label", resize="resize")
+DEFAULTS = dict(
+  benchmark=None,
+  protocol="whole",
+  crop_size=None,
+  stride=None,
+  background_index=0,
+  background_name="background",
+  bg_threshold=None,
+  ignore_index=255,
+  reduce_zero_label=False,
+  mask_source="auto",
+  alpha_label="label",
+  resize="resize",
+)
 
 
 def resolve_config(cfg) -> dict:
@@ -125,36 +144,48 @@ def resolve_config(cfg) -> dict:
     raise KeyError(f"unknown config keys {sorted(unknown)}")
   merged.update(given)
   if merged["protocol"] not in PROTOCOLS:
-    raise ValueError(f"protocol={merged['protocol']!r} is not allowed; valid values: {list(PROTOCOLS)} "
-                     f"(the benchmark is `benchmark`: {sorted(BENCHMARKS)})")
+    raise ValueError(
+      f"protocol={merged['protocol']!r} is not allowed; valid values: {list(PROTOCOLS)} "
+      f"(the benchmark is `benchmark`: {sorted(BENCHMARKS)})"
+    )
   name = merged["benchmark"]
   if name is not None:
     if name not in BENCHMARKS:
       raise ValueError(f"benchmark={name!r} is not allowed; valid values: None or {sorted(BENCHMARKS)}")
     clash = sorted(k for k in BENCHMARK_KEYS if k in given)
     if clash:
-      raise ValueError(f"benchmark={name!r} defines {clash}; remove them, or drop `benchmark` and set "
-                       "every key yourself")
+      raise ValueError(
+        f"benchmark={name!r} defines {clash}; remove them, or drop `benchmark` and set every key yourself"
+      )
     b = BENCHMARKS[name]
-    merged.update(class_names=list(b.class_names), background_index=b.background_index,
-                  background_name=None, ignore_index=255, reduce_zero_label=b.reduce_zero_label,
-                  mask_source="segmentation", resize="short_side")
+    merged.update(
+      class_names=list(b.class_names),
+      background_index=b.background_index,
+      background_name=None,
+      ignore_index=255,
+      reduce_zero_label=b.reduce_zero_label,
+      mask_source="segmentation",
+      resize="short_side",
+    )
     for key in ("image_size", "crop_size", "stride"):
       if given.get(key) is None:
         merged[key] = getattr(b, key)
     if b.background_index is None and merged["bg_threshold"] is not None:
       raise ValueError(f"bg_threshold is set but benchmark={name!r} has no background class")
   if merged["resize"] not in eval_input.RESIZE_MODES:
-    raise ValueError(f"resize={merged['resize']!r} is not allowed; valid values: "
-                     f"{list(eval_input.RESIZE_MODES)}")
+    raise ValueError(
+      f"resize={merged['resize']!r} is not allowed; valid values: {list(eval_input.RESIZE_MODES)}"
+    )
   for key in ("crop_size", "stride"):
     v = merged[key]
     if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
       raise ValueError(f"{key}={v!r} is not allowed; valid values: None or an integer >= 1")
-  if merged["resize"] == "short_side" and (isinstance(merged["image_size"], bool)
-                                           or not isinstance(merged["image_size"], int)):
-    raise ValueError(f"resize='short_side' needs an integer image_size (the short side), got "
-                     f"{merged['image_size']!r}")
+  if merged["resize"] == "short_side" and (
+    isinstance(merged["image_size"], bool) or not isinstance(merged["image_size"], int)
+  ):
+    raise ValueError(
+      f"resize='short_side' needs an integer image_size (the short side), got {merged['image_size']!r}"
+    )
   return merged
 
 
@@ -240,6 +271,7 @@ def window_boxes(h: int, w: int, crop: int, stride: int) -> list[tuple[int, int,
   A grid of `stride` steps, the last window moved back to end at the border, every window `crop`
   square or clipped to the image when the image is smaller than `crop`.
   """
+
   def spans(n):
     out = []
     for i in range(max(n - crop + stride - 1, 0) // stride + 1):
@@ -261,8 +293,7 @@ def slide_average(window_scores, boxes, hw):
   total = jnp.zeros(tuple(hw) + (c,), jnp.float32)
   count = jnp.zeros(tuple(hw) + (1,), jnp.float32)
   for i, (y1, x1, y2, x2) in enumerate(boxes):
-    probs = jax.nn.softmax(resize_bilinear(window_scores[i].astype(jnp.float32), (y2 - y1, x2 - x1)),
-                           axis=-1)
+    probs = jax.nn.softmax(resize_bilinear(window_scores[i].astype(jnp.float32), (y2 - y1, x2 - x1)), axis=-1)
     total = total.at[y1:y2, x1:x2].add(probs)
     count = count.at[y1:y2, x1:x2].add(1.0)
   return total / count
@@ -337,8 +368,7 @@ class SegmentationEvaluator(evaluator.Evaluator):
       templates = templates_lib.get_templates("tcl")  # a benchmark's prompts, whatever the dataset
     else:
       templates = self.templates("tcl")
-    emb_prompted = self.class_text_embeddings(encoder, [n for n, c in zip(names, const) if not c],
-                                              templates)
+    emb_prompted = self.class_text_embeddings(encoder, [n for n, c in zip(names, const) if not c], templates)
     emb = np.zeros((len(names), emb_prompted.shape[1]), np.float32)
     emb[~const] = emb_prompted
     return emb, const, const_value
@@ -348,15 +378,21 @@ class SegmentationEvaluator(evaluator.Evaluator):
     """GT label maps from the segmentation field or from alpha (see the module docstring)."""
     cfg = self.cfg
     return eval_input.MaskSpec(
-        source=cfg["mask_source"], key=cfg["segmentation_key"],
-        alpha_label_key=cfg["label_key"] if cfg["alpha_label"] == "label" else None,
-        reduce_zero_label=bool(cfg["reduce_zero_label"]), ignore_index=int(cfg["ignore_index"]))
+      source=cfg["mask_source"],
+      key=cfg["segmentation_key"],
+      alpha_label_key=cfg["label_key"] if cfg["alpha_label"] == "label" else None,
+      reduce_zero_label=bool(cfg["reduce_zero_label"]),
+      ignore_index=int(cfg["ignore_index"]),
+    )
 
   def examples(self) -> Iterator[dict]:
     """The split's examples one by one, in dataset order (image, segmentation; shapes may differ)."""
-    return eval_input.eval_examples(self.source(), self.input_fields(need_mask=True),
-                                    max_examples=self.cfg.get("max_examples"),
-                                    num_workers=int(self.cfg.get("num_workers") or 1))
+    return eval_input.eval_examples(
+      self.source(),
+      self.input_fields(need_mask=True),
+      max_examples=self.cfg.get("max_examples"),
+      num_workers=int(self.cfg.get("num_workers") or 1),
+    )
 
   # ------------------------------------------------------------------ encoder passes
   def _encode_scores(self, encoder, images: list[np.ndarray], scorer):
@@ -439,11 +475,11 @@ class SegmentationEvaluator(evaluator.Evaluator):
     self.last_iou = dict(zip(names, (float(x) for x in r["iou"])))
     self.last_confusion = sink.cm.matrix
     return {
-        self.key("miou"): evaluator.pct(r["miou"]),
-        self.key("pixel_acc"): evaluator.pct(r["pixel_acc"]),
-        self.key("mean_acc"): evaluator.pct(r["mean_acc"]),
-        self.key("num_examples"): float(sink.count),
-        self.key("num_classes"): float(num_classes),
+      self.key("miou"): evaluator.pct(r["miou"]),
+      self.key("pixel_acc"): evaluator.pct(r["pixel_acc"]),
+      self.key("mean_acc"): evaluator.pct(r["mean_acc"]),
+      self.key("num_examples"): float(sink.count),
+      self.key("num_classes"): float(num_classes),
     }
 
 
@@ -464,8 +500,9 @@ class _Sink:
     self.cm.update(pred, gt)
     self.count += 1
     if len(self.overlays) < self.n_pics:
-      self.overlays.append(_overlay(ex["image"], pred, gt, self.num_classes,
-                                    int(np.min(ex["image"].shape[:2]))))
+      self.overlays.append(
+        _overlay(ex["image"], pred, gt, self.num_classes, int(np.min(ex["image"].shape[:2])))
+      )
 
   def pca(self, out, batch, valid) -> None:
     """PCA pictures of the first encoded batch (`Evaluator._collect_pca`)."""

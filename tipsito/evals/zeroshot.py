@@ -36,8 +36,10 @@ class ZeroShotEvaluator(evaluator.Evaluator):
       out = self.embed_images(encoder, batch["image"])
       feats = self.cls_features(out)
       if feats.shape[1] != class_emb.shape[1]:
-        raise ValueError(f"eval {self.name!r}: image dim {feats.shape[1]} != text dim {class_emb.shape[1]}"
-                         " (set project=True for encoders with an image projection)")
+        raise ValueError(
+          f"eval {self.name!r}: image dim {feats.shape[1]} != text dim {class_emb.shape[1]}"
+          " (set project=True for encoders with an image projection)"
+        )
       scores = feats @ class_emb.T
       for k, v in metrics_lib.topk_correct(scores, batch["label"], ks, batch["_valid"]).items():
         correct[k] += v
@@ -51,5 +53,7 @@ class ZeroShotEvaluator(evaluator.Evaluator):
 
 def zeroshot_scores(image_features: np.ndarray, class_embeddings: np.ndarray) -> np.ndarray:
   """Cosine scores (N, C) of image features vs class embeddings (both normalised here)."""
-  return metrics_lib.l2_normalize(np.asarray(image_features, np.float32)) @ metrics_lib.l2_normalize(
-      np.asarray(class_embeddings, np.float32)).T
+  return (
+    metrics_lib.l2_normalize(np.asarray(image_features, np.float32))
+    @ metrics_lib.l2_normalize(np.asarray(class_embeddings, np.float32)).T
+  )

@@ -25,6 +25,7 @@ Refused before anything is written, naming the reason and what to use: TIPS-styl
 the TIPS text tower, patch bias, no ln_pre, no CLS position row), a model without both projections, and
 for hf_clip a SigLIP model (its sigmoid logits need the bias CLIPModel does not have).
 """
+
 from __future__ import annotations
 
 import json
@@ -51,8 +52,9 @@ def _grid(image_config: Mapping[str, Any], fmt: str) -> int:
   g = image_config.get('posemb_grid', 32)
   if isinstance(g, (list, tuple)):
     if len(g) != 2 or int(g[0]) != int(g[1]):
-      raise NotRepresentableError(f'--format {fmt}: position grid {list(g)} is not square; CLIP '
-                                  'image towers have a square grid')
+      raise NotRepresentableError(
+        f'--format {fmt}: position grid {list(g)} is not square; CLIP image towers have a square grid'
+      )
     g = g[0]
   return int(g)
 
@@ -78,64 +80,85 @@ def is_siglip(extra: Optional[Mapping[str, Any]]) -> bool:
   return (extra or {}).get('recipe') == 'siglip'
 
 
-def check_clip_style(image_config: Mapping[str, Any], text_config: Mapping[str, Any],
-                     params: Mapping[str, Any], fmt: str, extra: Optional[Mapping[str, Any]] = None
-                     ) -> None:
+def check_clip_style(
+  image_config: Mapping[str, Any],
+  text_config: Mapping[str, Any],
+  params: Mapping[str, Any],
+  fmt: str,
+  extra: Optional[Mapping[str, Any]] = None,
+) -> None:
   """Refuses what OpenCLIP's / HF's CLIP architecture cannot express, naming the reason and the way out."""
-  tips_hint = ('TIPS-style models (recipes tips, tipsv2, tipsito, distill) go to --format hf_tipsv2 or '
-               'tips_npz')
+  tips_hint = (
+    'TIPS-style models (recipes tips, tipsv2, tipsito, distill) go to --format hf_tipsv2 or tips_npz'
+  )
   n_cls = int(image_config.get('num_cls_tokens', 1))
   if n_cls != 1:
     raise NotRepresentableError(
-        f'--format {fmt}: the image tower has {n_cls} CLS tokens; CLIP has one class token. {tips_hint}.')
+      f'--format {fmt}: the image tower has {n_cls} CLS tokens; CLIP has one class token. {tips_hint}.'
+    )
   if text_config.get('flavour', 'tips') != 'clip':
     raise NotRepresentableError(
-        f"--format {fmt}: the text tower is flavour {text_config.get('flavour', 'tips')!r} (the TIPS text "
-        f"tower: sinusoidal positions, mean pooling); CLIP's pools the EOT token. {tips_hint}.")
+      f"--format {fmt}: the text tower is flavour {text_config.get('flavour', 'tips')!r} (the TIPS text "
+      f"tower: sinusoidal positions, mean pooling); CLIP's pools the EOT token. {tips_hint}."
+    )
   if 'image_proj' not in params or text_config.get('out_dim') is None:
     raise NotRepresentableError(
-        f'--format {fmt}: CLIP needs an image projection and a text projection (this model has '
-        f"image_proj: {'image_proj' in params}, text out_dim: {text_config.get('out_dim')})")
-  missing = [k for k, want in (('patch_bias', False), ('cls_posemb', True), ('pre_norm', True))
-             if bool(image_config.get(k, {'patch_bias': True}.get(k, False))) != want]
+      f'--format {fmt}: CLIP needs an image projection and a text projection (this model has '
+      f"image_proj: {'image_proj' in params}, text out_dim: {text_config.get('out_dim')})"
+    )
+  missing = [
+    k
+    for k, want in (('patch_bias', False), ('cls_posemb', True), ('pre_norm', True))
+    if bool(image_config.get(k, {'patch_bias': True}.get(k, False))) != want
+  ]
   if missing:
     raise NotRepresentableError(
-        f'--format {fmt}: the image tower is not OpenCLIP-shaped ({", ".join(missing)} differ from '
-        "tipsito/models/presets.py IMAGE_STRUCTURE['openclip']). " + tips_hint + '.')
+      f'--format {fmt}: the image tower is not OpenCLIP-shaped ({", ".join(missing)} differ from '
+      "tipsito/models/presets.py IMAGE_STRUCTURE['openclip']). " + tips_hint + '.'
+    )
   if image_config.get('ffn', 'mlp') != 'mlp':
-    raise NotRepresentableError(f"--format {fmt}: the image FFN is {image_config.get('ffn')!r}; CLIP's "
-                                'is a 2-layer MLP')
+    raise NotRepresentableError(
+      f"--format {fmt}: the image FFN is {image_config.get('ffn')!r}; CLIP's is a 2-layer MLP"
+    )
   for tower, cfg in (('image', image_config), ('text', text_config)):
     if cfg.get('scan'):
-      raise NotRepresentableError(f'--format {fmt}: the {tower} tower is scanned; exports are per-layer '
-                                  '(tipsito/models/layer_stack.py: to_per_layer)')
+      raise NotRepresentableError(
+        f'--format {fmt}: the {tower} tower is scanned; exports are per-layer '
+        '(tipsito/models/layer_stack.py: to_per_layer)'
+      )
   proj = np.asarray(params['image_proj']['kernel'])
   if proj.shape[1] != int(text_config['out_dim']):
-    raise NotRepresentableError(f'--format {fmt}: image embedding {proj.shape[1]} != text embedding '
-                                f"{text_config['out_dim']}")
+    raise NotRepresentableError(
+      f'--format {fmt}: image embedding {proj.shape[1]} != text embedding {text_config["out_dim"]}'
+    )
   _grid(image_config, fmt)
   for tower, act in (('image', _image_act(image_config)), ('text', _text_act(text_config))):
     if act not in HF_ACT:
       raise NotRepresentableError(f'--format {fmt}: {tower} activation {act!r} has no equivalent')
   if fmt == 'hf_clip' and is_siglip(extra):
     raise NotRepresentableError(
-        '--format hf_clip: this is a SigLIP model (recipe siglip): its logits are sigmoid(cos * scale + '
-        'bias) and CLIPModel has no bias (its softmax logits would drop it). Use --format open_clip (keeps '
-        'logit_bias) or the tipsito export (--format tipsito).')
+      '--format hf_clip: this is a SigLIP model (recipe siglip): its logits are sigmoid(cos * scale + '
+      'bias) and CLIPModel has no bias (its softmax logits would drop it). Use --format open_clip (keeps '
+      'logit_bias) or the tipsito export (--format tipsito).'
+    )
   if fmt == 'open_clip':
     acts = {_image_act(image_config), _text_act(text_config)}
     if 'relu' in acts or len(acts) != 1:
-      raise NotRepresentableError(f'--format open_clip: activations {sorted(acts)}; OpenCLIP uses one '
-                                  'GELU (exact, tanh or quick) in both towers')
+      raise NotRepresentableError(
+        f'--format open_clip: activations {sorted(acts)}; OpenCLIP uses one '
+        'GELU (exact, tanh or quick) in both towers'
+      )
     if is_siglip(extra) and (extra or {}).get('logit_bias') is None:
       raise NotRepresentableError(
-          '--format open_clip: this is a SigLIP model but its logit bias is not known here (a tipsito '
-          'export keeps the towers only); write it from the training workdir: --workdir W [--step N]')
+        '--format open_clip: this is a SigLIP model but its logit bias is not known here (a tipsito '
+        'export keeps the towers only); write it from the training workdir: --workdir W [--step N]'
+      )
 
 
 # --------------------------------------------------------------------------------------------------
 # State dicts (tipsito per-layer params -> torch layouts)
 # --------------------------------------------------------------------------------------------------
+
 
 def _c(x) -> np.ndarray:
   """C-contiguous float32 (np.ascontiguousarray would turn a 0-d logit_scale into shape (1,))."""
@@ -179,21 +202,25 @@ def _parts(image_config, text_config, params, fmt):
   get = _Flat({'image': params['image'], 'text': params['text'], 'image_proj': params['image_proj']})
   d, dt = int(image_config['width']), int(text_config['width'])
   p = dict(
-      patch=get('image/patch_embed/kernel').transpose(3, 2, 0, 1),
-      cls=get('image/cls').reshape(d), pos=get('image/posemb').reshape(-1, d),
-      ln_pre=(get('image/norm_pre/scale'), get('image/norm_pre/bias')),
-      ln_post=(get('image/norm/scale'), get('image/norm/bias')),
-      vblocks=_tower_blocks(get, 'image/', int(image_config['depth']), d),
-      vproj=get('image_proj/kernel'),
-      tok=get('text/token_emb/embedding'), tpos=get('text/posemb'),
-      ln_final=(get('text/norm/scale'), get('text/norm/bias')),
-      tblocks=_tower_blocks(get, 'text/', int(text_config['depth']), dt),
-      tproj=get('text/proj/kernel'))
+    patch=get('image/patch_embed/kernel').transpose(3, 2, 0, 1),
+    cls=get('image/cls').reshape(d),
+    pos=get('image/posemb').reshape(-1, d),
+    ln_pre=(get('image/norm_pre/scale'), get('image/norm_pre/bias')),
+    ln_post=(get('image/norm/scale'), get('image/norm/bias')),
+    vblocks=_tower_blocks(get, 'image/', int(image_config['depth']), d),
+    vproj=get('image_proj/kernel'),
+    tok=get('text/token_emb/embedding'),
+    tpos=get('text/posemb'),
+    ln_final=(get('text/norm/scale'), get('text/norm/bias')),
+    tblocks=_tower_blocks(get, 'text/', int(text_config['depth']), dt),
+    tproj=get('text/proj/kernel'),
+  )
   get.check(fmt)
   g = _grid(image_config, fmt)
   if p['pos'].shape[0] != 1 + g * g:
-    raise NotRepresentableError(f"--format {fmt}: position table has {p['pos'].shape[0]} rows, expected "
-                                f'1 + {g}x{g}')
+    raise NotRepresentableError(
+      f"--format {fmt}: position table has {p['pos'].shape[0]} rows, expected 1 + {g}x{g}"
+    )
   return p
 
 
@@ -213,9 +240,16 @@ def to_hf_clip_state(image_config, text_config, params, temperature: float) -> d
   for pre, blocks in ((v, p['vblocks']), (t, p['tblocks'])):
     for i, blk in enumerate(blocks):
       o = f'{pre}encoder.layers.{i}.'
-      for n, hf in (('norm1', 'layer_norm1'), ('norm2', 'layer_norm2'), ('query', 'self_attn.q_proj'),
-                    ('key', 'self_attn.k_proj'), ('value', 'self_attn.v_proj'),
-                    ('out', 'self_attn.out_proj'), ('fc1', 'mlp.fc1'), ('fc2', 'mlp.fc2')):
+      for n, hf in (
+        ('norm1', 'layer_norm1'),
+        ('norm2', 'layer_norm2'),
+        ('query', 'self_attn.q_proj'),
+        ('key', 'self_attn.k_proj'),
+        ('value', 'self_attn.v_proj'),
+        ('out', 'self_attn.out_proj'),
+        ('fc1', 'mlp.fc1'),
+        ('fc2', 'mlp.fc2'),
+      ):
         sd[f'{o}{hf}.weight'], sd[f'{o}{hf}.bias'] = blk[n]
   sd['visual_projection.weight'] = p['vproj'].T
   sd['text_projection.weight'] = p['tproj'].T
@@ -223,8 +257,9 @@ def to_hf_clip_state(image_config, text_config, params, temperature: float) -> d
   return {k: _c(x) for k, x in sd.items()}
 
 
-def to_open_clip_state(image_config, text_config, params, temperature: float,
-                       logit_bias: Optional[float] = None) -> dict[str, np.ndarray]:
+def to_open_clip_state(
+  image_config, text_config, params, temperature: float, logit_bias: Optional[float] = None
+) -> dict[str, np.ndarray]:
   """tipsito params -> OpenCLIP `CLIP` state dict (q/k/v fused into in_proj as nn.MultiheadAttention)."""
   p = _parts(image_config, text_config, params, 'open_clip')
   sd = {}
@@ -238,7 +273,10 @@ def to_open_clip_state(image_config, text_config, params, temperature: float,
   sd['positional_embedding'] = p['tpos']
   sd['ln_final.weight'], sd['ln_final.bias'] = p['ln_final']
   sd['text_projection'] = p['tproj']
-  for pre, blocks in (('visual.transformer.resblocks.', p['vblocks']), ('transformer.resblocks.', p['tblocks'])):
+  for pre, blocks in (
+    ('visual.transformer.resblocks.', p['vblocks']),
+    ('transformer.resblocks.', p['tblocks']),
+  ):
     for i, blk in enumerate(blocks):
       o = f'{pre}{i}.'
       sd[o + 'ln_1.weight'], sd[o + 'ln_1.bias'] = blk['norm1']
@@ -257,6 +295,7 @@ def to_open_clip_state(image_config, text_config, params, temperature: float,
 # --------------------------------------------------------------------------------------------------
 # Configs
 # --------------------------------------------------------------------------------------------------
+
 
 def _eot_id(text_config, tokenizer_path) -> int:
   """The clip tokenizer's EOT id (SentencePiece size + 1); without a tokenizer file, the largest id."""
@@ -277,65 +316,114 @@ def hf_clip_config(image_config, text_config, temperature: float, tokenizer_path
   patch, embed = int(image_config['patch_size']), int(text_config['out_dim'])
   eot = _eot_id(text_config, tokenizer_path)
   vision = dict(
-      model_type='clip_vision_model', hidden_size=int(image_config['width']),
-      intermediate_size=int(image_config['mlp_dim']), projection_dim=embed,
-      num_hidden_layers=int(image_config['depth']), num_attention_heads=int(image_config['num_heads']),
-      num_channels=3, image_size=_grid(image_config, 'hf_clip') * patch, patch_size=patch,
-      hidden_act=HF_ACT[_image_act(image_config)], layer_norm_eps=_image_eps(image_config),
-      attention_dropout=0.0)
+    model_type='clip_vision_model',
+    hidden_size=int(image_config['width']),
+    intermediate_size=int(image_config['mlp_dim']),
+    projection_dim=embed,
+    num_hidden_layers=int(image_config['depth']),
+    num_attention_heads=int(image_config['num_heads']),
+    num_channels=3,
+    image_size=_grid(image_config, 'hf_clip') * patch,
+    patch_size=patch,
+    hidden_act=HF_ACT[_image_act(image_config)],
+    layer_norm_eps=_image_eps(image_config),
+    attention_dropout=0.0,
+  )
   text = dict(
-      model_type='clip_text_model', vocab_size=int(text_config['vocab_size']),
-      hidden_size=int(text_config['width']), intermediate_size=int(text_config['mlp_dim']),
-      projection_dim=embed, num_hidden_layers=int(text_config['depth']),
-      num_attention_heads=int(text_config['num_heads']),
-      max_position_embeddings=int(text_config.get('max_len', 64)),
-      hidden_act=HF_ACT[_text_act(text_config)], layer_norm_eps=_text_eps(text_config),
-      attention_dropout=0.0, pad_token_id=0, bos_token_id=eot - 1, eos_token_id=eot)
-  return dict(architectures=['CLIPModel'], model_type='clip', dtype='float32', projection_dim=embed,
-              logit_scale_init_value=float(np.log(1.0 / float(temperature))), text_config=text,
-              vision_config=vision)
+    model_type='clip_text_model',
+    vocab_size=int(text_config['vocab_size']),
+    hidden_size=int(text_config['width']),
+    intermediate_size=int(text_config['mlp_dim']),
+    projection_dim=embed,
+    num_hidden_layers=int(text_config['depth']),
+    num_attention_heads=int(text_config['num_heads']),
+    max_position_embeddings=int(text_config.get('max_len', 64)),
+    hidden_act=HF_ACT[_text_act(text_config)],
+    layer_norm_eps=_text_eps(text_config),
+    attention_dropout=0.0,
+    pad_token_id=0,
+    bos_token_id=eot - 1,
+    eos_token_id=eot,
+  )
+  return dict(
+    architectures=['CLIPModel'],
+    model_type='clip',
+    dtype='float32',
+    projection_dim=embed,
+    logit_scale_init_value=float(np.log(1.0 / float(temperature))),
+    text_config=text,
+    vision_config=vision,
+  )
 
 
 def hf_preprocessor_config(image_config, size: int) -> dict:
   """`CLIPImageProcessor`: shorter side to `size`, centre crop, bicubic, /255, the model's mean/std."""
-  return dict(image_processor_type='CLIPImageProcessor', do_resize=True, size={'shortest_edge': int(size)},
-              resample=3, do_center_crop=True, crop_size={'height': int(size), 'width': int(size)},
-              do_rescale=True, rescale_factor=1 / 255, do_normalize=True,
-              image_mean=[float(x) for x in image_config.get('pixel_mean', (0.0, 0.0, 0.0))],
-              image_std=[float(x) for x in image_config.get('pixel_std', (1.0, 1.0, 1.0))],
-              do_convert_rgb=True)
+  return dict(
+    image_processor_type='CLIPImageProcessor',
+    do_resize=True,
+    size={'shortest_edge': int(size)},
+    resample=3,
+    do_center_crop=True,
+    crop_size={'height': int(size), 'width': int(size)},
+    do_rescale=True,
+    rescale_factor=1 / 255,
+    do_normalize=True,
+    image_mean=[float(x) for x in image_config.get('pixel_mean', (0.0, 0.0, 0.0))],
+    image_std=[float(x) for x in image_config.get('pixel_std', (1.0, 1.0, 1.0))],
+    do_convert_rgb=True,
+  )
 
 
-def open_clip_config(image_config, text_config, temperature: float, tokenizer_path=None,
-                     logit_bias: Optional[float] = None) -> dict:
+def open_clip_config(
+  image_config, text_config, temperature: float, tokenizer_path=None, logit_bias: Optional[float] = None
+) -> dict:
   """`open_clip_config.json`: {'model_cfg' (CLIP(**model_cfg)), 'preprocess_cfg'}."""
   width, twidth = int(image_config['width']), int(text_config['width'])
   act = _image_act(image_config)
-  vision = dict(image_size=_grid(image_config, 'open_clip') * int(image_config['patch_size']),
-                layers=int(image_config['depth']), width=width,
-                head_width=width // int(image_config['num_heads']),
-                mlp_ratio=_mlp_ratio(width, int(image_config['mlp_dim']), 'open_clip'),
-                patch_size=int(image_config['patch_size']))
-  text = dict(context_length=int(text_config.get('max_len', 64)), vocab_size=int(text_config['vocab_size']),
-              width=twidth, heads=int(text_config['num_heads']), layers=int(text_config['depth']),
-              mlp_ratio=_mlp_ratio(twidth, int(text_config['mlp_dim']), 'open_clip'), pad_id=0,
-              eos_id=_eot_id(text_config, tokenizer_path), pool_type='argmax')
+  vision = dict(
+    image_size=_grid(image_config, 'open_clip') * int(image_config['patch_size']),
+    layers=int(image_config['depth']),
+    width=width,
+    head_width=width // int(image_config['num_heads']),
+    mlp_ratio=_mlp_ratio(width, int(image_config['mlp_dim']), 'open_clip'),
+    patch_size=int(image_config['patch_size']),
+  )
+  text = dict(
+    context_length=int(text_config.get('max_len', 64)),
+    vocab_size=int(text_config['vocab_size']),
+    width=twidth,
+    heads=int(text_config['num_heads']),
+    layers=int(text_config['depth']),
+    mlp_ratio=_mlp_ratio(twidth, int(text_config['mlp_dim']), 'open_clip'),
+    pad_id=0,
+    eos_id=_eot_id(text_config, tokenizer_path),
+    pool_type='argmax',
+  )
   for cfg, eps in ((vision, _image_eps(image_config)), (text, _text_eps(text_config))):
     if eps != OPENCLIP_LN_EPS:
       cfg['norm_kwargs'] = {'eps': eps}
     if act == 'gelu':  # tanh GELU: nn.GELU(approximate='tanh')
       cfg['act_kwargs'] = {'approximate': 'tanh'}
-  model = dict(embed_dim=int(text_config['out_dim']), vision_cfg=vision, text_cfg=text,
-               init_logit_scale=float(np.log(1.0 / float(temperature))))
+  model = dict(
+    embed_dim=int(text_config['out_dim']),
+    vision_cfg=vision,
+    text_cfg=text,
+    init_logit_scale=float(np.log(1.0 / float(temperature))),
+  )
   if act == 'quick_gelu':
     model['quick_gelu'] = True
   if logit_bias is not None:
     model['init_logit_bias'] = float(logit_bias)
   size = vision['image_size']
-  pre = dict(size=size, mode='RGB',
-             mean=[float(x) for x in image_config.get('pixel_mean', (0.0, 0.0, 0.0))],
-             std=[float(x) for x in image_config.get('pixel_std', (1.0, 1.0, 1.0))],
-             interpolation='bicubic', resize_mode='shortest', fill_color=0)
+  pre = dict(
+    size=size,
+    mode='RGB',
+    mean=[float(x) for x in image_config.get('pixel_mean', (0.0, 0.0, 0.0))],
+    std=[float(x) for x in image_config.get('pixel_std', (1.0, 1.0, 1.0))],
+    interpolation='bicubic',
+    resize_mode='shortest',
+    fill_color=0,
+  )
   return dict(model_cfg=model, preprocess_cfg=pre)
 
 
@@ -343,8 +431,10 @@ def open_clip_config(image_config, text_config, temperature: float, tokenizer_pa
 # Writers
 # --------------------------------------------------------------------------------------------------
 
+
 def _write(out_dir, files: dict[str, bytes], tokenizer_path) -> str:
   from etils import epath  # pylint: disable=g-import-not-at-top
+
   out = export_format.as_path(out_dir)
   out.mkdir(parents=True, exist_ok=True)
   for name, data in files.items():
@@ -358,8 +448,9 @@ def _json(d) -> bytes:
   return json.dumps(d, indent=2, sort_keys=True).encode()
 
 
-def write_hf_clip(output_dir, *, image_config, text_config, params, temperature: float,
-                  tokenizer_path=None, extra=None) -> str:
+def write_hf_clip(
+  output_dir, *, image_config, text_config, params, temperature: float, tokenizer_path=None, extra=None
+) -> str:
   """Writes a folder `transformers.CLIPModel.from_pretrained(output_dir)` opens offline.
 
   The image processor's size is the position table's native size (grid x patch), the only one CLIPModel
@@ -371,13 +462,20 @@ def write_hf_clip(output_dir, *, image_config, text_config, params, temperature:
   cfg = hf_clip_config(image_config, text_config, temperature, tokenizer_path)
   state = to_hf_clip_state(image_config, text_config, params, temperature)
   size = cfg['vision_config']['image_size']
-  return _write(output_dir, {
-      HF_WEIGHTS_FILE: st.save(state, metadata={'format': 'pt'}), 'config.json': _json(cfg),
-      'preprocessor_config.json': _json(hf_preprocessor_config(image_config, size))}, tokenizer_path)
+  return _write(
+    output_dir,
+    {
+      HF_WEIGHTS_FILE: st.save(state, metadata={'format': 'pt'}),
+      'config.json': _json(cfg),
+      'preprocessor_config.json': _json(hf_preprocessor_config(image_config, size)),
+    },
+    tokenizer_path,
+  )
 
 
-def write_open_clip(output_dir, *, image_config, text_config, params, temperature: float,
-                    tokenizer_path=None, extra=None) -> str:
+def write_open_clip(
+  output_dir, *, image_config, text_config, params, temperature: float, tokenizer_path=None, extra=None
+) -> str:
   """Writes `open_clip_model.safetensors` + `open_clip_config.json` for
   `open_clip.create_model('local-dir:' + output_dir)`."""
   st = _safetensors_numpy()
@@ -385,5 +483,8 @@ def write_open_clip(output_dir, *, image_config, text_config, params, temperatur
   bias = (extra or {}).get('logit_bias') if is_siglip(extra) else None
   cfg = open_clip_config(image_config, text_config, temperature, tokenizer_path, bias)
   state = to_open_clip_state(image_config, text_config, params, temperature, bias)
-  return _write(output_dir, {OPEN_CLIP_WEIGHTS_FILE: st.save(state, metadata={'format': 'pt'}),
-                             OPEN_CLIP_CONFIG_FILE: _json(cfg)}, tokenizer_path)
+  return _write(
+    output_dir,
+    {OPEN_CLIP_WEIGHTS_FILE: st.save(state, metadata={'format': 'pt'}), OPEN_CLIP_CONFIG_FILE: _json(cfg)},
+    tokenizer_path,
+  )

@@ -30,6 +30,7 @@ layouts above, folds a layer scale into the projection before it and a CLS posit
 CLS token (exact for ones and zeros, which is what tipsito writes), and is strict: every tensor is used,
 none is missing, every shape is checked.
 """
+
 from __future__ import annotations
 
 import json
@@ -69,14 +70,17 @@ def _safetensors_numpy():
   try:
     import safetensors.numpy as st  # pylint: disable=g-import-not-at-top
   except ImportError as e:
-    raise ImportError('Hugging Face folders need the `safetensors` package: pip install safetensors '
-                      '(or pip install -e ".[interop]")') from e
+    raise ImportError(
+      'Hugging Face folders need the `safetensors` package: pip install safetensors '
+      '(or pip install -e ".[interop]")'
+    ) from e
   return st
 
 
 # --------------------------------------------------------------------------------------------------
 # Writing
 # --------------------------------------------------------------------------------------------------
+
 
 def mlp_ratio_for(width: int, mlp_dim: int) -> float | int:
   """A `mlp_ratio` with int(width * ratio) == mlp_dim, the way HF sizes the vision MLP."""
@@ -95,8 +99,10 @@ def _grid(image_config: Mapping[str, Any]) -> int:
   g = image_config.get('posemb_grid', 32)
   if isinstance(g, (list, tuple)):
     if len(g) != 2 or int(g[0]) != int(g[1]):
-      raise NotRepresentableError(f'--format hf_tipsv2: position-embedding grid {list(g)} is not square; '
-                                  'Tipsv2 interpolates a square grid only')
+      raise NotRepresentableError(
+        f'--format hf_tipsv2: position-embedding grid {list(g)} is not square; '
+        'Tipsv2 interpolates a square grid only'
+      )
     g = g[0]
   return int(g)
 
@@ -106,22 +112,47 @@ def hf_config(image_config: Mapping[str, Any], text_config: Mapping[str, Any], t
   width = int(image_config['width'])
   patch = int(image_config['patch_size'])
   vision = dict(
-      model_type='tipsv2_vision_model', hidden_size=width, num_hidden_layers=int(image_config['depth']),
-      num_attention_heads=int(image_config['num_heads']),
-      mlp_ratio=mlp_ratio_for(width, int(image_config['mlp_dim'])), hidden_act=VISION_ACT,
-      layer_norm_eps=LN_EPS, image_size=_grid(image_config) * patch, patch_size=patch, num_channels=3,
-      qkv_bias=True, layerscale_value=1.0, use_swiglu_ffn=image_config.get('ffn', 'mlp') == 'swiglu',
-      num_register_tokens=int(image_config.get('num_cls_tokens', 1)) - 1, hidden_dropout_prob=0.0,
-      attention_probs_dropout_prob=0.0, drop_path_rate=0.0)
+    model_type='tipsv2_vision_model',
+    hidden_size=width,
+    num_hidden_layers=int(image_config['depth']),
+    num_attention_heads=int(image_config['num_heads']),
+    mlp_ratio=mlp_ratio_for(width, int(image_config['mlp_dim'])),
+    hidden_act=VISION_ACT,
+    layer_norm_eps=LN_EPS,
+    image_size=_grid(image_config) * patch,
+    patch_size=patch,
+    num_channels=3,
+    qkv_bias=True,
+    layerscale_value=1.0,
+    use_swiglu_ffn=image_config.get('ffn', 'mlp') == 'swiglu',
+    num_register_tokens=int(image_config.get('num_cls_tokens', 1)) - 1,
+    hidden_dropout_prob=0.0,
+    attention_probs_dropout_prob=0.0,
+    drop_path_rate=0.0,
+  )
   text = dict(
-      model_type='tipsv2_text_model', vocab_size=int(text_config['vocab_size']),
-      hidden_size=int(text_config['width']), intermediate_size=int(text_config['mlp_dim']),
-      num_hidden_layers=int(text_config['depth']), num_attention_heads=int(text_config['num_heads']),
-      max_position_embeddings=int(text_config.get('max_len', 64)), hidden_act='relu',
-      layer_norm_eps=LN_EPS, attention_dropout=0.0, pad_token_id=0, scale_sqrt_depth=True,
-      pooling_epsilon=1e-8)
-  return dict(architectures=['Tipsv2Model'], model_type=MODEL_TYPE, dtype='float32',
-              temperature_init_value=float(temperature), text_config=text, vision_config=vision)
+    model_type='tipsv2_text_model',
+    vocab_size=int(text_config['vocab_size']),
+    hidden_size=int(text_config['width']),
+    intermediate_size=int(text_config['mlp_dim']),
+    num_hidden_layers=int(text_config['depth']),
+    num_attention_heads=int(text_config['num_heads']),
+    max_position_embeddings=int(text_config.get('max_len', 64)),
+    hidden_act='relu',
+    layer_norm_eps=LN_EPS,
+    attention_dropout=0.0,
+    pad_token_id=0,
+    scale_sqrt_depth=True,
+    pooling_epsilon=1e-8,
+  )
+  return dict(
+    architectures=['Tipsv2Model'],
+    model_type=MODEL_TYPE,
+    dtype='float32',
+    temperature_init_value=float(temperature),
+    text_config=text,
+    vision_config=vision,
+  )
 
 
 def _c(x) -> np.ndarray:
@@ -129,8 +160,9 @@ def _c(x) -> np.ndarray:
   return np.ascontiguousarray(np.asarray(x, np.float32))
 
 
-def to_hub_state(image_config: Mapping[str, Any], text_config: Mapping[str, Any],
-                 params: Mapping[str, Any]) -> dict[str, np.ndarray]:
+def to_hub_state(
+  image_config: Mapping[str, Any], text_config: Mapping[str, Any], params: Mapping[str, Any]
+) -> dict[str, np.ndarray]:
   """tipsito {'image', 'text'} params -> {hub key: array} (transposes, reshapes and concatenations only)."""
   img, txt = _flat(params['image']), _flat(params['text'])
   used_img, used_txt = set(), set()
@@ -159,21 +191,30 @@ def to_hub_state(image_config: Mapping[str, Any], text_config: Mapping[str, Any]
   def attn(get, b, dim):
     qkv_w = [get(f'{b}attn/{n}/kernel').reshape(dim, dim).T for n in ('query', 'key', 'value')]
     qkv_b = [get(f'{b}attn/{n}/bias').reshape(dim) for n in ('query', 'key', 'value')]
-    return (np.concatenate(qkv_w, 0), np.concatenate(qkv_b, 0),
-            get(f'{b}attn/out/kernel').reshape(dim, dim).T, get(f'{b}attn/out/bias'))
+    return (
+      np.concatenate(qkv_w, 0),
+      np.concatenate(qkv_b, 0),
+      get(f'{b}attn/out/kernel').reshape(dim, dim).T,
+      get(f'{b}attn/out/bias'),
+    )
 
   swiglu = image_config.get('ffn', 'mlp') == 'swiglu'
   for i in range(int(image_config['depth'])):
     b, o = f'block_{i}/', f'{_V}blocks.{i}.'
     for n in ('norm1', 'norm2'):
       sd[f'{o}{n}.weight'], sd[f'{o}{n}.bias'] = gi(f'{b}{n}/scale'), gi(f'{b}{n}/bias')
-    (sd[o + 'attn.qkv.weight'], sd[o + 'attn.qkv.bias'], sd[o + 'attn.proj.weight'],
-     sd[o + 'attn.proj.bias']) = attn(gi, b, d)
+    (
+      sd[o + 'attn.qkv.weight'],
+      sd[o + 'attn.qkv.bias'],
+      sd[o + 'attn.proj.weight'],
+      sd[o + 'attn.proj.bias'],
+    ) = attn(gi, b, d)
     sd[o + 'ls1.gamma'] = np.ones((d,), np.float32)
     sd[o + 'ls2.gamma'] = np.ones((d,), np.float32)
     if swiglu:
-      sd[o + 'mlp.w12.weight'] = np.concatenate([gi(f'{b}mlp/Dense_0/kernel').T,
-                                                 gi(f'{b}mlp/Dense_1/kernel').T], 0)
+      sd[o + 'mlp.w12.weight'] = np.concatenate(
+        [gi(f'{b}mlp/Dense_0/kernel').T, gi(f'{b}mlp/Dense_1/kernel').T], 0
+      )
       sd[o + 'mlp.w12.bias'] = np.concatenate([gi(f'{b}mlp/Dense_0/bias'), gi(f'{b}mlp/Dense_1/bias')])
       sd[o + 'mlp.w3.weight'] = gi(f'{b}mlp/Dense_2/kernel').T
       sd[o + 'mlp.w3.bias'] = gi(f'{b}mlp/Dense_2/bias')
@@ -189,8 +230,12 @@ def to_hub_state(image_config: Mapping[str, Any], text_config: Mapping[str, Any]
     b, o = f'block_{i}/', f'{_T}transformer.resblocks.{i}.'
     for n, hub in (('norm1', 'ln_1'), ('norm2', 'ln_2')):
       sd[f'{o}{hub}.weight'], sd[f'{o}{hub}.bias'] = gt(f'{b}{n}/scale'), gt(f'{b}{n}/bias')
-    (sd[o + 'attn.in_proj_weight'], sd[o + 'attn.in_proj_bias'], sd[o + 'attn.out_proj.weight'],
-     sd[o + 'attn.out_proj.bias']) = attn(gt, b, dt)
+    (
+      sd[o + 'attn.in_proj_weight'],
+      sd[o + 'attn.in_proj_bias'],
+      sd[o + 'attn.out_proj.weight'],
+      sd[o + 'attn.out_proj.bias'],
+    ) = attn(gt, b, dt)
     for j, hub in ((0, 'c_fc'), (1, 'c_proj')):
       sd[f'{o}mlp.{hub}.weight'] = gt(f'{b}mlp/Dense_{j}/kernel').T
       sd[f'{o}mlp.{hub}.bias'] = gt(f'{b}mlp/Dense_{j}/bias')
@@ -207,28 +252,52 @@ def preprocessor_config(image_config: Mapping[str, Any], size: int) -> dict:
   tipsito/data/transforms.py: fixed_resize), /255, the model's mean/std (none for TIPS)."""
   mean = [float(x) for x in image_config.get('pixel_mean', (0.0, 0.0, 0.0))]
   std = [float(x) for x in image_config.get('pixel_std', (1.0, 1.0, 1.0))]
-  return dict(image_processor_type='Tipsv2ImageProcessor', do_resize=True,
-              size={'height': int(size), 'width': int(size)}, resample=3, do_rescale=True,
-              rescale_factor=1 / 255, do_normalize=(mean != [0.0] * 3 or std != [1.0] * 3),
-              image_mean=mean, image_std=std, do_convert_rgb=True)
+  return dict(
+    image_processor_type='Tipsv2ImageProcessor',
+    do_resize=True,
+    size={'height': int(size), 'width': int(size)},
+    resample=3,
+    do_rescale=True,
+    rescale_factor=1 / 255,
+    do_normalize=(mean != [0.0] * 3 or std != [1.0] * 3),
+    image_mean=mean,
+    image_std=std,
+    do_convert_rgb=True,
+  )
 
 
 def tokenizer_config(max_len: int) -> dict:
   """`Tipsv2Tokenizer` settings matching tipsito's tokenizer: lower-cased, pad 0, no BOS/EOS, right
   padding."""
-  return dict(tokenizer_class='Tipsv2Tokenizer', model_max_length=int(max_len), do_lower_case=True,
-              pad_token='<pad>', unk_token='<unk>', bos_token=None, eos_token=None, padding_side='right')
+  return dict(
+    tokenizer_class='Tipsv2Tokenizer',
+    model_max_length=int(max_len),
+    do_lower_case=True,
+    pad_token='<pad>',
+    unk_token='<unk>',
+    bos_token=None,
+    eos_token=None,
+    padding_side='right',
+  )
 
 
-def write_hf_tipsv2(output_dir, *, image_config: Mapping[str, Any], text_config: Mapping[str, Any],
-                    params: Mapping[str, Any], temperature: float, tokenizer_path=None,
-                    image_size: Optional[int] = None) -> str:
+def write_hf_tipsv2(
+  output_dir,
+  *,
+  image_config: Mapping[str, Any],
+  text_config: Mapping[str, Any],
+  params: Mapping[str, Any],
+  temperature: float,
+  tokenizer_path=None,
+  image_size: Optional[int] = None,
+) -> str:
   """Writes a folder `transformers.Tipsv2Model.from_pretrained(output_dir)` opens offline.
 
   `image_size` goes to preprocessor_config.json (default: the position-embedding grid x patch, where HF
   does not interpolate). Refuses models Tipsv2 cannot hold (CLIP-style towers, non-square grids).
   """
   from etils import epath  # pylint: disable=g-import-not-at-top
+
   st = _safetensors_numpy()
   check_tips_style(image_config, text_config, params, 'hf_tipsv2')
   cfg = hf_config(image_config, text_config, temperature)
@@ -239,17 +308,20 @@ def write_hf_tipsv2(output_dir, *, image_config: Mapping[str, Any], text_config:
   (out / 'config.json').write_text(json.dumps(cfg, indent=2, sort_keys=True))
   size = int(image_size) if image_size else cfg['vision_config']['image_size']
   (out / 'preprocessor_config.json').write_text(
-      json.dumps(preprocessor_config(image_config, size), indent=2, sort_keys=True))
+    json.dumps(preprocessor_config(image_config, size), indent=2, sort_keys=True)
+  )
   if tokenizer_path:
     (out / TOKENIZER_FILE).write_bytes(epath.Path(os.fspath(tokenizer_path)).read_bytes())
     (out / 'tokenizer_config.json').write_text(
-        json.dumps(tokenizer_config(int(text_config.get('max_len', 64))), indent=2, sort_keys=True))
+      json.dumps(tokenizer_config(int(text_config.get('max_len', 64))), indent=2, sort_keys=True)
+    )
   return os.fspath(out)
 
 
 # --------------------------------------------------------------------------------------------------
 # Reading
 # --------------------------------------------------------------------------------------------------
+
 
 def is_tipsv2_folder(path) -> bool:
   """A folder whose config.json says model_type 'tipsv2' (weights are checked when read)."""
@@ -285,13 +357,23 @@ def read_state(folder) -> dict[str, np.ndarray]:
       raise CheckpointFormatError(f'{os.fspath(folder / INDEX_FILE)}: no weight_map')
     files = sorted(set(weight_map.values()))
     for f in files:  # shard names are file names inside the folder, nothing else
-      if (not isinstance(f, str) or os.path.basename(f) != f or f in ('.', '..')
-          or not f.endswith('.safetensors')):
+      if (
+        not isinstance(f, str)
+        or os.path.basename(f) != f
+        or f in ('.', '..')
+        or not f.endswith('.safetensors')
+      ):
         raise CheckpointFormatError(f'{os.fspath(folder / INDEX_FILE)}: refusing shard name {f!r}')
   else:
     pickled = [p for p in _PICKLED if (folder / p).exists()]
-    hint = (f' (found {pickled}: pickle-based files are never opened, since loading one can run code; '
-            'convert them to safetensors with a tool you trust)') if pickled else ''
+    hint = (
+      (
+        f' (found {pickled}: pickle-based files are never opened, since loading one can run code; '
+        'convert them to safetensors with a tool you trust)'
+      )
+      if pickled
+      else ''
+    )
     raise CheckpointFormatError(f'{os.fspath(folder)}: no {WEIGHTS_FILE} or {INDEX_FILE}{hint}')
   state: dict[str, np.ndarray] = {}
   for f in files:
@@ -305,32 +387,31 @@ def read_state(folder) -> dict[str, np.ndarray]:
 
 # native 5.18+ / 5.14-5.17 name -> hub name, per tower (applied after the tower prefix is swapped)
 _VISION_NATIVE = (
-    (r'^embeddings\.patch_embeddings\.projection\.', 'patch_embed.proj.'),
-    (r'^embeddings\.(cls_token|mask_token|register_tokens)$', r'\1'),
-    (r'^embeddings\.position_embeddings$', 'pos_embed'),
-    (r'^layernorm\.', 'norm.'),
-    (r'^encoder\.layer\.(\d+)\.', r'blocks.\1.'),
-    (r'\.attention\.o_proj\.', '.attn.proj.'),                 # 5.18+
-    (r'\.attention\.output\.dense\.', '.attn.proj.'),          # 5.14-5.17
-    (r'\.layer_scale([12])\.lambda1$', r'.ls\1.gamma'),
-    (r'\.mlp\.down_proj\.', '.mlp.w3.'),                       # 5.18+
-    (r'\.mlp\.weights_out\.', '.mlp.w3.'),                     # 5.14-5.17
-    (r'\.mlp\.weights_in\.', '.mlp.w12.'),                     # 5.14-5.17
+  (r'^embeddings\.patch_embeddings\.projection\.', 'patch_embed.proj.'),
+  (r'^embeddings\.(cls_token|mask_token|register_tokens)$', r'\1'),
+  (r'^embeddings\.position_embeddings$', 'pos_embed'),
+  (r'^layernorm\.', 'norm.'),
+  (r'^encoder\.layer\.(\d+)\.', r'blocks.\1.'),
+  (r'\.attention\.o_proj\.', '.attn.proj.'),  # 5.18+
+  (r'\.attention\.output\.dense\.', '.attn.proj.'),  # 5.14-5.17
+  (r'\.layer_scale([12])\.lambda1$', r'.ls\1.gamma'),
+  (r'\.mlp\.down_proj\.', '.mlp.w3.'),  # 5.18+
+  (r'\.mlp\.weights_out\.', '.mlp.w3.'),  # 5.14-5.17
+  (r'\.mlp\.weights_in\.', '.mlp.w12.'),  # 5.14-5.17
 )
 _VISION_FUSE = (  # (parts that are concatenated on axis 0, in order) -> hub name
-    (('.attention.q_proj.', '.attention.k_proj.', '.attention.v_proj.'), '.attn.qkv.'),
-    (('.attention.attention.query.', '.attention.attention.key.', '.attention.attention.value.'),
-     '.attn.qkv.'),
-    (('.mlp.gate_proj.', '.mlp.up_proj.'), '.mlp.w12.'),
+  (('.attention.q_proj.', '.attention.k_proj.', '.attention.v_proj.'), '.attn.qkv.'),
+  (('.attention.attention.query.', '.attention.attention.key.', '.attention.attention.value.'), '.attn.qkv.'),
+  (('.mlp.gate_proj.', '.mlp.up_proj.'), '.mlp.w12.'),
 )
 _TEXT_NATIVE = (
-    (r'^embeddings\.token_embedding\.', 'token_embedding.'),
-    (r'^final_layer_norm\.', 'ln_final.'),
-    (r'^encoder\.layers\.(\d+)\.', r'transformer.resblocks.\1.'),
-    (r'\.layer_norm([12])\.', r'.ln_\1.'),
-    (r'\.self_attn\.out_proj\.', '.attn.out_proj.'),
-    (r'\.mlp\.fc1\.', '.mlp.c_fc.'),
-    (r'\.mlp\.fc2\.', '.mlp.c_proj.'),
+  (r'^embeddings\.token_embedding\.', 'token_embedding.'),
+  (r'^final_layer_norm\.', 'ln_final.'),
+  (r'^encoder\.layers\.(\d+)\.', r'transformer.resblocks.\1.'),
+  (r'\.layer_norm([12])\.', r'.ln_\1.'),
+  (r'\.self_attn\.out_proj\.', '.attn.out_proj.'),
+  (r'\.mlp\.fc1\.', '.mlp.c_fc.'),
+  (r'\.mlp\.fc2\.', '.mlp.c_proj.'),
 )
 _TEXT_FUSE = ((('.self_attn.q_proj.', '.self_attn.k_proj.', '.self_attn.v_proj.'), '.attn.in_proj_'),)
 
@@ -363,11 +444,13 @@ def to_hub_layout(state: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray
   if any(k.startswith(_V) or k.startswith(_T) for k in keys):
     return dict(state), 'hub'
   if not any(k.startswith('vision_model.') or k.startswith('text_model.') for k in keys):
-    raise CheckpointFormatError('no vision_encoder./text_encoder. (hub) or vision_model./text_model. '
-                                f'(transformers) tensors; first keys: {sorted(keys)[:5]}')
+    raise CheckpointFormatError(
+      'no vision_encoder./text_encoder. (hub) or vision_model./text_model. '
+      f'(transformers) tensors; first keys: {sorted(keys)[:5]}'
+    )
   out: dict[str, np.ndarray] = {}
-  vis = {k[len('vision_model.'):]: v for k, v in state.items() if k.startswith('vision_model.')}
-  txt = {k[len('text_model.'):]: v for k, v in state.items() if k.startswith('text_model.')}
+  vis = {k[len('vision_model.') :]: v for k, v in state.items() if k.startswith('vision_model.')}
+  txt = {k[len('text_model.') :]: v for k, v in state.items() if k.startswith('text_model.')}
   other = {k: v for k, v in state.items() if not k.startswith(('vision_model.', 'text_model.'))}
   out.update({_V + k: v for k, v in _to_hub_tower(vis, _VISION_NATIVE, _VISION_FUSE).items()})
   out.update({_T + k: v for k, v in _to_hub_tower(txt, _TEXT_NATIVE, _TEXT_FUSE).items()})
@@ -379,8 +462,9 @@ def _f32(a: np.ndarray) -> np.ndarray:
   return np.asarray(a, np.float32)
 
 
-def _tipsito_configs(cfg: Mapping[str, Any], state: Mapping[str, np.ndarray],
-                     pre: Mapping[str, Any]) -> tuple[dict, dict, list[str]]:
+def _tipsito_configs(
+  cfg: Mapping[str, Any], state: Mapping[str, np.ndarray], pre: Mapping[str, Any]
+) -> tuple[dict, dict, list[str]]:
   """(image kwargs, text kwargs, notes) from a Tipsv2Config; refuses what tipsito cannot compute."""
   vc, tc = dict(cfg.get('vision_config') or {}), dict(cfg.get('text_config') or {})
   notes = []
@@ -393,13 +477,16 @@ def _tipsito_configs(cfg: Mapping[str, Any], state: Mapping[str, np.ndarray],
     patch = patch[0]
   act = vc.get('hidden_act', 'gelu')
   if act in ('gelu',):
-    notes.append("vision_config.hidden_act is 'gelu' (exact); tipsito computes the official tanh GELU "
-                 '(outputs differ by about 5e-4 from what this config makes transformers compute)')
+    notes.append(
+      "vision_config.hidden_act is 'gelu' (exact); tipsito computes the official tanh GELU "
+      '(outputs differ by about 5e-4 from what this config makes transformers compute)'
+    )
   elif act not in ('gelu_pytorch_tanh', 'gelu_new', 'gelu_fast'):
     raise CheckpointFormatError(f'vision_config.hidden_act {act!r}: tipsito computes GELU only')
   if tc.get('hidden_act', 'relu') != 'relu':
-    raise CheckpointFormatError(f"text_config.hidden_act {tc.get('hidden_act')!r}: the TIPS text tower is "
-                                'ReLU')
+    raise CheckpointFormatError(
+      f"text_config.hidden_act {tc.get('hidden_act')!r}: the TIPS text tower is ReLU"
+    )
   for what, c, default in (('vision', vc, 1e-6), ('text', tc, 1e-5)):
     eps = float(c.get('layer_norm_eps', default))
     if eps != LN_EPS:
@@ -407,8 +494,9 @@ def _tipsito_configs(cfg: Mapping[str, Any], state: Mapping[str, np.ndarray],
   if not vc.get('qkv_bias', True):
     raise CheckpointFormatError('vision_config.qkv_bias is False; tipsito attention has q/k/v biases')
   if not tc.get('scale_sqrt_depth', True):
-    raise CheckpointFormatError('text_config.scale_sqrt_depth is False; the TIPS text tower scales by '
-                                'sqrt(D)')
+    raise CheckpointFormatError(
+      'text_config.scale_sqrt_depth is False; the TIPS text tower scales by sqrt(D)'
+    )
   if int(vc.get('num_channels', 3)) != 3:
     raise CheckpointFormatError(f"vision_config.num_channels {vc.get('num_channels')}: RGB only")
   pos = state.get(_V + 'pos_embed')
@@ -426,14 +514,28 @@ def _tipsito_configs(cfg: Mapping[str, Any], state: Mapping[str, np.ndarray],
     std = [float(x) for x in pre.get('image_std', std)]
   if pre and not pre.get('do_rescale', True):
     notes.append('preprocessor_config.json has do_rescale False; tipsito feeds pixels in [0, 1]')
-  image = dict(patch_size=int(patch), width=width, depth=int(vc.get('num_hidden_layers', 12)),
-               num_heads=int(vc.get('num_attention_heads', 12)), mlp_dim=mlp_dim,
-               ffn='swiglu' if swiglu else 'mlp', num_cls_tokens=1 + int(vc.get('num_register_tokens', 1)),
-               posemb_grid=grid, pixel_mean=mean, pixel_std=std)
-  text = dict(flavour='tips', vocab_size=int(tc.get('vocab_size', 32000)),
-              max_len=int(tc.get('max_position_embeddings', 64)), width=int(tc.get('hidden_size', 768)),
-              depth=int(tc.get('num_hidden_layers', 12)), num_heads=int(tc.get('num_attention_heads', 12)),
-              mlp_dim=int(tc.get('intermediate_size', 3072)), out_dim=None)
+  image = dict(
+    patch_size=int(patch),
+    width=width,
+    depth=int(vc.get('num_hidden_layers', 12)),
+    num_heads=int(vc.get('num_attention_heads', 12)),
+    mlp_dim=mlp_dim,
+    ffn='swiglu' if swiglu else 'mlp',
+    num_cls_tokens=1 + int(vc.get('num_register_tokens', 1)),
+    posemb_grid=grid,
+    pixel_mean=mean,
+    pixel_std=std,
+  )
+  text = dict(
+    flavour='tips',
+    vocab_size=int(tc.get('vocab_size', 32000)),
+    max_len=int(tc.get('max_position_embeddings', 64)),
+    width=int(tc.get('hidden_size', 768)),
+    depth=int(tc.get('num_hidden_layers', 12)),
+    num_heads=int(tc.get('num_attention_heads', 12)),
+    mlp_dim=int(tc.get('intermediate_size', 3072)),
+    out_dim=None,
+  )
   return image, text, notes
 
 
@@ -455,6 +557,7 @@ class _Taker:
 def _from_hub(take: _Taker, icfg: Mapping[str, Any], tcfg: Mapping[str, Any]) -> dict:
   """Hub tensors -> tipsito {'image', 'text'} params (the inverse of `to_hub_state`, layer scale folded)."""
   from flax import traverse_util  # pylint: disable=g-import-not-at-top
+
   d, p, g = icfg['width'], icfg['patch_size'], icfg['posemb_grid']
   heads, nreg = icfg['num_heads'], icfg['num_cls_tokens'] - 1
   img: dict[str, np.ndarray] = {}
@@ -517,19 +620,24 @@ def _from_hub(take: _Taker, icfg: Mapping[str, Any], tcfg: Mapping[str, Any]) ->
     txt[f'{b}mlp/Dense_0/bias'] = take(f'{o}mlp.c_fc.bias', (tm,))
     txt[f'{b}mlp/Dense_1/kernel'] = np.ascontiguousarray(take(f'{o}mlp.c_proj.weight', (dt, tm)).T)
     txt[f'{b}mlp/Dense_1/bias'] = take(f'{o}mlp.c_proj.bias', (dt,))
-  return {'image': traverse_util.unflatten_dict(img, sep='/'),
-          'text': traverse_util.unflatten_dict(txt, sep='/')}
+  return {
+    'image': traverse_util.unflatten_dict(img, sep='/'),
+    'text': traverse_util.unflatten_dict(txt, sep='/'),
+  }
 
 
-def _check_against_modules(icfg: Mapping[str, Any], tcfg: Mapping[str, Any],
-                           params: Mapping[str, Any]) -> None:
+def _check_against_modules(
+  icfg: Mapping[str, Any], tcfg: Mapping[str, Any], params: Mapping[str, Any]
+) -> None:
   """Every param of the tipsito towers is filled, with its shape (the importer's strictness)."""
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from flax import traverse_util  # pylint: disable=g-import-not-at-top
+
   p = icfg['patch_size']
   for what, module, dummy, tree in (
-      ('image', VisionTransformer(**icfg), jnp.zeros((1, p, p, 3), jnp.float32), params['image']),
-      ('text', TextEncoder(**tcfg), jnp.zeros((1, 4), jnp.int32), params['text'])):
+    ('image', VisionTransformer(**icfg), jnp.zeros((1, p, p, 3), jnp.float32), params['image']),
+    ('text', TextEncoder(**tcfg), jnp.zeros((1, 4), jnp.int32), params['text']),
+  ):
     expected = tips_import._expected_flat(module, dummy)  # pylint: disable=protected-access
     got = {k: tuple(v.shape) for k, v in traverse_util.flatten_dict(tree, sep='/').items()}
     if expected != got:
@@ -548,10 +656,15 @@ def read_hf_tipsv2(path) -> dict[str, Any]:
     raise CheckpointFormatError(f'{os.fspath(folder)}: no config.json (not a Hugging Face model folder)')
   cfg = _read_json(folder / 'config.json', 'model config')
   if cfg.get('model_type') != MODEL_TYPE:
-    raise CheckpointFormatError(f"{os.fspath(folder)}: config.json model_type {cfg.get('model_type')!r}, "
-                                f'expected {MODEL_TYPE!r} (a Tipsv2Model folder)')
-  pre = (_read_json(folder / 'preprocessor_config.json', 'image processor')
-         if (folder / 'preprocessor_config.json').is_file() else {})
+    raise CheckpointFormatError(
+      f"{os.fspath(folder)}: config.json model_type {cfg.get('model_type')!r}, "
+      f'expected {MODEL_TYPE!r} (a Tipsv2Model folder)'
+    )
+  pre = (
+    _read_json(folder / 'preprocessor_config.json', 'image processor')
+    if (folder / 'preprocessor_config.json').is_file()
+    else {}
+  )
   state, layout = to_hub_layout(read_state(folder))
   icfg, tcfg, notes = _tipsito_configs(cfg, state, pre)
   if icfg['width'] != tcfg['width']:
@@ -562,20 +675,30 @@ def read_hf_tipsv2(path) -> dict[str, Any]:
     temperature = float(take('temperature', ()))
   params = _from_hub(take, icfg, tcfg)
   if take.state:
-    raise CheckpointFormatError(f'{os.fspath(folder)}: unexpected tensors (not used by the architecture of '
-                                f'config.json): {sorted(take.state)[:8]}')
+    raise CheckpointFormatError(
+      f'{os.fspath(folder)}: unexpected tensors (not used by the architecture of '
+      f'config.json): {sorted(take.state)[:8]}'
+    )
   _check_against_modules(icfg, tcfg, params)
   size = pre.get('size') or {}
   image_size = size.get('height') if isinstance(size, dict) else None
   tok = folder / TOKENIZER_FILE
-  return dict(image_config=icfg, text_config=tcfg, params=params, temperature=temperature,
-              tokenizer_path=os.fspath(tok) if tok.is_file() else None,
-              image_size=int(image_size) if image_size else None, layout=layout, notes=notes)
+  return dict(
+    image_config=icfg,
+    text_config=tcfg,
+    params=params,
+    temperature=temperature,
+    tokenizer_path=os.fspath(tok) if tok.is_file() else None,
+    image_size=int(image_size) if image_size else None,
+    layout=layout,
+    notes=notes,
+  )
 
 
 # --------------------------------------------------------------------------------------------------
 # Training from a Tipsv2 folder (config.init_from, distill.teacher)
 # --------------------------------------------------------------------------------------------------
+
 
 def init_train_params(path, init_params: Mapping[str, Any], abstract_params: Mapping[str, Any]) -> dict:
   """Training params with the image and text towers (and the temperature, as `logit_scale` = ln(1/T))
@@ -586,6 +709,7 @@ def init_train_params(path, init_params: Mapping[str, Any], abstract_params: Map
   shardings of `abstract_params`, every process building only its own shards.
   """
   from flax import traverse_util  # pylint: disable=g-import-not-at-top
+
   r = read_hf_tipsv2(path)
   scan = {k: layer_stack.is_stacked(abstract_params[k]) for k in ('image', 'text') if k in abstract_params}
   loaded = layer_stack.to_layout(r['params'], scan)
@@ -602,17 +726,23 @@ def init_train_params(path, init_params: Mapping[str, Any], abstract_params: Map
         if key == 'mask_token':  # training-only, not in inference weights: the run's own init
           new[key] = keep[key]
           continue
-        raise CheckpointFormatError(f'config.init_from={os.fspath(path)!r}: {tower}/{key} is not in the '
-                                    'Tipsv2 folder (the run has another architecture)')
+        raise CheckpointFormatError(
+          f'config.init_from={os.fspath(path)!r}: {tower}/{key} is not in the '
+          'Tipsv2 folder (the run has another architecture)'
+        )
       arr = got[key]
       if tuple(arr.shape) != tuple(aval.shape):
-        raise CheckpointFormatError(f'config.init_from={os.fspath(path)!r}: {tower}/{key} has shape '
-                                    f'{tuple(arr.shape)} in the folder, {tuple(aval.shape)} in this run')
+        raise CheckpointFormatError(
+          f'config.init_from={os.fspath(path)!r}: {tower}/{key} has shape '
+          f'{tuple(arr.shape)} in the folder, {tuple(aval.shape)} in this run'
+        )
       new[key] = _place(arr.astype(aval.dtype), aval.sharding)
     extra = sorted(set(got) - set(want))
     if extra:
-      raise CheckpointFormatError(f'config.init_from={os.fspath(path)!r}: {tower} tensors {extra[:5]} have '
-                                  'no place in this run (another architecture)')
+      raise CheckpointFormatError(
+        f'config.init_from={os.fspath(path)!r}: {tower} tensors {extra[:5]} have '
+        'no place in this run (another architecture)'
+      )
     out[tower] = traverse_util.unflatten_dict(new, sep='/')
   if 'logit_scale' in abstract_params:
     aval = abstract_params['logit_scale']
@@ -624,6 +754,7 @@ def init_train_params(path, init_params: Mapping[str, Any], abstract_params: Map
 def _place(arr: np.ndarray, sharding):
   """A global jax.Array of host array `arr` with `sharding` (each process fills its addressable shards)."""
   import jax  # pylint: disable=g-import-not-at-top
+
   if sharding is None:
     return jax.device_put(arr)
   return jax.make_array_from_callback(arr.shape, sharding, lambda idx: arr[idx])

@@ -7,6 +7,7 @@ writers independent of where the weights came from. A training workdir becomes a
 tipsito/train/exporting.py (`model_from_workdir`), since reading one needs the training code, which this
 subpackage does not import.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,6 +31,7 @@ FORMATS = ('tipsito', 'hf_tipsv2', 'tips_npz', 'hf_clip', 'open_clip')
 class Model:
   """Inference towers of one model: module kwargs, per-layer numpy params {'image', 'text'[,
   'image_proj']}, T of logits = cos / T, the SentencePiece file (or None), bookkeeping for the export."""
+
   image_config: dict
   text_config: dict
   params: dict
@@ -65,15 +67,20 @@ def from_hf_tipsv2(path) -> Model:
   extra = {'source': 'hf_tipsv2', 'from': os.fspath(path), 'layout': r['layout']}
   if r['image_size']:
     extra['image_size'] = r['image_size']
-  return Model(r['image_config'], r['text_config'], r['params'], r['temperature'], r['tokenizer_path'],
-               extra)
+  return Model(r['image_config'], r['text_config'], r['params'], r['temperature'], r['tokenizer_path'], extra)
 
 
 def from_tips_npz(image_npz, text_npz, tokenizer: Optional[str] = None) -> Model:
   """Official TIPS weights (tipsito/tips_import.py)."""
   icfg, tcfg, params, temperature = tips_import.import_tips_npz(image_npz, text_npz)
-  return Model(icfg, tcfg, params, temperature, tokenizer,
-               {'source': 'tips_npz', 'tips_image_npz': str(image_npz), 'tips_text_npz': str(text_npz)})
+  return Model(
+    icfg,
+    tcfg,
+    params,
+    temperature,
+    tokenizer,
+    {'source': 'tips_npz', 'tips_image_npz': str(image_npz), 'tips_text_npz': str(text_npz)},
+  )
 
 
 def load_source(path) -> Model:
@@ -83,42 +90,68 @@ def load_source(path) -> Model:
   if export_format.is_export(path):
     return from_export(path)
   raise export_format.NotAnExportError(
-      export_format._not_an_export(export_format.as_path(path))  # pylint: disable=protected-access
-      + ' (`--from` also takes a Hugging Face Tipsv2Model folder: config.json with model_type "tipsv2")')
+    export_format._not_an_export(export_format.as_path(path))  # pylint: disable=protected-access
+    + ' (`--from` also takes a Hugging Face Tipsv2Model folder: config.json with model_type "tipsv2")'
+  )
 
 
 def write(model: Model, output, fmt: str) -> str:
   """Writes `model` in format `fmt` (FORMATS) to `output`; returns the output path."""
   if fmt == 'tipsito':
     return export_format.write_export(
-        output, image_config=model.image_config, text_config=model.text_config, params=model.params,
-        temperature=model.temperature, tokenizer_path=model.tokenizer_path,
-        image_proj='image_proj' in model.params, extra=model.extra)
+      output,
+      image_config=model.image_config,
+      text_config=model.text_config,
+      params=model.params,
+      temperature=model.temperature,
+      tokenizer_path=model.tokenizer_path,
+      image_proj='image_proj' in model.params,
+      extra=model.extra,
+    )
   if fmt == 'tips_npz':
-    return tips_npz.write_tips_npz(output, image_config=model.image_config, text_config=model.text_config,
-                                   params=model.params, temperature=model.temperature,
-                                   tokenizer_path=model.tokenizer_path)
+    return tips_npz.write_tips_npz(
+      output,
+      image_config=model.image_config,
+      text_config=model.text_config,
+      params=model.params,
+      temperature=model.temperature,
+      tokenizer_path=model.tokenizer_path,
+    )
   if fmt == 'hf_tipsv2':
-    return hf_tipsv2.write_hf_tipsv2(output, image_config=model.image_config,
-                                     text_config=model.text_config, params=model.params,
-                                     temperature=model.temperature, tokenizer_path=model.tokenizer_path,
-                                     image_size=model.image_size)
+    return hf_tipsv2.write_hf_tipsv2(
+      output,
+      image_config=model.image_config,
+      text_config=model.text_config,
+      params=model.params,
+      temperature=model.temperature,
+      tokenizer_path=model.tokenizer_path,
+      image_size=model.image_size,
+    )
   if fmt in ('hf_clip', 'open_clip'):
-    kw = dict(image_config=model.image_config, text_config=model.text_config, params=model.params,
-              temperature=model.temperature, tokenizer_path=model.tokenizer_path, extra=model.extra)
+    kw = dict(
+      image_config=model.image_config,
+      text_config=model.text_config,
+      params=model.params,
+      temperature=model.temperature,
+      tokenizer_path=model.tokenizer_path,
+      extra=model.extra,
+    )
     if fmt == 'hf_clip':
       return clip.write_hf_clip(output, **kw)
     return clip.write_open_clip(output, **kw)
   raise ValueError(f'unknown --format {fmt!r}; valid: {list(FORMATS)}')
 
 
-def export_tips_npz(image_npz: str, text_npz: str, output: str,
-                    tokenizer: Optional[str] = None) -> str:
+def export_tips_npz(image_npz: str, text_npz: str, output: str, tokenizer: Optional[str] = None) -> str:
   """Imports released TIPS .npz weights and writes a tipsito export (`export --tips_image_npz`, format
   `tipsito`)."""
   icfg, tcfg, params, temperature = tips_import.import_tips_npz(image_npz, text_npz)
   return export_format.write_export(
-      output, image_config=icfg, text_config=tcfg, params=params,
-      temperature=temperature, tokenizer_path=tokenizer,
-      extra={'source': 'tips_npz', 'tips_image_npz': str(image_npz),
-             'tips_text_npz': str(text_npz)})
+    output,
+    image_config=icfg,
+    text_config=tcfg,
+    params=params,
+    temperature=temperature,
+    tokenizer_path=tokenizer,
+    extra={'source': 'tips_npz', 'tips_image_npz': str(image_npz), 'tips_text_npz': str(text_npz)},
+  )

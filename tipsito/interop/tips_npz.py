@@ -11,6 +11,7 @@ has one, `tokenizer.model`. The format has no pixel statistics (the official cod
 no image projection, so only TIPS-style models with mean 0 / std 1 pixels can be written; anything else is
 refused with the reason rather than written wrong.
 """
+
 from __future__ import annotations
 
 import io
@@ -40,32 +41,40 @@ class NotRepresentableError(ValueError):
 def _flat(tree: Mapping[str, Any]) -> dict[str, np.ndarray]:
   """'/'-joined {key: numpy array} of a nested param tree."""
   from flax import traverse_util  # pylint: disable=g-import-not-at-top
+
   return {k: np.asarray(v) for k, v in traverse_util.flatten_dict(dict(tree), sep='/').items()}
 
 
-def check_tips_style(image_config: Mapping[str, Any], text_config: Mapping[str, Any],
-                     params: Mapping[str, Any], fmt: str) -> None:
+def check_tips_style(
+  image_config: Mapping[str, Any], text_config: Mapping[str, Any], params: Mapping[str, Any], fmt: str
+) -> None:
   """Refuses what the TIPS formats (official npz, HF Tipsv2) cannot represent, naming the reason."""
   if 'image_proj' in params:
     raise NotRepresentableError(
-        f'--format {fmt}: this model has an image projection (a CLIP-style recipe: clip, siglip, ito); '
-        f'{fmt} holds TIPS-style towers only (shared width, no projection). Use --format hf_clip or '
-        'open_clip (or the tipsito export).')
+      f'--format {fmt}: this model has an image projection (a CLIP-style recipe: clip, siglip, ito); '
+      f'{fmt} holds TIPS-style towers only (shared width, no projection). Use --format hf_clip or '
+      'open_clip (or the tipsito export).'
+    )
   if text_config.get('flavour', 'tips') != 'tips' or text_config.get('out_dim') is not None:
     raise NotRepresentableError(
-        f"--format {fmt}: the text tower is {text_config.get('flavour')!r} with out_dim "
-        f"{text_config.get('out_dim')}; {fmt} holds the TIPS text tower (flavour 'tips', no projection)")
+      f"--format {fmt}: the text tower is {text_config.get('flavour')!r} with out_dim "
+      f"{text_config.get('out_dim')}; {fmt} holds the TIPS text tower (flavour 'tips', no projection)"
+    )
   if int(image_config['width']) != int(text_config['width']):
     raise NotRepresentableError(
-        f"--format {fmt}: image width {image_config['width']} != text width {text_config['width']}")
+      f"--format {fmt}: image width {image_config['width']} != text width {text_config['width']}"
+    )
   for tower, cfg in (('image', image_config), ('text', text_config)):
     if cfg.get('scan'):
-      raise NotRepresentableError(f'--format {fmt}: the {tower} tower is scanned; exports are per-layer '
-                                  '(tipsito/models/layer_stack.py: to_per_layer)')
+      raise NotRepresentableError(
+        f'--format {fmt}: the {tower} tower is scanned; exports are per-layer '
+        '(tipsito/models/layer_stack.py: to_per_layer)'
+      )
 
 
-def to_official(image_config: Mapping[str, Any], params: Mapping[str, Any], temperature: float
-                ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+def to_official(
+  image_config: Mapping[str, Any], params: Mapping[str, Any], temperature: float
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
   """(vision, text) flat official arrays of tipsito {'image', 'text'} params (no arithmetic: renames)."""
   top_v = {v: k for k, v in tips_import._VISION_MAP.items()}  # pylint: disable=protected-access
   top_t = {v: k for k, v in tips_import._TEXT_MAP.items()}  # pylint: disable=protected-access
@@ -98,8 +107,15 @@ def _save_npz(path, arrays: Mapping[str, np.ndarray]) -> None:
   path.write_bytes(buf.getvalue())
 
 
-def write_tips_npz(output_dir, *, image_config: Mapping[str, Any], text_config: Mapping[str, Any],
-                   params: Mapping[str, Any], temperature: float, tokenizer_path=None) -> str:
+def write_tips_npz(
+  output_dir,
+  *,
+  image_config: Mapping[str, Any],
+  text_config: Mapping[str, Any],
+  params: Mapping[str, Any],
+  temperature: float,
+  tokenizer_path=None,
+) -> str:
   """Writes `vision.npz` + `text.npz` (+ `tokenizer.model`) that tipsito/tips_import.py reads back to the
   same params, bit for bit (checked here before anything is written)."""
   check_tips_style(image_config, text_config, params, 'tips_npz')
@@ -107,9 +123,10 @@ def write_tips_npz(output_dir, *, image_config: Mapping[str, Any], text_config: 
   std = [float(x) for x in image_config.get('pixel_std', (1.0, 1.0, 1.0))]
   if mean != [0.0, 0.0, 0.0] or std != [1.0, 1.0, 1.0]:
     raise NotRepresentableError(
-        f'--format tips_npz: this model normalises its pixels (mean {mean}, std {std}) but the official '
-        'TIPS format has no pixel statistics (it feeds [0, 1] pixels), so its images would be read wrong. '
-        'Use --format hf_tipsv2 (its preprocessor_config.json carries them) or the tipsito export.')
+      f'--format tips_npz: this model normalises its pixels (mean {mean}, std {std}) but the official '
+      'TIPS format has no pixel statistics (it feeds [0, 1] pixels), so its images would be read wrong. '
+      'Use --format hf_tipsv2 (its preprocessor_config.json carries them) or the tipsito export.'
+    )
   vision, text = to_official(image_config, params, temperature)
   _check_inverse(vision, text, params)
   out = export_format.as_path(output_dir)
@@ -118,21 +135,27 @@ def write_tips_npz(output_dir, *, image_config: Mapping[str, Any], text_config: 
   _save_npz(out / TEXT_FILE, text)
   if tokenizer_path:
     from etils import epath  # pylint: disable=g-import-not-at-top
+
     (out / TOKENIZER_FILE).write_bytes(epath.Path(os.fspath(tokenizer_path)).read_bytes())
   return os.fspath(out)
 
 
-def _check_inverse(vision: Mapping[str, np.ndarray], text: Mapping[str, np.ndarray],
-                   params: Mapping[str, Any]) -> None:
+def _check_inverse(
+  vision: Mapping[str, np.ndarray], text: Mapping[str, np.ndarray], params: Mapping[str, Any]
+) -> None:
   """The importer must give back exactly `params` (same keys, shapes, dtypes and bits)."""
   _, iparams = tips_import.import_tips_vision(dict(vision))
   _, tparams, _ = tips_import.import_tips_text(dict(text))
   for tower, got in (('image', iparams), ('text', tparams)):
     want, back = _flat(params[tower]), _flat(got)
     if sorted(want) != sorted(back):
-      raise NotRepresentableError(f'--format tips_npz: the {tower} params do not come back from the official '
-                                  f'format: {sorted(set(want) ^ set(back))}')
+      raise NotRepresentableError(
+        f'--format tips_npz: the {tower} params do not come back from the official '
+        f'format: {sorted(set(want) ^ set(back))}'
+      )
     for k, w in want.items():
       if w.dtype != back[k].dtype or w.shape != back[k].shape or w.tobytes() != back[k].tobytes():
-        raise NotRepresentableError(f'--format tips_npz: {tower} param {k!r} ({w.dtype} {w.shape}) does not '
-                                    f'come back bit for bit ({back[k].dtype} {back[k].shape})')
+        raise NotRepresentableError(
+          f'--format tips_npz: {tower} param {k!r} ({w.dtype} {w.shape}) does not '
+          f'come back bit for bit ({back[k].dtype} {back[k].shape})'
+        )

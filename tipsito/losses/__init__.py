@@ -23,8 +23,21 @@ from tipsito.losses.self_distill import update_center
 from tipsito.losses.self_distill import update_patch_center
 
 __all__ = [
-    "clip_logits", "clip_loss", "siglip_loss", "ntxent_logits", "ntxent_loss",
-    "teacher_probs_centered", "sinkhorn_knopp", "teacher_probs", "dino_loss", "dino_loss_from_probs",
-    "update_center", "ibot_teacher_probs", "ibot_loss", "ibot_loss_from_probs", "update_patch_center",
-    "koleo_loss", "koleo_neighbors",
+  "clip_logits",
+  "clip_loss",
+  "siglip_loss",
+  "ntxent_logits",
+  "ntxent_loss",
+  "teacher_probs_centered",
+  "sinkhorn_knopp",
+  "teacher_probs",
+  "dino_loss",
+  "dino_loss_from_probs",
+  "update_center",
+  "ibot_teacher_probs",
+  "ibot_loss",
+  "ibot_loss_from_probs",
+  "update_patch_center",
+  "koleo_loss",
+  "koleo_neighbors",
 ]

@@ -90,8 +90,9 @@ def clip_logits(image_emb: Array, text_emb: Array, logit_scale) -> Array:
   return _f32(logit_scale) * image_emb @ text_emb.T
 
 
-def clip_loss(image_emb: Array, text_emb: Array, logit_scale, *, reduction: str = "mean",
-              valid: Optional[Array] = None) -> Array:
+def clip_loss(
+  image_emb: Array, text_emb: Array, logit_scale, *, reduction: str = "mean", valid: Optional[Array] = None
+) -> Array:
   """Bidirectional InfoNCE (CLIP softmax loss) over the batch.
 
   Why: the image-text alignment term of CLIP, ITO (L_align) and TIPS/TIPSv2 (L_CLIP, once per CLS token).
@@ -128,8 +129,15 @@ def clip_loss(image_emb: Array, text_emb: Array, logit_scale, *, reduction: str 
   return _reduce(0.5 * (l_i2t + l_t2i), w, reduction)
 
 
-def siglip_loss(image_emb: Array, text_emb: Array, logit_scale, logit_bias, *,
-                reduction: str = "mean", valid: Optional[Array] = None) -> Array:
+def siglip_loss(
+  image_emb: Array,
+  text_emb: Array,
+  logit_scale,
+  logit_bias,
+  *,
+  reduction: str = "mean",
+  valid: Optional[Array] = None,
+) -> Array:
   """SigLIP pairwise sigmoid loss, as big_vision computes it.
 
   Why: the SigLIP baseline recipe; it needs no softmax over the batch, only independent binary terms.
@@ -175,8 +183,9 @@ def ntxent_logits(z1: Array, z2: Array, logit_scale) -> tuple[Array, Array]:
   return logits1, logits2
 
 
-def ntxent_loss(z1: Array, z2: Array, logit_scale, *, reduction: str = "mean",
-                valid: Optional[Array] = None) -> Array:
+def ntxent_loss(
+  z1: Array, z2: Array, logit_scale, *, reduction: str = "mean", valid: Optional[Array] = None
+) -> Array:
   """ITO fusion loss: symmetric NT-Xent between two views' fused embeddings (ITO paper, L_fusion).
 
   Why: ITO's L_fusion makes the fused (image view + caption) embedding of view 1 identify the one of

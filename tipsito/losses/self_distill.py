@@ -41,9 +41,18 @@ DINO_REDUCTIONS = ("mean", "sum")
 Array = jax.Array
 
 __all__ = [
-    "teacher_probs_centered", "sinkhorn_knopp", "teacher_probs", "dino_loss", "dino_loss_from_probs",
-    "update_center", "ibot_teacher_probs", "ibot_loss", "ibot_loss_from_probs", "update_patch_center",
-    "koleo_loss", "koleo_neighbors",
+  "teacher_probs_centered",
+  "sinkhorn_knopp",
+  "teacher_probs",
+  "dino_loss",
+  "dino_loss_from_probs",
+  "update_center",
+  "ibot_teacher_probs",
+  "ibot_loss",
+  "ibot_loss_from_probs",
+  "update_patch_center",
+  "koleo_loss",
+  "koleo_neighbors",
 ]
 
 _HIGHEST = jax.lax.Precision.HIGHEST
@@ -96,8 +105,9 @@ def teacher_probs_centered(teacher_logits: Array, center: Array, teacher_temp) -
   return jax.nn.softmax((t - c) / teacher_temp, axis=-1)
 
 
-def sinkhorn_knopp(teacher_logits: Array, teacher_temp, n_iters: int = 3,
-                   valid: Optional[Array] = None) -> Array:
+def sinkhorn_knopp(
+  teacher_logits: Array, teacher_temp, n_iters: int = 3, valid: Optional[Array] = None
+) -> Array:
   """Sinkhorn-Knopp teacher (DINOv2 / SwAV), over every sample of the (global) batch.
 
   Why: an alternative to centering that spreads the batch equally over the K prototypes, used by
@@ -164,9 +174,15 @@ def _sinkhorn_log_domain(t, w, teacher_temp, n_iters):
   return jnp.where(wcol, jnp.exp(logq + log_n), 0.0)
 
 
-def teacher_probs(teacher_logits: Array, center: Optional[Array], teacher_temp, *,
-                  method: str = "centering", n_iters: int = 3,
-                  valid: Optional[Array] = None) -> Array:
+def teacher_probs(
+  teacher_logits: Array,
+  center: Optional[Array],
+  teacher_temp,
+  *,
+  method: str = "centering",
+  n_iters: int = 3,
+  valid: Optional[Array] = None,
+) -> Array:
   """Dispatches to `teacher_probs_centered` ('centering') or `sinkhorn_knopp` ('sinkhorn').
 
   Why: recipes switch the teacher normalisation with one config string. `center` is ignored (may be
@@ -202,9 +218,15 @@ def _batch_weights(valid, b, dtype):
   return valid.astype(dtype)
 
 
-def dino_loss_from_probs(student_logits: Array, teacher_probs: Array, student_temp,
-                         reduction: str = "mean", *, skip_same_view: bool = False,
-                         valid: Optional[Array] = None) -> Array:
+def dino_loss_from_probs(
+  student_logits: Array,
+  teacher_probs: Array,
+  student_temp,
+  reduction: str = "mean",
+  *,
+  skip_same_view: bool = False,
+  valid: Optional[Array] = None,
+) -> Array:
   """DINO cross-entropy between given teacher probabilities and student logits.
 
   Why: separates the loss from how the teacher targets were made (centering, Sinkhorn, or a frozen
@@ -257,10 +279,19 @@ def dino_loss_from_probs(student_logits: Array, teacher_probs: Array, student_te
   raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
 
 
-def dino_loss(student_logits: Array, teacher_logits: Array, center: Optional[Array], student_temp,
-              teacher_temp, *, method: str = "centering", reduction: str = "mean",
-              skip_same_view: bool = False, n_iters: int = 3,
-              valid: Optional[Array] = None) -> Array:
+def dino_loss(
+  student_logits: Array,
+  teacher_logits: Array,
+  center: Optional[Array],
+  student_temp,
+  teacher_temp,
+  *,
+  method: str = "centering",
+  reduction: str = "mean",
+  skip_same_view: bool = False,
+  n_iters: int = 3,
+  valid: Optional[Array] = None,
+) -> Array:
   """DINO loss on CLS-token head outputs (DINO paper; TIPSv2 §3).
 
   Why: the image-level self-distillation term of TIPSv2/tipsito. Teacher targets
@@ -288,14 +319,13 @@ def dino_loss(student_logits: Array, teacher_logits: Array, center: Optional[Arr
     n_iters: Sinkhorn iterations.
     valid: optional bool (B,) for padded batches (also excluded from the Sinkhorn normalisation).
   """
-  probs = teacher_probs(teacher_logits, center, teacher_temp, method=method, n_iters=n_iters,
-                        valid=valid)
-  return dino_loss_from_probs(student_logits, probs, student_temp, reduction,
-                              skip_same_view=skip_same_view, valid=valid)
+  probs = teacher_probs(teacher_logits, center, teacher_temp, method=method, n_iters=n_iters, valid=valid)
+  return dino_loss_from_probs(
+    student_logits, probs, student_temp, reduction, skip_same_view=skip_same_view, valid=valid
+  )
 
 
-def update_center(center: Array, teacher_logits: Array, momentum, *,
-                  valid: Optional[Array] = None) -> Array:
+def update_center(center: Array, teacher_logits: Array, momentum, *, valid: Optional[Array] = None) -> Array:
   """EMA of the teacher *logits*: ``c <- m * c + (1 - m) * mean(t)`` (mean over all leading axes).
 
   Why: the DINO centre tracks the batch mean of the teacher head outputs (not of the probabilities),
@@ -338,9 +368,17 @@ def _token_weights(mask, all_patches, shape_bn, valid):
   return tok
 
 
-def ibot_teacher_probs(teacher_patch_logits: Array, mask: Optional[Array], center: Optional[Array],
-                       teacher_temp, all_patches: Union[bool, Array], *, method: str = "centering",
-                       n_iters: int = 3, valid: Optional[Array] = None) -> Array:
+def ibot_teacher_probs(
+  teacher_patch_logits: Array,
+  mask: Optional[Array],
+  center: Optional[Array],
+  teacher_temp,
+  all_patches: Union[bool, Array],
+  *,
+  method: str = "centering",
+  n_iters: int = 3,
+  valid: Optional[Array] = None,
+) -> Array:
   """Dense (B, N, K) iBOT teacher targets.
 
   Why: 'centering' is per token: ``softmax((t - c) / tau_t)``. 'sinkhorn' normalises over the tokens
@@ -365,9 +403,16 @@ def ibot_teacher_probs(teacher_patch_logits: Array, mask: Optional[Array], cente
   return sinkhorn_knopp(t, teacher_temp, n_iters, valid=tok)
 
 
-def ibot_loss_from_probs(student_patch_logits: Array, teacher_patch_probs: Array,
-                         mask: Optional[Array], student_temp, all_patches: Union[bool, Array], *,
-                         token_norm: str = "masked", valid: Optional[Array] = None) -> Array:
+def ibot_loss_from_probs(
+  student_patch_logits: Array,
+  teacher_patch_probs: Array,
+  mask: Optional[Array],
+  student_temp,
+  all_patches: Union[bool, Array],
+  *,
+  token_norm: str = "masked",
+  valid: Optional[Array] = None,
+) -> Array:
   """iBOT (masked tokens) / iBOT++ (all tokens) cross-entropy from given teacher probabilities.
 
   Why: the patch-level distillation term; separated from the targets so a frozen distillation teacher
@@ -408,10 +453,20 @@ def ibot_loss_from_probs(student_patch_logits: Array, teacher_patch_probs: Array
   return jnp.sum(per_image * w) / jnp.maximum(jnp.sum(w), 1.0)
 
 
-def ibot_loss(student_patch_logits: Array, teacher_patch_logits: Array, mask: Optional[Array],
-              center: Optional[Array], student_temp, teacher_temp, all_patches: Union[bool, Array], *,
-              method: str = "centering", n_iters: int = 3, token_norm: str = "masked",
-              valid: Optional[Array] = None) -> Array:
+def ibot_loss(
+  student_patch_logits: Array,
+  teacher_patch_logits: Array,
+  mask: Optional[Array],
+  center: Optional[Array],
+  student_temp,
+  teacher_temp,
+  all_patches: Union[bool, Array],
+  *,
+  method: str = "centering",
+  n_iters: int = 3,
+  token_norm: str = "masked",
+  valid: Optional[Array] = None,
+) -> Array:
   """iBOT (all_patches=False) or iBOT++ (all_patches=True, TIPSv2 eq. 3) patch distillation loss.
 
   Why: TIPSv2's dense-feature term. The student saw the masked image, the teacher the full image; the
@@ -436,14 +491,17 @@ def ibot_loss(student_patch_logits: Array, teacher_patch_logits: Array, mask: Op
     token_norm: 'masked' (dinov2) or 'patches' (static).
     valid: optional bool (B,) for padded batches.
   """
-  probs = ibot_teacher_probs(teacher_patch_logits, mask, center, teacher_temp, all_patches,
-                             method=method, n_iters=n_iters, valid=valid)
-  return ibot_loss_from_probs(student_patch_logits, probs, mask, student_temp, all_patches,
-                              token_norm=token_norm, valid=valid)
+  probs = ibot_teacher_probs(
+    teacher_patch_logits, mask, center, teacher_temp, all_patches, method=method, n_iters=n_iters, valid=valid
+  )
+  return ibot_loss_from_probs(
+    student_patch_logits, probs, mask, student_temp, all_patches, token_norm=token_norm, valid=valid
+  )
 
 
-def update_patch_center(center: Array, teacher_patch_logits: Array, mask: Optional[Array] = None,
-                        momentum=0.9) -> Array:
+def update_patch_center(
+  center: Array, teacher_patch_logits: Array, mask: Optional[Array] = None, momentum=0.9
+) -> Array:
   """EMA of the iBOT teacher patch logits: ``c <- m * c + (1 - m) * mean(t over selected tokens)``.
 
   Why: the iBOT centre (separate from the DINO one). mask=None averages every token of every image

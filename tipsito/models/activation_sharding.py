@@ -9,6 +9,7 @@ compiler all-gather the (small) weights instead, as FSDP intends. The constraint
 with the batch axes is set (`jax.set_mesh`, as the train step, the evals and `plan` do); a plain
 `model.apply` outside a mesh is unchanged.
 """
+
 from __future__ import annotations
 
 import math

@@ -13,6 +13,7 @@ posemb (zero at CLS), text tokens a learned 1D posemb; the sequence
 MLP `mlp_ratio`x GELU) with text padding masked as keys; final LN; the output
 at position 0 (image CLS) is L2-normalised. No stop-gradient anywhere.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -37,8 +38,7 @@ def sincos_2d(h: int, w: int, dim: int) -> np.ndarray:
     raise ValueError(f'fusion width {dim} must be a multiple of 4')
   q = dim // 4
   omega = 1.0 / (10000.0 ** (np.arange(q, dtype=np.float64) / q))
-  ys, xs = np.meshgrid(np.arange(h, dtype=np.float64),
-                       np.arange(w, dtype=np.float64), indexing='ij')
+  ys, xs = np.meshgrid(np.arange(h, dtype=np.float64), np.arange(w, dtype=np.float64), indexing='ij')
 
   def one(c):
     t = c.reshape(-1)[:, None] * omega[None, :]
@@ -52,6 +52,7 @@ class FusionTransformer(nn.Module):
 
   TRAINING-ONLY module: it must never appear in an exported checkpoint.
   """
+
   width: int = 512
   depth: int = 2
   num_heads: int = 8
@@ -61,36 +62,40 @@ class FusionTransformer(nn.Module):
   param_dtype: Dtype = jnp.float32
 
   @nn.compact
-  def __call__(self, image_cls: jax.Array, image_patches: jax.Array,
-               text_tokens: jax.Array, text_valid: jax.Array) -> jax.Array:
+  def __call__(
+    self, image_cls: jax.Array, image_patches: jax.Array, text_tokens: jax.Array, text_valid: jax.Array
+  ) -> jax.Array:
     """(B,D_i), (B,h,w,D_i), (B,L,D_t), (B,L) bool -> (B,width) unit norm."""
     kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
     b, h, w, di = image_patches.shape
     length = text_tokens.shape[1]
     if length > self.max_text_len:
-      raise ValueError(f'text length {length} > max_text_len '
-                       f'{self.max_text_len}')
-    img = jnp.concatenate([image_cls[:, None, :].astype(self.dtype),
-                           image_patches.reshape(b, h * w, di)
-                           .astype(self.dtype)], axis=1)
+      raise ValueError(f'text length {length} > max_text_len {self.max_text_len}')
+    img = jnp.concatenate(
+      [image_cls[:, None, :].astype(self.dtype), image_patches.reshape(b, h * w, di).astype(self.dtype)],
+      axis=1,
+    )
     img = nn.Dense(self.width, name='image_proj', **kw)(img)
-    pos = np.concatenate([np.zeros((1, self.width), np.float32),
-                          sincos_2d(h, w, self.width)], axis=0)
+    pos = np.concatenate([np.zeros((1, self.width), np.float32), sincos_2d(h, w, self.width)], axis=0)
     img = img + jnp.asarray(pos, img.dtype)[None]
 
-    txt = nn.Dense(self.width, name='text_proj',
-                   **kw)(text_tokens.astype(self.dtype))
-    tpos = self.param('text_posemb', nn.initializers.normal(0.02),
-                      (self.max_text_len, self.width), self.param_dtype)
+    txt = nn.Dense(self.width, name='text_proj', **kw)(text_tokens.astype(self.dtype))
+    tpos = self.param(
+      'text_posemb', nn.initializers.normal(0.02), (self.max_text_len, self.width), self.param_dtype
+    )
     txt = txt + tpos[:length].astype(txt.dtype)
 
     x = jnp.concatenate([img, txt], axis=1)
-    key_valid = jnp.concatenate(
-        [jnp.ones((b, 1 + h * w), bool), text_valid.astype(bool)], axis=1)
+    key_valid = jnp.concatenate([jnp.ones((b, 1 + h * w), bool), text_valid.astype(bool)], axis=1)
     mask = key_valid[:, None, None, :]
     for i in range(self.depth):
-      x = layers.Block(num_heads=self.num_heads,
-                       mlp_dim=self.mlp_ratio * self.width, ffn='mlp',
-                       activation='gelu', name=f'block_{i}', **kw)(x, mask)
+      x = layers.Block(
+        num_heads=self.num_heads,
+        mlp_dim=self.mlp_ratio * self.width,
+        ffn='mlp',
+        activation='gelu',
+        name=f'block_{i}',
+        **kw,
+      )(x, mask)
     x = layers.layer_norm('norm', **kw)(x)
     return layers.l2_normalize(x[:, 0].astype(jnp.float32))

@@ -8,6 +8,7 @@ direction `v` (bottleneck, K) and normalise per prototype at every call, which
 is exactly that parametrisation (and keeps optimiser updates on `v`).
 Training-only: heads are never exported.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -28,6 +29,7 @@ class DINOHead(nn.Module):
   last axis so any leading shape works. Logits are returned in float32 because
   the losses divide them by small temperatures (0.04-0.1).
   """
+
   num_prototypes: int = 32768
   hidden_dim: int = 2048
   bottleneck_dim: int = 256
@@ -37,9 +39,12 @@ class DINOHead(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
-    kw = dict(dtype=self.dtype, param_dtype=self.param_dtype,
-              kernel_init=nn.initializers.truncated_normal(0.02),
-              bias_init=nn.initializers.zeros)
+    kw = dict(
+      dtype=self.dtype,
+      param_dtype=self.param_dtype,
+      kernel_init=nn.initializers.truncated_normal(0.02),
+      bias_init=nn.initializers.zeros,
+    )
     x = x.astype(self.dtype)
     if self.num_layers == 1:
       x = nn.Dense(self.bottleneck_dim, name='Dense_0', **kw)(x)
@@ -47,11 +52,13 @@ class DINOHead(nn.Module):
       for i in range(self.num_layers - 1):
         x = nn.Dense(self.hidden_dim, name=f'Dense_{i}', **kw)(x)
         x = nn.gelu(x, approximate=False)
-      x = nn.Dense(self.bottleneck_dim, name=f'Dense_{self.num_layers - 1}',
-                   **kw)(x)
+      x = nn.Dense(self.bottleneck_dim, name=f'Dense_{self.num_layers - 1}', **kw)(x)
     x = layers.l2_normalize(x.astype(jnp.float32), eps=1e-24)
-    v = self.param('last_layer', nn.initializers.truncated_normal(0.02),
-                   (self.bottleneck_dim, self.num_prototypes), self.param_dtype)
+    v = self.param(
+      'last_layer',
+      nn.initializers.truncated_normal(0.02),
+      (self.bottleneck_dim, self.num_prototypes),
+      self.param_dtype,
+    )
     w = layers.l2_normalize(v.astype(jnp.float32), axis=0, eps=1e-24)
-    return jnp.dot(x.astype(self.dtype), w.astype(self.dtype),
-                   preferred_element_type=jnp.float32)
+    return jnp.dot(x.astype(self.dtype), w.astype(self.dtype), preferred_element_type=jnp.float32)

@@ -5,6 +5,7 @@ module fields need dtype objects and hashable values. The training model (tipsit
 distillation teacher (tipsito/train/teacher.py), the planner (tipsito/plan.py) and inference
 (tipsito/inference.py, from an export's config.json) must build the same module from the same config.
 """
+
 from __future__ import annotations
 
 from typing import Any, Mapping, Optional

@@ -9,6 +9,7 @@ TIPS .npz import, inference. These functions are the only bridge, and they
 are exact (pure reshuffles, no arithmetic), tested both ways in
 tests/test_models_scan.py.
 """
+
 from __future__ import annotations
 
 import re
@@ -30,8 +31,7 @@ def is_stacked(tower: Mapping[str, Any]) -> bool:
 
 def block_ids(tower: Mapping[str, Any]) -> list[int]:
   """Sorted layer indices of the per-layer `block_{i}` entries of a tower."""
-  return sorted(int(m.group(1)) for k in tower
-                if (m := _BLOCK_RE.match(k)))
+  return sorted(int(m.group(1)) for k in tower if (m := _BLOCK_RE.match(k)))
 
 
 def stack_tower(tower: Mapping[str, Any]) -> dict:
@@ -43,16 +43,14 @@ def stack_tower(tower: Mapping[str, Any]) -> dict:
   if not ids:
     if is_stacked(tower):
       return dict(tower)
-    raise ValueError('no block_{i} params to stack (keys: '
-                     f'{sorted(tower)})')
+    raise ValueError(f'no block_{{i}} params to stack (keys: {sorted(tower)})')
   if ids != list(range(len(ids))):
     raise ValueError(f'block indices are not 0..{len(ids) - 1}: {ids}')
   layers = [tower[f'block_{i}'] for i in ids]
   ref = jax.tree_util.tree_structure(layers[0])
   for i, t in enumerate(layers):
     if jax.tree_util.tree_structure(t) != ref:
-      raise ValueError(f'block_{i} has a different param structure from '
-                       'block_0; cannot stack')
+      raise ValueError(f'block_{i} has a different param structure from block_0; cannot stack')
   xp = np if isinstance(jax.tree.leaves(layers[0])[0], np.ndarray) else jax.numpy
   out = {k: v for k, v in tower.items() if not _BLOCK_RE.match(k)}
   out[STACK_KEY] = jax.tree.map(lambda *xs: xp.stack(xs), *layers)
@@ -76,8 +74,7 @@ def unstack_tower(tower: Mapping[str, Any]) -> dict:
 
 def to_per_layer(params: Mapping[str, Any]) -> dict:
   """Whole training/export param tree with every scanned tower unstacked."""
-  return {k: unstack_tower(v) if k in TOWERS and isinstance(v, Mapping) else v
-          for k, v in params.items()}
+  return {k: unstack_tower(v) if k in TOWERS and isinstance(v, Mapping) else v for k, v in params.items()}
 
 
 def to_layout(params: Mapping[str, Any], scan: Mapping[str, bool]) -> dict:

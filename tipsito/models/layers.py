@@ -12,6 +12,7 @@ DenseGeneral projections with bias (kernel (D,H,D/H)) and an output projection
 through `jax.nn.dot_product_attention` so that fused kernels are used where the
 platform has them.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Optional
@@ -28,11 +29,9 @@ LN_EPS = presets.TIPS_LN_EPS
 OPENCLIP_LN_EPS = presets.OPENCLIP_LN_EPS
 
 
-def layer_norm(name: str, dtype: Dtype, param_dtype: Dtype,
-               eps: float = LN_EPS) -> nn.LayerNorm:
+def layer_norm(name: str, dtype: Dtype, param_dtype: Dtype, eps: float = LN_EPS) -> nn.LayerNorm:
   """The LayerNorm used everywhere (eps 1e-6 as in the official release unless `eps` is given)."""
-  return nn.LayerNorm(epsilon=eps, dtype=dtype, param_dtype=param_dtype,
-                      name=name)
+  return nn.LayerNorm(epsilon=eps, dtype=dtype, param_dtype=param_dtype, name=name)
 
 
 def quick_gelu(x: jax.Array) -> jax.Array:
@@ -44,10 +43,10 @@ def quick_gelu(x: jax.Array) -> jax.Array:
 # 'gelu' is flax's tanh approximation (the official TIPS vision tower), 'gelu_exact' the erf GELU
 # (torch nn.GELU: OpenCLIP ViT-B-16), 'quick_gelu' OpenAI CLIP's, 'relu' the TIPS text tower's.
 ACTIVATIONS = {
-    'gelu': nn.gelu,
-    'gelu_exact': lambda t: nn.gelu(t, approximate=False),
-    'quick_gelu': quick_gelu,
-    'relu': nn.relu,
+  'gelu': nn.gelu,
+  'gelu_exact': lambda t: nn.gelu(t, approximate=False),
+  'quick_gelu': quick_gelu,
+  'relu': nn.relu,
 }
 
 
@@ -76,34 +75,45 @@ class Attention(nn.Module):
   `values_only=True` returns `out(value(x))` without any token mixing: the
   MaskCLIP "value trick" used for zero-shot segmentation (TIPS paper).
   """
+
   num_heads: int
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
   kernel_init: Callable = nn.initializers.xavier_uniform()
 
   @nn.compact
-  def __call__(self, x: jax.Array, mask: Optional[jax.Array] = None,
-               is_causal: bool = False, values_only: bool = False) -> jax.Array:
+  def __call__(
+    self, x: jax.Array, mask: Optional[jax.Array] = None, is_causal: bool = False, values_only: bool = False
+  ) -> jax.Array:
     d = x.shape[-1]
     if d % self.num_heads:
       raise ValueError(f'width {d} not divisible by num_heads {self.num_heads}')
     hd = d // self.num_heads
 
     def proj(name):
-      return nn.DenseGeneral(features=(self.num_heads, hd), axis=-1,
-                             dtype=self.dtype, param_dtype=self.param_dtype,
-                             kernel_init=self.kernel_init, name=name)
+      return nn.DenseGeneral(
+        features=(self.num_heads, hd),
+        axis=-1,
+        dtype=self.dtype,
+        param_dtype=self.param_dtype,
+        kernel_init=self.kernel_init,
+        name=name,
+      )
 
-    out = nn.DenseGeneral(features=d, axis=(-2, -1), dtype=self.dtype,
-                          param_dtype=self.param_dtype,
-                          kernel_init=self.kernel_init, name='out')
+    out = nn.DenseGeneral(
+      features=d,
+      axis=(-2, -1),
+      dtype=self.dtype,
+      param_dtype=self.param_dtype,
+      kernel_init=self.kernel_init,
+      name='out',
+    )
     v = proj('value')(x)
     if values_only:
       return out(v)
     q = proj('query')(x)
     k = proj('key')(x)
-    y = jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=is_causal,
-                                     scale=1.0 / (hd ** 0.5))
+    y = jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=is_causal, scale=1.0 / (hd**0.5))
     return out(y)
 
 
@@ -116,6 +126,7 @@ class Mlp(nn.Module):
   given, the hidden and output activations are multiplied by it, exactly as
   the official TIPS text MLP does (keeps padded positions at zero FFN output).
   """
+
   mlp_dim: int
   activation: str = 'gelu'
   dropout: float = 0.0
@@ -123,20 +134,29 @@ class Mlp(nn.Module):
   param_dtype: Dtype = jnp.float32
 
   @nn.compact
-  def __call__(self, x: jax.Array, valid: Optional[jax.Array] = None,
-               train: bool = False) -> jax.Array:
+  def __call__(self, x: jax.Array, valid: Optional[jax.Array] = None, train: bool = False) -> jax.Array:
     d = x.shape[-1]
     act = activation_fn(self.activation)
-    h = nn.Dense(self.mlp_dim, dtype=self.dtype, param_dtype=self.param_dtype,
-                 kernel_init=nn.initializers.xavier_uniform(),
-                 bias_init=nn.initializers.normal(1e-6), name='Dense_0')(x)
+    h = nn.Dense(
+      self.mlp_dim,
+      dtype=self.dtype,
+      param_dtype=self.param_dtype,
+      kernel_init=nn.initializers.xavier_uniform(),
+      bias_init=nn.initializers.normal(1e-6),
+      name='Dense_0',
+    )(x)
     h = act(h)
     if valid is not None:
       h = h * valid[..., None].astype(h.dtype)
     h = nn.Dropout(self.dropout)(h, deterministic=not train)
-    y = nn.Dense(d, dtype=self.dtype, param_dtype=self.param_dtype,
-                 kernel_init=nn.initializers.xavier_uniform(),
-                 bias_init=nn.initializers.normal(1e-6), name='Dense_1')(h)
+    y = nn.Dense(
+      d,
+      dtype=self.dtype,
+      param_dtype=self.param_dtype,
+      kernel_init=nn.initializers.xavier_uniform(),
+      bias_init=nn.initializers.normal(1e-6),
+      name='Dense_1',
+    )(h)
     if valid is not None:
       y = y * valid[..., None].astype(y.dtype)
     return y
@@ -147,20 +167,24 @@ class SwiGlu(nn.Module):
 
   Hidden size (int(mlp_dim*2/3)+7)//8*8, as the official release.
   """
+
   mlp_dim: int
   dropout: float = 0.0
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
   @nn.compact
-  def __call__(self, x: jax.Array, valid: Optional[jax.Array] = None,
-               train: bool = False) -> jax.Array:
+  def __call__(self, x: jax.Array, valid: Optional[jax.Array] = None, train: bool = False) -> jax.Array:
     del valid
     d = x.shape[-1]
     hidden = presets.swiglu_hidden_dim(self.mlp_dim)
     dense = lambda n, name: nn.Dense(  # noqa: E731
-        n, dtype=self.dtype, param_dtype=self.param_dtype,
-        kernel_init=nn.initializers.xavier_uniform(), name=name)
+      n,
+      dtype=self.dtype,
+      param_dtype=self.param_dtype,
+      kernel_init=nn.initializers.xavier_uniform(),
+      name=name,
+    )
     h = nn.silu(dense(hidden, 'Dense_0')(x)) * dense(hidden, 'Dense_1')(x)
     h = nn.Dropout(self.dropout)(h, deterministic=not train)
     return dense(d, 'Dense_2')(h)
@@ -175,6 +199,7 @@ class Block(nn.Module):
   `valid` (B,T) multiplies the FFN activations (TIPS text tower only).
   `ln_eps` is the epsilon of both LayerNorms (1e-6 TIPS, 1e-5 OpenCLIP).
   """
+
   num_heads: int
   mlp_dim: int
   ffn: str = 'mlp'  # 'mlp' | 'swiglu'
@@ -189,8 +214,7 @@ class Block(nn.Module):
 
   @nn.compact
   def __call__(self, x, mask=None, valid=None, train=False, values_only=False):
-    return self._forward(self._sublayers(), x, mask, valid, train, values_only,
-                         self.drop_path)
+    return self._forward(self._sublayers(), x, mask, valid, train, values_only, self.drop_path)
 
   def _sublayers(self):
     """The block's submodules, named as in the param tree (built once per call)."""
@@ -202,8 +226,12 @@ class Block(nn.Module):
     else:
       raise ValueError(f'Unknown ffn {self.ffn!r}')
     eps = self.ln_eps
-    return (layer_norm('norm1', eps=eps, **kw), Attention(self.num_heads, name='attn', **kw),
-            layer_norm('norm2', eps=eps, **kw), ffn)
+    return (
+      layer_norm('norm1', eps=eps, **kw),
+      Attention(self.num_heads, name='attn', **kw),
+      layer_norm('norm2', eps=eps, **kw),
+      ffn,
+    )
 
   def _forward(self, sublayers, x, mask, valid, train, values_only, rate):
     """x += Attn(LN x); x += FFN(LN x), stochastic depth `rate` on both branches."""
@@ -239,11 +267,17 @@ class ScanBlock(Block):
   """
 
   @nn.compact
-  def __call__(self, x, rate, mask=None, valid=None, train=False,  # pytype: disable=signature-mismatch
-               with_values=False):
+  def __call__(
+    self,
+    x,
+    rate,
+    mask=None,
+    valid=None,
+    train=False,  # pytype: disable=signature-mismatch
+    with_values=False,
+  ):
     sub = self._sublayers()
-    values = (self._forward(sub, x, mask, valid, train, True, rate)
-              if with_values else None)
+    values = self._forward(sub, x, mask, valid, train, True, rate) if with_values else None
     return self._forward(sub, x, mask, valid, train, False, rate), values
 
 
@@ -251,33 +285,29 @@ class ScanBlock(Block):
 # `model.text.remat_policy`); 'none' keeps every activation (no remat even if
 # `remat=True`). See jax.checkpoint_policies for what each one saves.
 REMAT_POLICIES = {
-    'none': None,
-    'nothing_saveable': jax.checkpoint_policies.nothing_saveable,
-    'dots_saveable': jax.checkpoint_policies.dots_saveable,
-    'dots_with_no_batch_dims_saveable':
-        jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-    'everything_saveable': jax.checkpoint_policies.everything_saveable,
+  'none': None,
+  'nothing_saveable': jax.checkpoint_policies.nothing_saveable,
+  'dots_saveable': jax.checkpoint_policies.dots_saveable,
+  'dots_with_no_batch_dims_saveable': jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+  'everything_saveable': jax.checkpoint_policies.everything_saveable,
 }
 
 
-def make_block_cls(remat: bool, policy: str = 'nothing_saveable',
-                   scan: bool = False):
+def make_block_cls(remat: bool, policy: str = 'nothing_saveable', scan: bool = False):
   """Block (or ScanBlock) class, wrapped in nn.remat with `policy` if asked.
 
   Rematerialisation trades compute for memory on big towers; outputs are
   bit-identical (tested). `train` and the values flag are static arguments.
   """
   if policy not in REMAT_POLICIES:
-    raise ValueError(f'remat_policy {policy!r} unknown; valid values: '
-                     f'{sorted(REMAT_POLICIES)}')
+    raise ValueError(f'remat_policy {policy!r} unknown; valid values: {sorted(REMAT_POLICIES)}')
   cls = ScanBlock if scan else Block
   if not remat or policy == 'none':
     return cls
   # Argument indices count `self` as 0. Block: x=1, mask=2, valid=3, train=4,
   # values_only=5. ScanBlock: x=1, rate=2, mask=3, valid=4, train=5, values=6.
   static = (5, 6) if scan else (4, 5)
-  return nn.remat(cls, static_argnums=static, prevent_cse=not scan,
-                  policy=REMAT_POLICIES[policy])
+  return nn.remat(cls, static_argnums=static, prevent_cse=not scan, policy=REMAT_POLICIES[policy])
 
 
 def scan_blocks(block_cls, depth: int, **block_kwargs):
@@ -289,11 +319,13 @@ def scan_blocks(block_cls, depth: int, **block_kwargs):
   own 'params' and 'dropout' RNG. Call the result as
   `(x, rates (depth,), mask, valid, train, with_values)`.
   """
-  return nn.scan(block_cls, variable_axes={'params': 0},
-                 split_rngs={'params': True, 'dropout': True},
-                 in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast,
-                          nn.broadcast),
-                 length=depth)(**block_kwargs)
+  return nn.scan(
+    block_cls,
+    variable_axes={'params': 0},
+    split_rngs={'params': True, 'dropout': True},
+    in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
+    length=depth,
+  )(**block_kwargs)
 
 
 def l2_normalize(x: jax.Array, axis: int = -1, eps: float = 1e-12) -> jax.Array:

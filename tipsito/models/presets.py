@@ -7,6 +7,7 @@ checkpoints line up. Recipe-level choices (number of CLS tokens,
 pixel statistics, dtype, mask token, tower structure) are *not* part of a
 preset: they are given as overrides by the config that uses the preset.
 """
+
 from __future__ import annotations
 
 import copy
@@ -30,38 +31,38 @@ OPENCLIP_LN_EPS = 1e-5
 # row for the class token; ln_pre), so that CLIP/SigLIP/ITO weights map one-to-one onto OpenCLIP and
 # Hugging Face CLIPModel (tests/test_models_openclip.py holds the name mapping).
 IMAGE_STRUCTURE: dict[str, dict[str, Any]] = {
-    'tips': dict(activation='gelu', ln_eps=TIPS_LN_EPS, patch_bias=True, cls_posemb=False,
-                 pre_norm=False),
-    'openclip': dict(activation='gelu_exact', ln_eps=OPENCLIP_LN_EPS, patch_bias=False,
-                     cls_posemb=True, pre_norm=True),
+  'tips': dict(activation='gelu', ln_eps=TIPS_LN_EPS, patch_bias=True, cls_posemb=False, pre_norm=False),
+  'openclip': dict(
+    activation='gelu_exact', ln_eps=OPENCLIP_LN_EPS, patch_bias=False, cls_posemb=True, pre_norm=True
+  ),
 }
 TEXT_STRUCTURE: dict[str, dict[str, Any]] = {
-    'tips': dict(flavour='tips', activation='relu', ln_eps=TIPS_LN_EPS),
-    'openclip': dict(flavour='clip', activation='gelu_exact', ln_eps=OPENCLIP_LN_EPS),
+  'tips': dict(flavour='tips', activation='relu', ln_eps=TIPS_LN_EPS),
+  'openclip': dict(flavour='clip', activation='gelu_exact', ln_eps=OPENCLIP_LN_EPS),
 }
 
 
-def _vit(width: int, depth: int, num_heads: int, mlp_dim: int, patch_size: int,
-         ffn: str = 'mlp') -> dict[str, Any]:
+def _vit(
+  width: int, depth: int, num_heads: int, mlp_dim: int, patch_size: int, ffn: str = 'mlp'
+) -> dict[str, Any]:
   """Builds one preset row; a helper so the table below stays one line per row."""
-  return dict(width=width, depth=depth, num_heads=num_heads, mlp_dim=mlp_dim,
-              ffn=ffn, patch_size=patch_size)
+  return dict(width=width, depth=depth, num_heads=num_heads, mlp_dim=mlp_dim, ffn=ffn, patch_size=patch_size)
 
 
 # Image tower presets (the TIPS release's sizes; ITO's B/16, L/16; small test sizes).
 VIT_PRESETS: dict[str, dict[str, Any]] = {
-    'tiny/14': _vit(64, 2, 4, 128, 14),
-    'tiny/16': _vit(64, 2, 4, 128, 16),
-    'Ti/16': _vit(192, 12, 3, 768, 16),
-    'Ti/14': _vit(192, 12, 3, 768, 14),
-    'S/14': _vit(384, 12, 6, 1536, 14),
-    'S/16': _vit(384, 12, 6, 1536, 16),
-    'B/14': _vit(768, 12, 12, 3072, 14),
-    'B/16': _vit(768, 12, 12, 3072, 16),
-    'L/14': _vit(1024, 24, 16, 4096, 14),
-    'L/16': _vit(1024, 24, 16, 4096, 16),
-    'So400m/14': _vit(1152, 27, 16, 4304, 14),
-    'g/14': _vit(1536, 40, 24, 6144, 14, ffn='swiglu'),
+  'tiny/14': _vit(64, 2, 4, 128, 14),
+  'tiny/16': _vit(64, 2, 4, 128, 16),
+  'Ti/16': _vit(192, 12, 3, 768, 16),
+  'Ti/14': _vit(192, 12, 3, 768, 14),
+  'S/14': _vit(384, 12, 6, 1536, 14),
+  'S/16': _vit(384, 12, 6, 1536, 16),
+  'B/14': _vit(768, 12, 12, 3072, 14),
+  'B/16': _vit(768, 12, 12, 3072, 16),
+  'L/14': _vit(1024, 24, 16, 4096, 14),
+  'L/16': _vit(1024, 24, 16, 4096, 16),
+  'So400m/14': _vit(1152, 27, 16, 4304, 14),
+  'g/14': _vit(1536, 40, 24, 6144, 14, ffn='swiglu'),
 }
 
 
@@ -75,13 +76,13 @@ def _text(width: int, depth: int, num_heads: int, mlp_dim: int) -> dict[str, Any
 # 448.3M). g keeps a plain ReLU MLP of 6144 (the official text tower has no
 # SwiGLU).
 TEXT_PRESETS: dict[str, dict[str, Any]] = {
-    'tiny': _text(64, 2, 4, 128),
-    'Ti': _text(192, 12, 3, 768),
-    'S': _text(384, 12, 6, 1536),
-    'B': _text(768, 12, 12, 3072),
-    'L': _text(1024, 12, 16, 4096),
-    'So400m': _text(1152, 27, 16, 4304),
-    'g': _text(1536, 12, 24, 6144),
+  'tiny': _text(64, 2, 4, 128),
+  'Ti': _text(192, 12, 3, 768),
+  'S': _text(384, 12, 6, 1536),
+  'B': _text(768, 12, 12, 3072),
+  'L': _text(1024, 12, 16, 4096),
+  'So400m': _text(1152, 27, 16, 4304),
+  'g': _text(1536, 12, 24, 6144),
 }
 
 

@@ -18,6 +18,7 @@ pools (`text.argmax(-1)`) and Hugging Face pools (first `eos_token_id`).
 Padding keys are masked too; that changes nothing at the valid positions,
 which see only earlier (valid) tokens through the causal mask.
 """
+
 from __future__ import annotations
 
 import math
@@ -61,6 +62,7 @@ class TextEncoder(nn.Module):
   `activation` / `ln_eps` None mean the flavour's own: 'relu' / 1e-6 (TIPS),
   'gelu_exact' / 1e-5 (OpenCLIP's nn.GELU and PyTorch LayerNorm).
   """
+
   flavour: str = 'tips'  # 'tips' | 'clip'
   activation: Optional[str] = None  # MLP activation (layers.ACTIVATIONS); None = the flavour's
   ln_eps: Optional[float] = None  # every LayerNorm; None = the flavour's
@@ -81,8 +83,7 @@ class TextEncoder(nn.Module):
   # ~60 lines on purpose: one @nn.compact forward in the official text tower's order, so the parameter
   # names stay those the TIPS importer and the conformance tests address.
   @nn.compact
-  def __call__(self, ids: jax.Array, *, train: bool = False
-               ) -> dict[str, jax.Array]:
+  def __call__(self, ids: jax.Array, *, train: bool = False) -> dict[str, jax.Array]:
     """Encodes (B,L) token ids.
 
     Returns {'pooled': (B,D_out), 'tokens': (B,L,width) after final LN,
@@ -96,10 +97,13 @@ class TextEncoder(nn.Module):
     ids = jnp.asarray(ids).astype(jnp.int32)
     b, length = ids.shape
     valid = ids != 0
-    emb = nn.Embed(self.vocab_size, self.width,
-                   embedding_init=nn.initializers.normal(
-                       1.0 if self.flavour == 'tips' else 0.02),
-                   name='token_emb', **kw)
+    emb = nn.Embed(
+      self.vocab_size,
+      self.width,
+      embedding_init=nn.initializers.normal(1.0 if self.flavour == 'tips' else 0.02),
+      name='token_emb',
+      **kw,
+    )
     x = emb(ids)
     if self.flavour == 'tips':
       x = x * jnp.asarray(math.sqrt(self.width), x.dtype)
@@ -108,8 +112,7 @@ class TextEncoder(nn.Module):
     else:
       if length > self.max_len:
         raise ValueError(f'sequence length {length} > max_len {self.max_len}')
-      pos = self.param('posemb', nn.initializers.normal(0.01),
-                       (self.max_len, self.width), self.param_dtype)
+      pos = self.param('posemb', nn.initializers.normal(0.01), (self.max_len, self.width), self.param_dtype)
       x = x + pos[:length].astype(x.dtype)
       is_causal, activation, mask_ffn, eps = True, 'gelu_exact', False, layers.OPENCLIP_LN_EPS
     activation = self.activation if self.activation is not None else activation
@@ -117,31 +120,36 @@ class TextEncoder(nn.Module):
     x = nn.Dropout(self.dropout)(x, deterministic=not train)
 
     attn_mask = valid[:, None, None, :]  # keys only: (B,1,1,L)
-    block_kw = dict(num_heads=self.num_heads, mlp_dim=self.mlp_dim, ffn='mlp',
-                    activation=activation, ln_eps=eps, mask_ffn=mask_ffn,
-                    is_causal=is_causal, dropout=self.dropout, **kw)
+    block_kw = dict(
+      num_heads=self.num_heads,
+      mlp_dim=self.mlp_dim,
+      ffn='mlp',
+      activation=activation,
+      ln_eps=eps,
+      mask_ffn=mask_ffn,
+      is_causal=is_causal,
+      dropout=self.dropout,
+      **kw,
+    )
     if self.scan:
       stack = layers.scan_blocks(
-          layers.make_block_cls(self.remat, self.remat_policy, scan=True),
-          self.depth, name='blocks', **block_kw)
-      x, _ = stack(x, jnp.zeros((self.depth,), jnp.float32), attn_mask, valid,
-                   train, False)
+        layers.make_block_cls(self.remat, self.remat_policy, scan=True), self.depth, name='blocks', **block_kw
+      )
+      x, _ = stack(x, jnp.zeros((self.depth,), jnp.float32), attn_mask, valid, train, False)
     else:
       block_cls = layers.make_block_cls(self.remat, self.remat_policy)
       for i in range(self.depth):
-        x = block_cls(name=f'block_{i}', **block_kw)(x, attn_mask, valid, train,
-                                                     False)
+        x = block_cls(name=f'block_{i}', **block_kw)(x, attn_mask, valid, train, False)
     x = layers.layer_norm('norm', eps=eps, **kw)(x)
 
     if self.flavour == 'tips':
       v = valid[..., None].astype(jnp.float32)
-      pooled = (jnp.sum(x.astype(jnp.float32) * v, axis=1)
-                / (jnp.sum(v, axis=1) + 1e-8)).astype(x.dtype)
+      pooled = (jnp.sum(x.astype(jnp.float32) * v, axis=1) / (jnp.sum(v, axis=1) + 1e-8)).astype(x.dtype)
     else:
       last = jnp.maximum(jnp.sum(valid, axis=1) - 1, 0)
       pooled = jnp.take_along_axis(x, last[:, None, None], axis=1)[:, 0]
     if self.out_dim is not None:
-      pooled = nn.Dense(self.out_dim, use_bias=False, name='proj',
-                        kernel_init=nn.initializers.normal(self.width ** -0.5),
-                        **kw)(pooled)
+      pooled = nn.Dense(
+        self.out_dim, use_bias=False, name='proj', kernel_init=nn.initializers.normal(self.width**-0.5), **kw
+      )(pooled)
     return {'pooled': pooled, 'tokens': x, 'valid': valid}

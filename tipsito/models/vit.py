@@ -20,6 +20,7 @@ a row per CLS token followed by the grid rows (`positional_embedding`, (1 + G*G,
 token; `ln_pre`; the blocks; `ln_post` (here `norm`) on every token, the CLS token being the pooled
 output that `image_proj` projects.
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional, Sequence, Union
@@ -44,8 +45,7 @@ def center_pad(x: jax.Array, patch_size: int) -> jax.Array:
   pw = (-w) % patch_size
   if ph == 0 and pw == 0:
     return x
-  return jnp.pad(x, ((0, 0), (ph // 2, ph - ph // 2), (pw // 2, pw - pw // 2),
-                     (0, 0)))
+  return jnp.pad(x, ((0, 0), (ph // 2, ph - ph // 2), (pw // 2, pw - pw // 2), (0, 0)))
 
 
 def resize_posemb(posemb: jax.Array, grid: tuple[int, int]) -> jax.Array:
@@ -57,8 +57,7 @@ def resize_posemb(posemb: jax.Array, grid: tuple[int, int]) -> jax.Array:
   """
   if posemb.shape[1:3] == tuple(grid):
     return posemb
-  return jax.image.resize(posemb, (1, grid[0], grid[1], posemb.shape[-1]),
-                          method='bilinear')
+  return jax.image.resize(posemb, (1, grid[0], grid[1], posemb.shape[-1]), method='bilinear')
 
 
 class VisionTransformer(nn.Module):
@@ -72,6 +71,7 @@ class VisionTransformer(nn.Module):
   `blocks/...` with a leading depth axis (tipsito.models.layer_stack converts;
   exports and the TIPS import stay per-layer).
   """
+
   patch_size: int = 14
   width: int = 768
   depth: int = 12
@@ -124,9 +124,14 @@ class VisionTransformer(nn.Module):
   # CLS/register tokens, mask token, position embedding, blocks, norm); splitting it would split the
   # parameter scope the TIPS importer and the conformance tests address by name.
   @nn.compact
-  def __call__(self, images: jax.Array, *, mask: Optional[jax.Array] = None,
-               train: bool = False, return_values: bool = False
-               ) -> dict[str, jax.Array]:
+  def __call__(
+    self,
+    images: jax.Array,
+    *,
+    mask: Optional[jax.Array] = None,
+    train: bool = False,
+    return_values: bool = False,
+  ) -> dict[str, jax.Array]:
     """Encodes (B,H,W,3) images.
 
     Args:
@@ -141,17 +146,21 @@ class VisionTransformer(nn.Module):
     """
     kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
     x = self.preprocess(images).astype(self.dtype)
-    x = nn.Conv(self.width, (self.patch_size, self.patch_size),
-                strides=(self.patch_size, self.patch_size), padding='VALID',
-                use_bias=self.patch_bias,
-                kernel_init=nn.initializers.lecun_normal(),
-                name='patch_embed', **kw)(x)
+    x = nn.Conv(
+      self.width,
+      (self.patch_size, self.patch_size),
+      strides=(self.patch_size, self.patch_size),
+      padding='VALID',
+      use_bias=self.patch_bias,
+      kernel_init=nn.initializers.lecun_normal(),
+      name='patch_embed',
+      **kw,
+    )(x)
     b, gh, gw, d = x.shape
     n = self.num_cls_tokens
 
     if self.use_mask_token:
-      mask_token = self.param('mask_token', nn.initializers.zeros, (d,),
-                              self.param_dtype)
+      mask_token = self.param('mask_token', nn.initializers.zeros, (d,), self.param_dtype)
     if mask is not None:
       if not self.use_mask_token:
         raise ValueError('mask given but use_mask_token=False')
@@ -160,21 +169,23 @@ class VisionTransformer(nn.Module):
       x = jnp.where(mask[..., None], mask_token.astype(x.dtype), x)
 
     # OpenCLIP initialises the class and position embeddings N(0, width**-0.5); TIPS zeros / 0.02.
-    scale = d ** -0.5
+    scale = d**-0.5
     if self.cls_posemb:
       gs = self._grid()
-      posemb = self.param('posemb', nn.initializers.normal(scale),
-                          (n + gs[0] * gs[1], d), self.param_dtype)
+      posemb = self.param('posemb', nn.initializers.normal(scale), (n + gs[0] * gs[1], d), self.param_dtype)
       cls_pos = posemb[:n].astype(x.dtype)
       grid_pos = posemb[n:].reshape(1, gs[0], gs[1], d)
     else:
-      grid_pos = self.param('posemb', nn.initializers.normal(0.02),
-                            (1, *self._grid(), d), self.param_dtype)
+      grid_pos = self.param('posemb', nn.initializers.normal(0.02), (1, *self._grid(), d), self.param_dtype)
     x = x + resize_posemb(grid_pos, (gh, gw)).astype(x.dtype)
     x = x.reshape(b, gh * gw, d)
 
-    cls = self.param('cls', nn.initializers.normal(scale) if self.cls_posemb
-                     else nn.initializers.zeros, (1, n, d), self.param_dtype)
+    cls = self.param(
+      'cls',
+      nn.initializers.normal(scale) if self.cls_posemb else nn.initializers.zeros,
+      (1, n, d),
+      self.param_dtype,
+    )
     cls = cls.astype(x.dtype)
     if self.cls_posemb:
       cls = cls + cls_pos[None]
@@ -183,19 +194,26 @@ class VisionTransformer(nn.Module):
       x = layers.layer_norm('norm_pre', eps=self.ln_eps, **kw)(x)
     x = nn.Dropout(self.dropout)(x, deterministic=not train)
 
-    block_kw = dict(num_heads=self.num_heads, mlp_dim=self.mlp_dim,
-                    ffn=self.ffn, activation=self.activation, ln_eps=self.ln_eps,
-                    dropout=self.dropout, **kw)
-    rates = [self.stochastic_depth * i / max(self.depth - 1, 1)
-             for i in range(self.depth)]
+    block_kw = dict(
+      num_heads=self.num_heads,
+      mlp_dim=self.mlp_dim,
+      ffn=self.ffn,
+      activation=self.activation,
+      ln_eps=self.ln_eps,
+      dropout=self.dropout,
+      **kw,
+    )
+    rates = [self.stochastic_depth * i / max(self.depth - 1, 1) for i in range(self.depth)]
     values = None
     if self.scan:
       stack = layers.scan_blocks(
-          layers.make_block_cls(self.remat, self.remat_policy, scan=True),
-          self.depth, drop_path=self.stochastic_depth, name='blocks',
-          **block_kw)
-      x, all_values = stack(x, jnp.asarray(rates, jnp.float32), None, None,
-                            train, return_values)
+        layers.make_block_cls(self.remat, self.remat_policy, scan=True),
+        self.depth,
+        drop_path=self.stochastic_depth,
+        name='blocks',
+        **block_kw,
+      )
+      x, all_values = stack(x, jnp.asarray(rates, jnp.float32), None, None, train, return_values)
       if return_values:
         values = all_values[-1]
     else:

@@ -23,6 +23,7 @@ plus the encodings of the whole batch. Each micro-batch uses the same dropout ke
 split over the (data, fsdp) devices in contiguous blocks of B/n (n | B/K, checked by the config
 validation) that is a local reshape, and every micro-batch stays split over all the batch devices.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Optional
@@ -38,17 +39,21 @@ from tipsito.objective.features import encode, features_from_encodings
 
 def split(tree, k: int):
   """Every leaf (B, ...) -> (K, B/K, ...); micro-batch j holds examples j, j+K, j+2K, ..."""
+
   def one(x):
     y = x.reshape((x.shape[0] // k, k) + x.shape[1:]).swapaxes(0, 1)
     return constrain_microbatches(y)
+
   return jax.tree.map(one, tree)
 
 
 def merge(tree):
   """The inverse of `split`: (K, B/K, ...) -> (B, ...) in the global batch's order."""
+
   def one(x):
     y = x.swapaxes(0, 1)
     return constrain_batch(y.reshape((y.shape[0] * y.shape[1],) + y.shape[2:]))
+
   return jax.tree.map(one, tree)
 
 
@@ -56,9 +61,19 @@ def _floating(x) -> bool:
   return jnp.issubdtype(x.dtype, jnp.inexact)
 
 
-def loss_and_grads(ctx: LossContext, k: int, params: dict, ema: dict, centers: dict, frozen: dict,
-                   batch: dict, step, rng, *,
-                   constrain_grads: Optional[Callable] = None) -> tuple[jax.Array, tuple[dict, dict], dict]:
+def loss_and_grads(
+  ctx: LossContext,
+  k: int,
+  params: dict,
+  ema: dict,
+  centers: dict,
+  frozen: dict,
+  batch: dict,
+  step,
+  rng,
+  *,
+  constrain_grads: Optional[Callable] = None,
+) -> tuple[jax.Array, tuple[dict, dict], dict]:
   """(total, (metrics, new_centers), grads) of `compute_losses` on the global batch, in `k` micro-batches.
 
   `constrain_grads`: applied to the accumulated gradient (the step pins it to the params' shardings).
@@ -93,8 +108,7 @@ def loss_and_grads(ctx: LossContext, k: int, params: dict, ema: dict, centers: d
     return evaluate_terms(ctx, terms, f, centers)
 
   diff0 = [x for x, f in zip(leaves, is_f) if f]
-  (total, aux), (g_direct, g_enc) = jax.value_and_grad(objective, argnums=(0, 1), has_aux=True)(
-      params, diff0)
+  (total, aux), (g_direct, g_enc) = jax.value_and_grad(objective, argnums=(0, 1), has_aux=True)(params, diff0)
   cts = split(g_enc, k)
 
   def second(acc, xs):

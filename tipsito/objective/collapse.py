@@ -12,6 +12,7 @@ visible in TensorBoard long before the evals do:
   Roy & Vetterli 2007) of the L2-normalised CLS features of up to `RANK_ROWS` batch rows; 1 = every
   image has the same feature, min(rows, width) = features spread evenly.
 """
+
 from __future__ import annotations
 
 import math
@@ -44,8 +45,10 @@ def effective_rank(features: jax.Array, max_rows: int = RANK_ROWS) -> jax.Array:
 
 def teacher_signals(name: str, teacher_probs: jax.Array, center, weights=None) -> dict:
   """`collapse/<name>_teacher_entropy`, `_center_norm` and `log_prototypes` for one head."""
-  out = {f"collapse/{name}_teacher_entropy": entropy(jax.lax.stop_gradient(teacher_probs), weights),
-         "collapse/log_prototypes": jnp.float32(math.log(teacher_probs.shape[-1]))}
+  out = {
+    f"collapse/{name}_teacher_entropy": entropy(jax.lax.stop_gradient(teacher_probs), weights),
+    "collapse/log_prototypes": jnp.float32(math.log(teacher_probs.shape[-1])),
+  }
   if center is not None:
     out[f"collapse/{name}_center_norm"] = jnp.linalg.norm(jnp.asarray(center, jnp.float32))
   return out

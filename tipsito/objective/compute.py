@@ -6,6 +6,7 @@ Every term is returned separately (logged as `loss/<term>`) with the weighted su
 Collectives for the batch-wide softmaxes / centres come from GSPMD since the batch is a sharded global
 array; nothing here knows about devices.
 """
+
 from __future__ import annotations
 
 import jax
@@ -31,8 +32,9 @@ def needed_features(ctx: LossContext, batch: dict) -> tuple[dict[str, Term], fro
   return terms, frozenset().union(*(term.features for term in terms.values()))
 
 
-def evaluate_terms(ctx: LossContext, terms: dict[str, Term], features: Features,
-                   centers: dict) -> tuple[jax.Array, tuple[dict, dict]]:
+def evaluate_terms(
+  ctx: LossContext, terms: dict[str, Term], features: Features, centers: dict
+) -> tuple[jax.Array, tuple[dict, dict]]:
   """The table of terms on one `Features` record: (total, (metrics, new_centers))."""
   losses, metrics, new_centers = {}, dict(features.metrics), dict(centers)
   for name, term in terms.items():
@@ -46,8 +48,9 @@ def evaluate_terms(ctx: LossContext, terms: dict[str, Term], features: Features,
   return total, (metrics, new_centers)
 
 
-def compute_losses(ctx: LossContext, params: dict, ema: dict, centers: dict, frozen: dict,
-                   batch: dict, step, rng) -> tuple[jax.Array, tuple[dict, dict]]:
+def compute_losses(
+  ctx: LossContext, params: dict, ema: dict, centers: dict, frozen: dict, batch: dict, step, rng
+) -> tuple[jax.Array, tuple[dict, dict]]:
   """Forward of the active terms on the GLOBAL batch; returns (total, (metrics, new_centers))."""
   terms, needs = needed_features(ctx, batch)
   features = compute_features(ctx, needs, params, ema, frozen, batch, step, rng)

@@ -4,6 +4,7 @@ Why separate from the terms: `tipsito.train.step` builds the context once per ru
 terms dropped, `config.loss_opts`), the feature pass and every term read it, and the defaults of the
 options live only in the default config, so no field here has a default of its own.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -48,6 +49,7 @@ class LossContext:
     ema_keys: top-level params with an EMA copy (`state.ema`).
     teacher_model: distillation only, the frozen teacher's VisionTransformer.
   """
+
   model: TrainModel
   frozen_teacher: bool
   weights: dict

@@ -14,6 +14,7 @@ Passes, as the terms need them:
   teacher       see `teacher_features`; never differentiated.
   local crops   the student's CLS1 of 'local_crops' (DINO's student views).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -28,18 +29,19 @@ from tipsito.objective.model import TrainModel
 from tipsito.objective import collapse
 
 # What a term can need (`Term.features` in tipsito/objective/terms.py).
-CAPTION = "caption"                    # text tower on 'text'
+CAPTION = "caption"  # text tower on 'text'
 SYNTHETIC_CAPTION = "synthetic_caption"  # text tower on 'text2', paired with CLS2 (two CLS tokens only)
 CONTRASTIVE_VIEW = "contrastive_view"  # view 1 as the contrastive terms see it
-STUDENT_MASK = "student_mask"          # view 1 masked for the student (when `masks_student_view`)
-VIEW2 = "view2"                        # ITO's second view 'image2'
-TEACHER = "teacher"                    # teacher features, teacher head params, teacher temperature
-LOCAL_CROPS = "local_crops"            # student CLS1 of the local crops
+STUDENT_MASK = "student_mask"  # view 1 masked for the student (when `masks_student_view`)
+VIEW2 = "view2"  # ITO's second view 'image2'
+TEACHER = "teacher"  # teacher features, teacher head params, teacher temperature
+LOCAL_CROPS = "local_crops"  # student CLS1 of the local crops
 
 
 @dataclasses.dataclass(frozen=True)
 class Forward:
   """`model.apply` with the step's params tree and dropout RNG: `fwd(params, *args, method=...)`."""
+
   model: TrainModel
   rng: jax.Array
 
@@ -58,24 +60,25 @@ class Features:
 
   Image features are {'cls': (B, n_cls, D), 'patches': (B, h, w, D)} dicts.
   """
+
   forward: Forward
   params: dict
   batch_size: int
-  student: dict                       # view 1 as the student sees it (masked when iBOT masks)
-  contrastive: dict                   # view 1 as the contrastive terms see it
-  contrastive_cls1: jax.Array         # its CLS1, one slice shared by the terms that read it
-  view2: Optional[dict] = None        # ITO's second view
-  mask: Optional[jax.Array] = None    # (B, h, w) the student's iBOT mask, None = nothing masked
-  scale: Optional[jax.Array] = None   # contrastive scale s = exp(clamped logit_scale)
-  caption: Optional[dict] = None      # text tower on 'text': {'pooled', 'tokens', 'valid'}
-  caption_emb: Optional[jax.Array] = None   # unit pooled 'text'
+  student: dict  # view 1 as the student sees it (masked when iBOT masks)
+  contrastive: dict  # view 1 as the contrastive terms see it
+  contrastive_cls1: jax.Array  # its CLS1, one slice shared by the terms that read it
+  view2: Optional[dict] = None  # ITO's second view
+  mask: Optional[jax.Array] = None  # (B, h, w) the student's iBOT mask, None = nothing masked
+  scale: Optional[jax.Array] = None  # contrastive scale s = exp(clamped logit_scale)
+  caption: Optional[dict] = None  # text tower on 'text': {'pooled', 'tokens', 'valid'}
+  caption_emb: Optional[jax.Array] = None  # unit pooled 'text'
   synthetic_caption_emb: Optional[jax.Array] = None  # unit pooled 'text2' (two CLS tokens)
-  teacher: Optional[dict] = None      # teacher features of the unmasked view 1 (stop-gradient)
+  teacher: Optional[dict] = None  # teacher features of the unmasked view 1 (stop-gradient)
   teacher_params: Optional[dict] = None  # student params with the teacher heads swapped in (stop-gradient)
   teacher_temp: Optional[jax.Array] = None
-  student_cls: Optional[jax.Array] = None      # student view-1 CLS1 at the heads' width
+  student_cls: Optional[jax.Array] = None  # student view-1 CLS1 at the heads' width
   student_patches: Optional[jax.Array] = None  # student view-1 patch tokens at the heads' width
-  local_cls: Optional[jax.Array] = None        # (M, B, D) student CLS1 of the local crops, heads' width
+  local_cls: Optional[jax.Array] = None  # (M, B, D) student CLS1 of the local crops, heads' width
   metrics: dict = dataclasses.field(default_factory=dict)
 
   def project(self, x: jax.Array) -> jax.Array:
@@ -89,8 +92,9 @@ class Features:
     return x
 
 
-def compute_features(ctx: LossContext, needs: frozenset, params: dict, ema: dict, frozen: dict,
-                     batch: dict, step, rng) -> Features:
+def compute_features(
+  ctx: LossContext, needs: frozenset, params: dict, ema: dict, frozen: dict, batch: dict, step, rng
+) -> Features:
   """The features `needs` asks for (a union of the active terms' `Term.features`): the tower passes
   (`encode`), then everything built on them (`features_from_encodings`)."""
   enc = encode(ctx, needs, params, ema, frozen, batch, rng)
@@ -103,8 +107,17 @@ def _student_mask(ctx: LossContext, needs: frozenset, batch: dict):
   return mask, mask is not None and CONTRASTIVE_VIEW in needs and ctx.contrastive_view == "unmasked"
 
 
-def encode(ctx: LossContext, needs: frozenset, params: dict, ema: dict, frozen: dict, batch: dict, rng,
-           *, teacher: bool = True) -> dict:
+def encode(
+  ctx: LossContext,
+  needs: frozenset,
+  params: dict,
+  ema: dict,
+  frozen: dict,
+  batch: dict,
+  rng,
+  *,
+  teacher: bool = True,
+) -> dict:
   """The tower passes only: a dict of per-example arrays (leading batch axis), nothing batch-coupled.
 
   Keys, as `needs` asks: 'student', 'contrastive' (only when it is a separate unmasked chunk), 'view2'
@@ -129,7 +142,8 @@ def encode(ctx: LossContext, needs: frozenset, params: dict, ema: dict, frozen: 
     unmasked_pass = student if mask is None else (contrastive if unmasked_v1 else None)
     towers = _Towers(fwd, params)
     enc["teacher"] = jax.lax.stop_gradient(
-        teacher_features(ctx, towers, ema, frozen, batch["image"], unmasked_pass))
+      teacher_features(ctx, towers, ema, frozen, batch["image"], unmasked_pass)
+    )
   if LOCAL_CROPS in needs and "local_crops" in batch:
     loc = batch["local_crops"]
     b, m = loc.shape[:2]
@@ -138,8 +152,9 @@ def encode(ctx: LossContext, needs: frozenset, params: dict, ema: dict, frozen: 
   return enc
 
 
-def features_from_encodings(ctx: LossContext, needs: frozenset, params: dict, ema: dict, frozen: dict,
-                            enc: dict, batch: dict, step, rng) -> Features:
+def features_from_encodings(
+  ctx: LossContext, needs: frozenset, params: dict, ema: dict, frozen: dict, enc: dict, batch: dict, step, rng
+) -> Features:
   """`Features` from `encode`'s output (of the whole batch) and the params of the small parts (scale,
   projection to the heads' width); the heads, projections and fusion are applied by the terms."""
   fwd = Forward(ctx.model, rng)
@@ -148,9 +163,16 @@ def features_from_encodings(ctx: LossContext, needs: frozenset, params: dict, em
   contrastive = enc.get("contrastive", student)
   # One CLS1 slice shared by the terms that read it (clip, siglip, koleo): their gradients add up there,
   # in term order, before reaching the encoder, so the step's numbers do not depend on the table's layout.
-  f = Features(forward=fwd, params=params, batch_size=batch["image"].shape[0], student=student,
-               contrastive=contrastive, contrastive_cls1=contrastive["cls"][:, 0], view2=enc.get("view2"),
-               mask=mask)
+  f = Features(
+    forward=fwd,
+    params=params,
+    batch_size=batch["image"].shape[0],
+    student=student,
+    contrastive=contrastive,
+    contrastive_cls1=contrastive["cls"][:, 0],
+    view2=enc.get("view2"),
+    mask=mask,
+  )
   if "logit_scale" in params:
     log_s = params["logit_scale"]
     if ctx.logit_scale_max is not None:
@@ -169,17 +191,19 @@ def features_from_encodings(ctx: LossContext, needs: frozenset, params: dict, em
   return f
 
 
-def _student_pass(fwd: Forward, params: dict, batch: dict, mask, unmasked_v1: bool,
-                  with_view2: bool) -> tuple[dict, dict, Optional[dict]]:
+def _student_pass(
+  fwd: Forward, params: dict, batch: dict, mask, unmasked_v1: bool, with_view2: bool
+) -> tuple[dict, dict, Optional[dict]]:
   """(student view 1, contrastive view 1, view 2 or None) from one encoder call over the stacked views."""
-  views = [batch["image"]] + ([batch["image"]] if unmasked_v1 else []) + (
-      [batch["image2"]] if with_view2 else [])
+  views = (
+    [batch["image"]] + ([batch["image"]] if unmasked_v1 else []) + ([batch["image2"]] if with_view2 else [])
+  )
   imgs = jnp.concatenate(views, 0) if len(views) > 1 else views[0]
   if mask is not None and len(views) > 1:
     mask = jnp.concatenate([mask] + [jnp.zeros_like(mask)] * (len(views) - 1), 0)
   allv = fwd(params, imgs, mask=mask, train=True, method=TrainModel.encode_image)
   b = batch["image"].shape[0]
-  chunks = [jax.tree.map(lambda x, i=i: x[i * b:(i + 1) * b], allv) for i in range(len(views))]
+  chunks = [jax.tree.map(lambda x, i=i: x[i * b : (i + 1) * b], allv) for i in range(len(views))]
   return chunks[0], (chunks[1] if unmasked_v1 else chunks[0]), (chunks[-1] if with_view2 else None)
 
 
@@ -196,12 +220,14 @@ def _encode_captions(enc: dict, fwd: Forward, params: dict, batch: dict, synthet
 
 class _Towers(NamedTuple):
   """What `teacher_features` reads of a step: the forward and the student params."""
+
   forward: Forward
   params: dict
 
 
-def teacher_features(ctx: LossContext, f, ema: dict, frozen: dict, image: jax.Array,
-                     unmasked_pass: Optional[dict]) -> dict:
+def teacher_features(
+  ctx: LossContext, f, ema: dict, frozen: dict, image: jax.Array, unmasked_pass: Optional[dict]
+) -> dict:
   """The teacher's features of the unmasked view 1 (the caller stops their gradient).
 
   distill: the frozen teacher encoder; full EMA: the EMA image encoder; head-only EMA: the student
@@ -217,8 +243,7 @@ def teacher_features(ctx: LossContext, f, ema: dict, frozen: dict, image: jax.Ar
   return f.forward(f.params, image, method=TrainModel.encode_image)
 
 
-def _self_distillation(ctx: LossContext, f: Features, ema: dict, frozen: dict, teacher: dict,
-                       step) -> None:
+def _self_distillation(ctx: LossContext, f: Features, ema: dict, frozen: dict, teacher: dict, step) -> None:
   """Teacher features (from `encode`, stop-gradient), teacher head params and temperature, and the
   student's view-1 tokens at the heads' width. Teacher heads: the frozen teacher's own (distillation from
   a training workdir), else `state.ema` (an EMA of the student heads)."""

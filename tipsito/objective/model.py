@@ -10,6 +10,7 @@ Top-level param names (shared with `tipsito.export_format.write_export`):
   dino_head / ibot_head (student DINO/iBOT heads), fusion (ITO fusion Transformer),
   distill_proj (distillation: student width -> teacher width, training only).
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -18,6 +19,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from tipsito import models
+
 
 class TrainModel(nn.Module):
   """Image/text encoders plus the training-only parts listed in `parts`.
@@ -33,6 +35,7 @@ class TrainModel(nn.Module):
     logit_bias_init: initial SigLIP bias.
     distill_dim: teacher width for `distill_proj`.
   """
+
   image_cfg: Any
   text_cfg: Any
   parts: tuple[str, ...]
@@ -48,8 +51,12 @@ class TrainModel(nn.Module):
     if "text" in self.parts:
       self.text = models.TextEncoder(**dict(self.text_cfg))
     if "image_proj" in self.parts:
-      self.image_proj = nn.Dense(self.embed_dim, use_bias=False, name="image_proj",
-                                 param_dtype=self.image_cfg.get("param_dtype", jnp.float32))
+      self.image_proj = nn.Dense(
+        self.embed_dim,
+        use_bias=False,
+        name="image_proj",
+        param_dtype=self.image_cfg.get("param_dtype", jnp.float32),
+      )
     if "logit_scale" in self.parts:
       self.logit_scale = self.param("logit_scale", nn.initializers.constant(self.logit_scale_init), ())
     if "logit_bias" in self.parts:
@@ -122,4 +129,3 @@ class TrainModel(nn.Module):
     if "fusion" in self.parts:
       out["fusion"] = self.fuse(cls, img["patches"], txt["tokens"], txt["valid"])
     return out
-

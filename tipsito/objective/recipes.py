@@ -4,6 +4,7 @@ Why plain data in one table: the train loop, `info`, `bench`, the default config
 look recipes up by name, and a recipe never forks the loop; it only names parts, terms (keys of
 `tipsito.objective.terms.TERMS`) and defaults. A new recipe is one `Recipe(...)` entry here.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -38,6 +39,7 @@ class Recipe:
     logit_scale_init: default `config.model.logit_scale_init`, the log of the initial contrastive logit
       scale (CLIP's 1/0.07; SigLIP's 10).
   """
+
   name: str
   doc: str
   parts: tuple[str, ...]
@@ -63,44 +65,81 @@ _TIPS_PARTS = ("image", "text", "logit_scale", "dino_head", "ibot_head")
 
 # The reference point every vision-language paper compares to (ITO's and TIPSv2's tables).
 CLIP_RECIPE = Recipe(
-    name="clip", doc="CLIP: InfoNCE between image CLS and caption (AdamW).",
-    parts=("image", "text", "image_proj", "logit_scale"),
-    loss={CLIP: 1.0}, views="single", num_cls=1, ema_mode="none", mask_ratio=0.0,
-    optimizer="adamw", pixel="clip")
+  name="clip",
+  doc="CLIP: InfoNCE between image CLS and caption (AdamW).",
+  parts=("image", "text", "image_proj", "logit_scale"),
+  loss={CLIP: 1.0},
+  views="single",
+  num_cls=1,
+  ema_mode="none",
+  mask_ratio=0.0,
+  optimizer="adamw",
+  pixel="clip",
+)
 
 # The second standard baseline: pairwise sigmoid loss with learned scale (init 10) and bias (init -10);
 # needs no batch-wide softmax.
 SIGLIP_RECIPE = Recipe(
-    name="siglip", doc="SigLIP: sigmoid image-text loss with learned scale and bias.",
-    parts=("image", "text", "image_proj", "logit_scale", "logit_bias"),
-    loss={SIGLIP: 1.0}, views="single", num_cls=1, ema_mode="none", mask_ratio=0.0,
-    optimizer="adamw", pixel="clip", logit_scale_init=math.log(10.0))
+  name="siglip",
+  doc="SigLIP: sigmoid image-text loss with learned scale and bias.",
+  parts=("image", "text", "image_proj", "logit_scale", "logit_bias"),
+  loss={SIGLIP: 1.0},
+  views="single",
+  num_cls=1,
+  ema_mode="none",
+  mask_ratio=0.0,
+  optimizer="adamw",
+  pixel="clip",
+  logit_scale_init=math.log(10.0),
+)
 
 # ITO: L = L_align + lambda * L_fusion with L_align the mean over the two views, i.e. weights
 # clip = clip_view2 = 0.5 and fusion = lambda = 2. The weights already write L_align's mean, so the view
 # weighting is 'sum' (each InfoNCE at its weight): CLS x caption 0.5 for view 1 and 0.5 for view 2.
 # The fusion Transformer is training-only.
 ITO_RECIPE = Recipe(
-    name="ito", doc="ITO: two views x caption InfoNCE + fusion NT-Xent (lambda=2), AdamW.",
-    parts=("image", "text", "image_proj", "logit_scale", "fusion"),
-    loss={CLIP: 0.5, CLIP_VIEW2: 0.5, FUSION: 2.0}, views="two_views", num_cls=1,
-    ema_mode="none", mask_ratio=0.0, optimizer="adamw", pixel="clip")
+  name="ito",
+  doc="ITO: two views x caption InfoNCE + fusion NT-Xent (lambda=2), AdamW.",
+  parts=("image", "text", "image_proj", "logit_scale", "fusion"),
+  loss={CLIP: 0.5, CLIP_VIEW2: 0.5, FUSION: 2.0},
+  views="two_views",
+  num_cls=1,
+  ema_mode="none",
+  mask_ratio=0.0,
+  optimizer="adamw",
+  pixel="clip",
+)
 
 # TIPS (v1): two CLS tokens with CLIP losses, DINO on local crops and iBOT on masked tokens only, with a
 # full EMA teacher (image encoder + heads): the baseline TIPSv2 improves on, and its full-EMA ablation.
 TIPS_RECIPE = Recipe(
-    name="tips", doc="TIPS: 2-CLS CLIP + DINO + iBOT (masked tokens), full EMA teacher, Adafactor.",
-    parts=_TIPS_PARTS,
-    loss={CLIP: 1.0, DINO: 1.0, IBOT: 2.0, KOLEO: 0.0}, views="multicrop", num_cls=2,
-    ema_mode="full", mask_ratio=0.75, optimizer="adafactor", pixel="tips", ibot_all_patches=False)
+  name="tips",
+  doc="TIPS: 2-CLS CLIP + DINO + iBOT (masked tokens), full EMA teacher, Adafactor.",
+  parts=_TIPS_PARTS,
+  loss={CLIP: 1.0, DINO: 1.0, IBOT: 2.0, KOLEO: 0.0},
+  views="multicrop",
+  num_cls=2,
+  ema_mode="full",
+  mask_ratio=0.75,
+  optimizer="adafactor",
+  pixel="tips",
+  ibot_all_patches=False,
+)
 
 # TIPSv2: L = L_CLIP + 1.0 L_DINO + 2.0 L_iBOT++ with head-only EMA, two CLS tokens (CLS1 <-> alt-text
 # 'text', CLS2 <-> sampled synthetic caption 'text2'). iBOT++ is iBOT with `loss_opts.ibot_all_patches`.
 TIPSV2_RECIPE = Recipe(
-    name="tipsv2", doc="TIPSv2: 2-CLS CLIP + DINO + iBOT++ with head-only EMA, Adafactor.",
-    parts=_TIPS_PARTS,
-    loss={CLIP: 1.0, DINO: 1.0, IBOT: 2.0, KOLEO: 0.0}, views="multicrop", num_cls=2,
-    ema_mode="head", mask_ratio=0.75, optimizer="adafactor", pixel="tips")
+  name="tipsv2",
+  doc="TIPSv2: 2-CLS CLIP + DINO + iBOT++ with head-only EMA, Adafactor.",
+  parts=_TIPS_PARTS,
+  loss={CLIP: 1.0, DINO: 1.0, IBOT: 2.0, KOLEO: 0.0},
+  views="multicrop",
+  num_cls=2,
+  ema_mode="head",
+  mask_ratio=0.75,
+  optimizer="adafactor",
+  pixel="tips",
+)
 
 # tipsito (ours): TIPSv2 plus ITO's second augmented view ('image2', contrasted with 'text') and the
 # fusion NT-Xent loss between (view 1 + caption) and (view 2 + caption); tests whether ITO's cheap second
@@ -113,11 +152,18 @@ TIPSV2_RECIPE = Recipe(
 # (total 1, TIPSv2's; `python -m tipsito.info` prints them). view_weighting='sum' gives the weights as
 # written, 1/2 + 1/2 for CLS1 x alt-text and 1/2 for CLS2 (total 1.5), tipsito's behaviour before.
 TIPSITO_RECIPE = Recipe(
-    name="tipsito", doc="tipsito: TIPSv2 + ITO second view + fusion loss.",
-    parts=_TIPS_PARTS + ("fusion",),
-    loss={CLIP: 1.0, CLIP_VIEW2: 0.5, FUSION: 2.0, DINO: 1.0, IBOT: 2.0, KOLEO: 0.0},
-    views="multicrop_two_views", num_cls=2, ema_mode="head", mask_ratio=0.75, optimizer="adafactor",
-    pixel="tips", view_weighting="mean")
+  name="tipsito",
+  doc="tipsito: TIPSv2 + ITO second view + fusion loss.",
+  parts=_TIPS_PARTS + ("fusion",),
+  loss={CLIP: 1.0, CLIP_VIEW2: 0.5, FUSION: 2.0, DINO: 1.0, IBOT: 2.0, KOLEO: 0.0},
+  views="multicrop_two_views",
+  num_cls=2,
+  ema_mode="head",
+  mask_ratio=0.75,
+  optimizer="adafactor",
+  pixel="tips",
+  view_weighting="mean",
+)
 
 # Distillation (TIPSv2's B/L/So400m models are distilled from g/14): a frozen teacher replaces the
 # teacher branch; the randomly initialised student image encoder learns through DINO (on the local crops,
@@ -130,13 +176,31 @@ TIPSITO_RECIPE = Recipe(
 # heads, applied to the frozen teacher features (our inference, logged at start). The student features
 # pass a training-only `distill_proj` to the teacher width.
 DISTILL_RECIPE = Recipe(
-    name="distill", doc="Distillation from a frozen exported/imported teacher, mask ratio 0.",
-    parts=_TIPS_PARTS + ("distill_proj",),
-    loss={CLIP: 1.0, DINO: 1.0, IBOT: 2.0, FEATURE: 0.0, KOLEO: 0.0}, views="multicrop",
-    num_cls=2, ema_mode="head", mask_ratio=0.0, optimizer="adafactor", pixel="tips", teacher="frozen")
+  name="distill",
+  doc="Distillation from a frozen exported/imported teacher, mask ratio 0.",
+  parts=_TIPS_PARTS + ("distill_proj",),
+  loss={CLIP: 1.0, DINO: 1.0, IBOT: 2.0, FEATURE: 0.0, KOLEO: 0.0},
+  views="multicrop",
+  num_cls=2,
+  ema_mode="head",
+  mask_ratio=0.0,
+  optimizer="adafactor",
+  pixel="tips",
+  teacher="frozen",
+)
 
-RECIPES: dict[str, Recipe] = {r.name: r for r in (
-    CLIP_RECIPE, SIGLIP_RECIPE, ITO_RECIPE, TIPS_RECIPE, TIPSV2_RECIPE, TIPSITO_RECIPE, DISTILL_RECIPE)}
+RECIPES: dict[str, Recipe] = {
+  r.name: r
+  for r in (
+    CLIP_RECIPE,
+    SIGLIP_RECIPE,
+    ITO_RECIPE,
+    TIPS_RECIPE,
+    TIPSV2_RECIPE,
+    TIPSITO_RECIPE,
+    DISTILL_RECIPE,
+  )
+}
 
 
 def get_recipe(name: str) -> Recipe:

@@ -25,6 +25,7 @@ and their default weights. Adding a term is one function here, one `TERMS` entry
 
 The loss functions are called through their modules (`_con.clip_loss`, ...), so tests can spy on them.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -36,8 +37,17 @@ import jax.numpy as jnp
 from tipsito.losses import contrastive as _con
 from tipsito.losses import self_distill as _sd
 from tipsito.objective.context import LossContext
-from tipsito.objective.features import (CAPTION, CONTRASTIVE_VIEW, LOCAL_CROPS, STUDENT_MASK,
-                                        SYNTHETIC_CAPTION, TEACHER, VIEW2, Features, unit)
+from tipsito.objective.features import (
+  CAPTION,
+  CONTRASTIVE_VIEW,
+  LOCAL_CROPS,
+  STUDENT_MASK,
+  SYNTHETIC_CAPTION,
+  TEACHER,
+  VIEW2,
+  Features,
+  unit,
+)
 from tipsito.objective.model import TrainModel
 from tipsito.objective import collapse
 
@@ -53,6 +63,7 @@ FEATURE = "feature"
 
 class TermOutput(NamedTuple):
   """A term's loss (logged as `loss/<term>`), extra metrics, and new centres ({name: (K,)})."""
+
   loss: jax.Array
   metrics: dict = {}
   centers: dict = {}
@@ -60,10 +71,11 @@ class TermOutput(NamedTuple):
 
 class Pair(NamedTuple):
   """One InfoNCE of the contrastive terms: which term computes it, on which CLS token, caption and view."""
+
   term: str
-  cls: str       # 'CLS1' | 'CLS2'
-  caption: str   # 'alt-text' ('text') | 'synthetic' ('text2')
-  view: int      # 1 = 'image', 2 = ITO's 'image2'
+  cls: str  # 'CLS1' | 'CLS2'
+  caption: str  # 'alt-text' ('text') | 'synthetic' ('text2')
+  view: int  # 1 = 'image', 2 = ITO's 'image2'
 
 
 CLS1_ALT_V1 = Pair(CLIP, "CLS1", "alt-text", 1)
@@ -172,26 +184,48 @@ def dino_term(ctx: LossContext, f: Features, centers: dict) -> TermOutput:
       s_logits = jnp.concatenate([g, s_logits], 0)
   else:
     s_logits = fwd(f.params, f.student_cls, method=TrainModel.dino)[None]
-  loss = _sd.dino_loss(s_logits, t_logits, center, ctx.student_temp, t_temp, method=ctx.teacher_method,
-                       reduction=ctx.dino_reduction)
+  loss = _sd.dino_loss(
+    s_logits,
+    t_logits,
+    center,
+    ctx.student_temp,
+    t_temp,
+    method=ctx.teacher_method,
+    reduction=ctx.dino_reduction,
+  )
   metrics = collapse.teacher_signals(
-      "dino", _sd.teacher_probs(t_logits, center, t_temp, method=ctx.teacher_method), center)
+    "dino", _sd.teacher_probs(t_logits, center, t_temp, method=ctx.teacher_method), center
+  )
   return TermOutput(loss, metrics, {"dino": _sd.update_center(center, t_logits, ctx.center_momentum)})
 
 
 def ibot_term(ctx: LossContext, f: Features, centers: dict) -> TermOutput:
   b, t_temp, center = f.batch_size, f.teacher_temp, centers["ibot"]
-  sp = f.forward(f.params, f.student_patches.reshape(b, -1, f.student_patches.shape[-1]),
-                 method=TrainModel.ibot)
+  sp = f.forward(
+    f.params, f.student_patches.reshape(b, -1, f.student_patches.shape[-1]), method=TrainModel.ibot
+  )
   tpt = f.teacher["patches"]
   tp = f.forward(f.teacher_params, tpt.reshape(b, -1, tpt.shape[-1]), method=TrainModel.ibot)
   flat_mask = None if f.mask is None else f.mask.reshape(b, -1)
   all_patches = ctx.ibot_all_patches or flat_mask is None
-  loss = _sd.ibot_loss(sp, tp, flat_mask, center, ctx.student_temp, t_temp, all_patches,
-                       method=ctx.teacher_method, token_norm=ctx.ibot_token_norm)
+  loss = _sd.ibot_loss(
+    sp,
+    tp,
+    flat_mask,
+    center,
+    ctx.student_temp,
+    t_temp,
+    all_patches,
+    method=ctx.teacher_method,
+    token_norm=ctx.ibot_token_norm,
+  )
   counted = None if all_patches else flat_mask
-  metrics = collapse.teacher_signals("ibot", _sd.ibot_teacher_probs(
-      tp, flat_mask, center, t_temp, all_patches, method=ctx.teacher_method), center, weights=counted)
+  metrics = collapse.teacher_signals(
+    "ibot",
+    _sd.ibot_teacher_probs(tp, flat_mask, center, t_temp, all_patches, method=ctx.teacher_method),
+    center,
+    weights=counted,
+  )
   new_center = _sd.update_patch_center(center, tp, counted, ctx.center_momentum)
   return TermOutput(loss, metrics, {"ibot": new_center})
 
@@ -202,14 +236,17 @@ def feature_term(ctx: LossContext, f: Features, centers: dict) -> TermOutput:
   def cos_dist(a, b):
     return jnp.mean(1.0 - jnp.sum(unit(a) * unit(b), -1))
 
-  return TermOutput(0.5 * (cos_dist(f.student_cls, f.teacher["cls"][:, 0])
-                           + cos_dist(f.student_patches, f.teacher["patches"])))
+  return TermOutput(
+    0.5
+    * (cos_dist(f.student_cls, f.teacher["cls"][:, 0]) + cos_dist(f.student_patches, f.teacher["patches"]))
+  )
 
 
 @dataclasses.dataclass(frozen=True)
 class Term:
   """A loss term: its function, the batch fields it requires, the features it reads (features.py names),
   and the centres it keeps ((K,) zeros at init, updated every step)."""
+
   fn: Callable[[LossContext, Features, dict], TermOutput]
   fields: tuple[str, ...]
   features: frozenset
@@ -224,12 +261,12 @@ def _term(fn, fields, features, centers=()) -> Term:
 # clip_view2 lists CONTRASTIVE_VIEW although it reads only view 2: with iBOT masking and head-only EMA the
 # unmasked view-1 chunk of the student pass it keeps is the teacher's input (see features.py).
 TERMS: dict[str, Term] = {
-    CLIP: _term(clip_term, ("image", "text"), (CAPTION, SYNTHETIC_CAPTION, CONTRASTIVE_VIEW)),
-    SIGLIP: _term(siglip_term, ("image", "text"), (CAPTION, CONTRASTIVE_VIEW)),
-    CLIP_VIEW2: _term(clip_view2_term, ("image2", "text"), (CAPTION, VIEW2, CONTRASTIVE_VIEW)),
-    FUSION: _term(fusion_term, ("image", "image2", "text"), (CAPTION, VIEW2, CONTRASTIVE_VIEW)),
-    KOLEO: _term(koleo_term, ("image",), (CONTRASTIVE_VIEW,)),
-    DINO: _term(dino_term, ("image",), (TEACHER, LOCAL_CROPS), centers=("dino",)),
-    IBOT: _term(ibot_term, ("image",), (TEACHER, STUDENT_MASK), centers=("ibot",)),
-    FEATURE: _term(feature_term, ("image",), (TEACHER,)),
+  CLIP: _term(clip_term, ("image", "text"), (CAPTION, SYNTHETIC_CAPTION, CONTRASTIVE_VIEW)),
+  SIGLIP: _term(siglip_term, ("image", "text"), (CAPTION, CONTRASTIVE_VIEW)),
+  CLIP_VIEW2: _term(clip_view2_term, ("image2", "text"), (CAPTION, VIEW2, CONTRASTIVE_VIEW)),
+  FUSION: _term(fusion_term, ("image", "image2", "text"), (CAPTION, VIEW2, CONTRASTIVE_VIEW)),
+  KOLEO: _term(koleo_term, ("image",), (CONTRASTIVE_VIEW,)),
+  DINO: _term(dino_term, ("image",), (TEACHER, LOCAL_CROPS), centers=("dino",)),
+  IBOT: _term(ibot_term, ("image",), (TEACHER, STUDENT_MASK), centers=("ibot",)),
+  FEATURE: _term(feature_term, ("image",), (TEACHER,)),
 }

@@ -10,6 +10,7 @@ override key must already exist in the base (as `--config.key=value` on the comm
 directory of arm ARM for the same seed (e.g. `distill.teacher`); the arm then depends on ARM, which must
 come earlier in the study.
 """
+
 from __future__ import annotations
 
 import copy
@@ -35,6 +36,7 @@ class StudyError(ValueError):
 @dataclasses.dataclass(frozen=True)
 class Arm:
   """One arm: `overrides` ({dotted key: value}) on the base config `study.bases[base]`."""
+
   name: str
   base: str
   overrides: Mapping[str, Any]
@@ -45,6 +47,7 @@ class Arm:
 @dataclasses.dataclass(frozen=True)
 class Job:
   """One training run of a sweep: arm `arm` (number `index` of `num_arms`, from 1) with seed `seed`."""
+
   arm: Arm
   seed: int
   index: int
@@ -82,16 +85,19 @@ def arms_of(study: mlc.ConfigDict) -> list[Arm]:
     note = str(a.pop("note", "") or "")
     deps = list(a.pop("depends_on", ()) or ())
     if a:
-      raise StudyError(f"arm {name!r}: unknown fields {sorted(a)}; valid: name, base, overrides, note, "
-                       "depends_on")
+      raise StudyError(
+        f"arm {name!r}: unknown fields {sorted(a)}; valid: name, base, overrides, note, depends_on"
+      )
     for value in overrides.values():
       if isinstance(value, str):
         deps += [d for d in PLACEHOLDER.findall(value) if d not in deps]
     for d in deps:
       if d not in [x.name for x in out]:
         where = "a later arm" if d in [dict(x).get("name") for x in study.arms] else "not an arm"
-        raise StudyError(f"arm {name!r} depends on {d!r}, which is {where}; a dependency must be an "
-                         f"earlier arm of the study (arms: {[dict(x).get('name') for x in study.arms]})")
+        raise StudyError(
+          f"arm {name!r} depends on {d!r}, which is {where}; a dependency must be an "
+          f"earlier arm of the study (arms: {[dict(x).get('name') for x in study.arms]})"
+        )
     out.append(Arm(name=name, base=base, overrides=overrides, note=note, depends_on=tuple(deps)))
   if not out:
     raise StudyError(f"study {study.study!r} has no arms")
@@ -115,8 +121,10 @@ def apply_override(config: mlc.ConfigDict, key: str, value: Any, *, arm: str) ->
       keys = list(node.keys()) if isinstance(node, mlc.ConfigDict) else []
       close = difflib.get_close_matches(part, keys, n=1)
       hint = f"; did you mean {'.'.join(parts[:i] + close)}?" if close else ""
-      raise StudyError(f"arm {arm!r}: override {key!r}: {part!r} is not a key of config"
-                       f"{'.' + where if where else ''} (valid: {sorted(keys)}){hint}")
+      raise StudyError(
+        f"arm {arm!r}: override {key!r}: {part!r} is not a key of config"
+        f"{'.' + where if where else ''} (valid: {sorted(keys)}){hint}"
+      )
     if i < len(parts) - 1:
       node = node[part]
   try:
@@ -136,8 +144,9 @@ def arm_config(study: mlc.ConfigDict, arm: Arm, seed: int, sweep_dir: str) -> ml
   return data_prepare.resolve_data_dirs(config, os.path.abspath(sweep_dir))
 
 
-def plan(study: mlc.ConfigDict, seeds: Sequence[int], sweep_dir: str,
-         only: Sequence[str] | None = None) -> list[Job]:
+def plan(
+  study: mlc.ConfigDict, seeds: Sequence[int], sweep_dir: str, only: Sequence[str] | None = None
+) -> list[Job]:
   """Every (arm, seed) job of the sweep, arm by arm, each config built and validated.
 
   only: run just these arms (and the arms they depend on). Raises StudyError naming the arm, the seed
@@ -164,8 +173,16 @@ def plan(study: mlc.ConfigDict, seeds: Sequence[int], sweep_dir: str,
         config_validation.validate(config)
       except config_validation.ConfigError as e:
         raise StudyError(f"arm {arm.name!r} (seed {seed}): {e}") from None
-      jobs.append(Job(arm=arm, seed=int(seed), index=i + 1, num_arms=len(arms),
-                      run_dir=run_dir(sweep_dir, arm.name, seed), config=config))
+      jobs.append(
+        Job(
+          arm=arm,
+          seed=int(seed),
+          index=i + 1,
+          num_arms=len(arms),
+          run_dir=run_dir(sweep_dir, arm.name, seed),
+          config=config,
+        )
+      )
   _check_builds(jobs)
   return jobs
 
@@ -181,6 +198,8 @@ def _check_builds(jobs: Sequence[Job]) -> None:
     opts = d.get("build_options")
     opts = opts.to_dict() if isinstance(opts, mlc.ConfigDict) else opts
     if key in seen and seen[key][1] != opts:
-      raise StudyError(f"arms {seen[key][0]!r} and {job.arm.name!r} build dataset {d.name!r} into "
-                       f"{d.data_dir} with different data.build_options ({seen[key][1]} vs {opts})")
+      raise StudyError(
+        f"arms {seen[key][0]!r} and {job.arm.name!r} build dataset {d.name!r} into "
+        f"{d.data_dir} with different data.build_options ({seen[key][1]} vs {opts})"
+      )
     seen.setdefault(key, (job.arm.name, opts))

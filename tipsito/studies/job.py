@@ -9,6 +9,7 @@ finished exactly when `result.json` exists; the sweep never reruns it.
 Why a module of its own: with `--parallel N` each run is this program in a subprocess (its log in the
 run directory's `log.txt`); with one at a time the sweep calls `run` in its own process.
 """
+
 from __future__ import annotations
 
 import os
@@ -21,8 +22,17 @@ from absl import flags
 
 from tipsito import distributed
 from tipsito.studies.jobs import (  # noqa: F401  (the library, also re-exported for callers of this module)
-    JOB_FILE, LOG_FILE, RESULT_FILE, SWEEP_PID_ENV, config_from_json, config_to_json, is_finished, read_json,
-    run, write_job)
+  JOB_FILE,
+  LOG_FILE,
+  RESULT_FILE,
+  SWEEP_PID_ENV,
+  config_from_json,
+  config_to_json,
+  is_finished,
+  read_json,
+  run,
+  write_job,
+)
 
 
 def _define_flags() -> None:
@@ -38,6 +48,7 @@ def _stop_with_sweep() -> None:
   if not pid or not sys.platform.startswith("linux"):
     return
   import ctypes  # pylint: disable=import-outside-toplevel
+
   ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
   if os.getppid() != int(pid):  # the sweep ended before the line above
     sys.exit(f"the sweep (pid {pid}) that started this run is gone")

@@ -7,6 +7,7 @@ into the run directory (`write_job`); `run` trains it there with `tipsito.train.
 atomically. A run is finished exactly when `result.json` exists; the sweep never reruns it.
 `python -m tipsito.studies.job --run_dir D` (tipsito/studies/job.py) is the same `run` as a program.
 """
+
 from __future__ import annotations
 
 import json
@@ -64,14 +65,21 @@ def is_finished(run_dir: str) -> bool:
 def run(run_dir: str) -> dict:
   """Trains and evaluates the job of `run_dir` (resuming from its checkpoints); writes and returns its
   result. Raises `tipsito.train.checkpointing.Preempted` after SIGTERM (checkpoint saved)."""
-  from tipsito.train import loop  # lazy: the trainer (JAX, TF); a --parallel/--dry_run sweep process never runs one
+  # A --parallel / --dry_run sweep process imports this module and never trains.
+  from tipsito.train import loop  # lazy: the trainer (JAX, TF)
+
   job = read_json(os.path.join(run_dir, JOB_FILE))
   config = config_from_json(job["config"])
   t0 = time.time()
   resumed_from = workdir_lib.latest_checkpoint_step(run_dir)
   metrics = loop.train_and_evaluate(config, run_dir)
   result = results.run_result(config, run_dir, metrics)
-  result.update(study=job["study"], arm=job["arm"], seed=job["seed"], resumed_from_step=resumed_from,
-                seconds=round(time.time() - t0, 2))
+  result.update(
+    study=job["study"],
+    arm=job["arm"],
+    seed=job["seed"],
+    resumed_from_step=resumed_from,
+    seconds=round(time.time() - t0, 2),
+  )
   write_json_atomic(os.path.join(run_dir, RESULT_FILE), result)
   return result

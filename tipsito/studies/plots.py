@@ -4,6 +4,7 @@ seeds per logged step, band = min..max over seeds), one panel per loss term.
 
 Needs matplotlib, the `studies` extra of setup.py: `pip install -e ".[studies]"`.
 """
+
 from __future__ import annotations
 
 import os
@@ -11,8 +12,10 @@ from typing import Any
 
 import numpy as np
 
-MISSING = ("plots need matplotlib, which is not installed: pip install -e \".[studies]\" (setup.py's "
-           "`studies` extra), or run the sweep with --noplots")
+MISSING = (
+  "plots need matplotlib, which is not installed: pip install -e \".[studies]\" (setup.py's "
+  "`studies` extra), or run the sweep with --noplots"
+)
 
 
 def check_available() -> None:
@@ -26,8 +29,10 @@ def check_available() -> None:
 def _pyplot():
   check_available()
   import matplotlib  # pylint: disable=import-outside-toplevel
+
   matplotlib.use("Agg")  # files only, no display
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+
   return plt
 
 
@@ -60,13 +65,16 @@ def metric_plot(summary: dict[str, Any], metric: str, path: str) -> str:
 def loss_plot(summary: dict[str, Any], path: str) -> str:
   """One panel per loss term (`loss/total` first), one line per arm: mean over seeds per step."""
   plt = _pyplot()
-  tags = sorted({t for a in summary["arms"].values() for r in a["runs"].values() for t in r["curves"]},
-                key=lambda t: (t != "loss/total", t))
+  tags = sorted(
+    {t for a in summary["arms"].values() for r in a["runs"].values() for t in r["curves"]},
+    key=lambda t: (t != "loss/total", t),
+  )
   fig, axes = plt.subplots(1, max(1, len(tags)), figsize=(4.2 * max(1, len(tags)), 3.4), squeeze=False)
   for ax, tag in zip(axes[0], tags):
     for i, (name, a) in enumerate(summary["arms"].items()):
-      curves = [dict((int(s), v) for s, v in r["curves"][tag])
-                for r in a["runs"].values() if tag in r["curves"]]
+      curves = [
+        dict((int(s), v) for s, v in r["curves"][tag]) for r in a["runs"].values() if tag in r["curves"]
+      ]
       if not curves:
         continue
       steps = sorted(set.intersection(*(set(c) for c in curves)))

@@ -11,6 +11,7 @@ one table (rows = arms, columns = the study's metrics, mean ± std (n), best mea
 the lowest for `loss/` and `state/` metrics, the highest otherwise), the arms' overrides and budget, the
 seeds, the command and the wall time per arm.
 """
+
 from __future__ import annotations
 
 import glob
@@ -32,6 +33,7 @@ def loss_curves(run_dir: str) -> dict[str, list[list[float]]]:
   # pylint: disable-next=import-outside-toplevel
   from tensorboard.backend.event_processing import event_file_loader
   from tensorboard.util import tensor_util  # pylint: disable=import-outside-toplevel
+
   latest: dict[str, dict[int, tuple[float, float]]] = {}  # tag -> step -> (wall time, value)
   for path in sorted(glob.glob(os.path.join(run_dir, "events.out.tfevents.*"))):
     for event in event_file_loader.EventFileLoader(path).Load():
@@ -47,12 +49,16 @@ def loss_curves(run_dir: str) -> dict[str, list[list[float]]]:
 
 def state_metrics(config) -> dict[str, float]:
   """Train-state size and parameter counts of `config` (tipsito/config_info.py's `compute_info`)."""
-  from tipsito import config_info  # lazy: builds the trainer's models; a --parallel/--dry_run sweep process never calls this
+  # A --parallel / --dry_run sweep process imports this module and never calls this function.
+  from tipsito import config_info  # lazy: builds the trainer's models
+
   i = config_info.compute_info(config)
-  return {"state/train_state_MiB": i["train_state_bytes"] / 2 ** 20,
-          "state/params_M": i["student_params"] / 1e6,
-          "state/ema_params_M": i["ema_params"] / 1e6,
-          "state/optimizer_state_M": i["optimizer_state_params"] / 1e6}
+  return {
+    "state/train_state_MiB": i["train_state_bytes"] / 2**20,
+    "state/params_M": i["student_params"] / 1e6,
+    "state/ema_params_M": i["ema_params"] / 1e6,
+    "state/optimizer_state_M": i["optimizer_state_params"] / 1e6,
+  }
 
 
 def _number(x) -> float | None:
@@ -67,27 +73,38 @@ def run_result(config, run_dir: str, returned: Mapping[str, float]) -> dict[str,
   curves = loss_curves(run_dir)
   metrics.update({tag: points[-1][1] for tag, points in curves.items() if points})
   metrics.update(state_metrics(config))
-  return {"metrics": dict(sorted(metrics.items())), "curves": curves,
-          "steps": int(config.total_steps)}
+  return {"metrics": dict(sorted(metrics.items())), "curves": curves, "steps": int(config.total_steps)}
 
 
 # --- the study ----------------------------------------------------------------------------------------
 def _stats(values: Sequence[float]) -> dict[str, Any]:
   v = [x for x in values if x is not None and math.isfinite(x)]
-  return {"mean": float(np.mean(v)) if v else None,
-          "std": float(np.std(v, ddof=1)) if len(v) > 1 else None, "n": len(v)}
+  return {
+    "mean": float(np.mean(v)) if v else None,
+    "std": float(np.std(v, ddof=1)) if len(v) > 1 else None,
+    "n": len(v),
+  }
 
 
 def budget(config) -> dict[str, Any]:
   """What a run costs: steps, global batch, crop size, image tower."""
   im = config.model.image
-  return {"steps": int(config.total_steps), "batch": int(config.input.batch_size),
-          "image_size": int(config.input.global_size),
-          "image_tower": f"width {im.width}, depth {im.depth}, heads {im.num_heads}, patch {im.patch_size}"}
+  return {
+    "steps": int(config.total_steps),
+    "batch": int(config.input.batch_size),
+    "image_size": int(config.input.global_size),
+    "image_tower": f"width {im.width}, depth {im.depth}, heads {im.num_heads}, patch {im.patch_size}",
+  }
 
 
-def summarize(study, arm_list, configs: Mapping[str, Any], runs: Mapping[str, Mapping[int, dict]],
-              seeds: Sequence[int], command: str) -> dict[str, Any]:
+def summarize(
+  study,
+  arm_list,
+  configs: Mapping[str, Any],
+  runs: Mapping[str, Mapping[int, dict]],
+  seeds: Sequence[int],
+  command: str,
+) -> dict[str, Any]:
   """results.json's content. `configs`: one config per arm (its budget); `runs`: arm -> seed -> result
   of the finished runs."""
   arms_out = {}
@@ -95,21 +112,33 @@ def summarize(study, arm_list, configs: Mapping[str, Any], runs: Mapping[str, Ma
     arm_runs = {int(s): r for s, r in runs.get(arm.name, {}).items()}
     names = sorted({k for r in arm_runs.values() for k in r["metrics"]})
     arms_out[arm.name] = {
-        "base": arm.base, "recipe": configs[arm.name].recipe, "note": arm.note,
-        "overrides": dict(arm.overrides), "depends_on": list(arm.depends_on),
-        "budget": budget(configs[arm.name]),
-        "runs": {str(s): arm_runs[s] for s in sorted(arm_runs)},
-        "summary": {m: _stats([r["metrics"].get(m) for r in arm_runs.values()]) for m in names},
-        "seconds": _stats([r["seconds"] for r in arm_runs.values()]),
+      "base": arm.base,
+      "recipe": configs[arm.name].recipe,
+      "note": arm.note,
+      "overrides": dict(arm.overrides),
+      "depends_on": list(arm.depends_on),
+      "budget": budget(configs[arm.name]),
+      "runs": {str(s): arm_runs[s] for s in sorted(arm_runs)},
+      "summary": {m: _stats([r["metrics"].get(m) for r in arm_runs.values()]) for m in names},
+      "seconds": _stats([r["seconds"] for r in arm_runs.values()]),
     }
-  return {"study": study.study, "claim": study.get("claim", ""), "metrics": list(study.get("metrics", ())),
-          "seeds": [int(s) for s in seeds], "command": command, "arms": arms_out}
+  return {
+    "study": study.study,
+    "claim": study.get("claim", ""),
+    "metrics": list(study.get("metrics", ())),
+    "seeds": [int(s) for s in seeds],
+    "command": command,
+    "arms": arms_out,
+  }
 
 
 def best_arms(summary: dict, metric: str) -> set[str]:
   """Arms with the best mean of `metric` (ties: all of them)."""
-  means = {a: d["summary"][metric]["mean"] for a, d in summary["arms"].items()
-           if metric in d["summary"] and d["summary"][metric]["mean"] is not None}
+  means = {
+    a: d["summary"][metric]["mean"]
+    for a, d in summary["arms"].items()
+    if metric in d["summary"] and d["summary"][metric]["mean"] is not None
+  }
   if not means:
     return set()
   pick = min if metric.startswith(LOWER_IS_BETTER) else max
@@ -139,31 +168,53 @@ def markdown(summary: dict) -> str:
   """results.md: the study's table and what was run."""
   metrics = summary["metrics"]
   seeds = ", ".join(str(s) for s in summary["seeds"])
-  lines = [f"# Study `{summary['study']}`", "", f"Claim: {summary['claim']}", "",
-           f"Command: `{summary['command']}`", "",
-           f"Seeds: {seeds} (each sets `config.seed` and `config.input.shuffle_seed`). Cells: mean ± "
-           "sample std over the finished seeds (their number in brackets); best mean per column in bold "
-           "(lowest for `loss/` and `state/`, highest otherwise). `loss/` is the last logged training "
-           "loss, the others are the final evals (%) and `python -m tipsito.info`'s sizes.", ""]
+  lines = [
+    f"# Study `{summary['study']}`",
+    "",
+    f"Claim: {summary['claim']}",
+    "",
+    f"Command: `{summary['command']}`",
+    "",
+    f"Seeds: {seeds} (each sets `config.seed` and `config.input.shuffle_seed`). Cells: mean ± "
+    "sample std over the finished seeds (their number in brackets); best mean per column in bold "
+    "(lowest for `loss/` and `state/`, highest otherwise). `loss/` is the last logged training "
+    "loss, the others are the final evals (%) and `python -m tipsito.info`'s sizes.",
+    "",
+  ]
   best = {m: best_arms(summary, m) for m in metrics}
-  lines += ["| arm | " + " | ".join(f"`{m}`" for m in metrics) + " | wall time per run |",
-            "|---|" + "---:|" * len(metrics) + "---:|"]
+  lines += [
+    "| arm | " + " | ".join(f"`{m}`" for m in metrics) + " | wall time per run |",
+    "|---|" + "---:|" * len(metrics) + "---:|",
+  ]
   for name, a in summary["arms"].items():
     cells = [_cell(a["summary"].get(m), name in best[m]) for m in metrics]
     lines.append(f"| {name} | " + " | ".join(cells) + f" | {_duration(a['seconds']['mean'])} |")
-  lines += ["", "## Arms", "", "| arm | base (recipe) | overrides | note | steps | batch | image px | "
-            "image tower | params (M) |", "|---|---|---|---|---:|---:|---:|---|---:|"]
+  lines += [
+    "",
+    "## Arms",
+    "",
+    "| arm | base (recipe) | overrides | note | steps | batch | image px | image tower | params (M) |",
+    "|---|---|---|---|---:|---:|---:|---|---:|",
+  ]
   for name, a in summary["arms"].items():
     over = ", ".join(f"`{k}={v!r}`" for k, v in a["overrides"].items()) or "–"
     params = a["summary"].get("state/params_M", {}).get("mean")
     b = a["budget"]
-    lines.append(f"| {name} | {a['base']} ({a['recipe']}) | {over} | {a['note'] or '–'} | {b['steps']} | "
-                 f"{b['batch']} | {b['image_size']} | {b['image_tower']} | "
-                 f"{'–' if params is None else f'{params:.3f}'} |")
-  lines += ["", "Wall time per run: the attempt that finished it (a resumed run counts only its last "
-            "part, marked by `resumed_from_step` in results.json); total per arm: "
-            + ", ".join(f"{n} {_duration(sum(r['seconds'] for r in a['runs'].values()))}"
-                        for n, a in summary["arms"].items()) + ".", ""]
+    lines.append(
+      f"| {name} | {a['base']} ({a['recipe']}) | {over} | {a['note'] or '–'} | {b['steps']} | "
+      f"{b['batch']} | {b['image_size']} | {b['image_tower']} | "
+      f"{'–' if params is None else f'{params:.3f}'} |"
+    )
+  lines += [
+    "",
+    "Wall time per run: the attempt that finished it (a resumed run counts only its last "
+    "part, marked by `resumed_from_step` in results.json); total per arm: "
+    + ", ".join(
+      f"{n} {_duration(sum(r['seconds'] for r in a['runs'].values()))}" for n, a in summary["arms"].items()
+    )
+    + ".",
+    "",
+  ]
   return "\n".join(lines)
 
 

@@ -22,6 +22,7 @@ compilation cache in `W/jax_cache` (unless JAX_COMPILATION_CACHE_DIR is set).
 With `parallel=1`, a SIGTERM that arrives while a run is in its final evals or export is taken by the
 training loop's handler, which only acts between steps: that run finishes and the sweep goes on.
 """
+
 from __future__ import annotations
 
 import logging as py_logging
@@ -72,8 +73,11 @@ class Progress:
     self.total = len(jobs)
     self.parallel = parallel
     self.out = out
-    self.durations = [job_lib.read_json(os.path.join(j.run_dir, job_lib.RESULT_FILE))["seconds"]
-                      for j in jobs if job_lib.is_finished(j.run_dir)]
+    self.durations = [
+      job_lib.read_json(os.path.join(j.run_dir, job_lib.RESULT_FILE))["seconds"]
+      for j in jobs
+      if job_lib.is_finished(j.run_dir)
+    ]
     self.done = len(self.durations)
     self.running: dict[str, float] = {}  # run dir -> start time
 
@@ -94,10 +98,13 @@ class Progress:
     self.running.pop(job.run_dir, None)
     self.done += 1
     self.durations.append(result["seconds"])
-    shown = ", ".join(f"{m} {result['metrics'][m]:.4g}" for m in metrics
-                      if result["metrics"].get(m) is not None)
-    self.out(f"[sweep] {job.label}: finished in {_duration(result['seconds'])} ({shown}) | "
-             f"{self.done}/{self.total} runs done | {self.eta()}")
+    shown = ", ".join(
+      f"{m} {result['metrics'][m]:.4g}" for m in metrics if result["metrics"].get(m) is not None
+    )
+    self.out(
+      f"[sweep] {job.label}: finished in {_duration(result['seconds'])} ({shown}) | "
+      f"{self.done}/{self.total} runs done | {self.eta()}"
+    )
 
   def failed(self, job: arms_lib.Job, why: str) -> None:
     self.running.pop(job.run_dir, None)
@@ -116,6 +123,7 @@ def _run_in_process(todo, sweep_dir, progress, on_finished) -> bool:
   """One job after the other, in this process (tipsito.studies.jobs.run). Returns whether a signal
   stopped the sweep."""
   from absl import logging  # pylint: disable=import-outside-toplevel
+
   for job in todo:
     if not _deps_finished(job, sweep_dir):  # arms come after their dependencies: one that failed
       progress.out(f"[sweep] {job.label}: skipped (depends on {list(job.arm.depends_on)}, not finished)")
@@ -183,8 +191,13 @@ def _run_subprocesses(todo, sweep_dir, parallel, progress, on_finished) -> bool:
         pending.remove(job)
         progress.started(job)
         with open(os.path.join(job.run_dir, job_lib.LOG_FILE), "ab") as log:
-          p = subprocess.Popen([sys.executable, "-m", "tipsito.studies.job", "--run_dir", job.run_dir],
-                               stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+          p = subprocess.Popen(
+            [sys.executable, "-m", "tipsito.studies.job", "--run_dir", job.run_dir],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+          )
         running[p] = job
       if stop and not running:
         break
@@ -200,8 +213,9 @@ def _run_subprocesses(todo, sweep_dir, parallel, progress, on_finished) -> bool:
           progress.finished(job, result, on_finished(job, result))
         elif p.returncode == PREEMPTED_EXIT_CODE:
           progress.running.pop(job.run_dir, None)
-          progress.out(f"[sweep] {job.label}: stopped after a checkpoint (exit 75); no new runs start, "
-                       "rerun to resume")
+          progress.out(
+            f"[sweep] {job.label}: stopped after a checkpoint (exit 75); no new runs start, rerun to resume"
+          )
           stop.append(PREEMPTED_EXIT_CODE)
         else:
           progress.failed(job, f"exit code {p.returncode}")
@@ -236,9 +250,18 @@ def _changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
   return keys
 
 
-def run_sweep(study, *, seeds: Sequence[int], workdir: str, parallel: int = 1,
-              only: Sequence[str] | None = None, dry_run: bool = False, plots: bool = True,
-              command: str = "", out: Callable[[str], None] = print) -> int:
+def run_sweep(
+  study,
+  *,
+  seeds: Sequence[int],
+  workdir: str,
+  parallel: int = 1,
+  only: Sequence[str] | None = None,
+  dry_run: bool = False,
+  plots: bool = True,
+  command: str = "",
+  out: Callable[[str], None] = print,
+) -> int:
   """Runs (or, with `dry_run`, lists) the study's unfinished runs; returns the exit status: 0 when every
   run is finished, 1 when one failed or was skipped, 75 when stopped by a signal (rerun to resume).
 
@@ -251,8 +274,10 @@ def run_sweep(study, *, seeds: Sequence[int], workdir: str, parallel: int = 1,
   jobs = arms_lib.plan(study, seeds, sweep_dir, only)  # every config checked before anything runs
   if plots and not dry_run:
     plots_lib.check_available()
-  out(f"[sweep] study {study.study}: {len({j.arm.name for j in jobs})} arms x {len(seeds)} seeds = "
-      f"{len(jobs)} runs in {sweep_dir}")
+  out(
+    f"[sweep] study {study.study}: {len({j.arm.name for j in jobs})} arms x {len(seeds)} seeds = "
+    f"{len(jobs)} runs in {sweep_dir}"
+  )
   for job in jobs:
     overrides = ", ".join(f"{k}={v!r}" for k, v in job.arm.overrides.items()) or "base config"
     out(f"[sweep] {job.label}: {_status(job)} | {job.arm.base} ({job.config.recipe}): {overrides}")
@@ -266,8 +291,10 @@ def run_sweep(study, *, seeds: Sequence[int], workdir: str, parallel: int = 1,
     if job_lib.is_finished(job.run_dir):
       changed = _changed_keys(job_lib.read_json(path)["config"], new) if os.path.isfile(path) else []
       if changed:
-        out(f"[sweep] warning: {job.label} finished with a different config ({', '.join(changed[:5])}); "
-            f"its result is kept: delete {job.run_dir} to rerun it")
+        out(
+          f"[sweep] warning: {job.label} finished with a different config ({', '.join(changed[:5])}); "
+          f"its result is kept: delete {job.run_dir} to rerun it"
+        )
       continue
     job_lib.write_job(job.run_dir, study=study.study, arm=job.arm.name, seed=job.seed, config=job.config)
     todo.append(job)
@@ -291,8 +318,10 @@ def run_sweep(study, *, seeds: Sequence[int], workdir: str, parallel: int = 1,
   if plots:
     written += plots_lib.write_plots(summary, os.path.join(sweep_dir, PLOTS_DIR))
   unfinished = [j for j in jobs if not job_lib.is_finished(j.run_dir)]
-  out(f"[sweep] {len(jobs) - len(unfinished)}/{len(jobs)} runs finished ({_duration(time.time() - t0)} "
-      f"this time); wrote {', '.join(os.path.relpath(p, sweep_dir) for p in written)}")
+  out(
+    f"[sweep] {len(jobs) - len(unfinished)}/{len(jobs)} runs finished ({_duration(time.time() - t0)} "
+    f"this time); wrote {', '.join(os.path.relpath(p, sweep_dir) for p in written)}"
+  )
   if stopped:
     return PREEMPTED_EXIT_CODE
   if unfinished:
@@ -304,6 +333,7 @@ def run_sweep(study, *, seeds: Sequence[int], workdir: str, parallel: int = 1,
 def _configure_in_process(sweep_dir: str) -> None:
   """JAX settings of the training programs, and the compilation cache shared by the runs."""
   import jax  # pylint: disable=import-outside-toplevel
+
   distributed.configure_jax()
   if not jax.config.jax_compilation_cache_dir:
     jax.config.update("jax_compilation_cache_dir", os.path.join(sweep_dir, "jax_cache"))

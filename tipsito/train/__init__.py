@@ -10,10 +10,12 @@ The entry point itself lives in `tipsito/train/cli.py` and is re-exported here.
 def run() -> None:
   """Console-script entry point (tipsito-train): see tipsito.train.cli."""
   from tipsito.train import cli  # lazy: `import tipsito.train.state` stays light
+
   cli.run()
 
 
 def train_and_evaluate(config, workdir, **kwargs):
   """See tipsito.train.loop.train_and_evaluate."""
   from tipsito.train import loop  # lazy: as above
+
   return loop.train_and_evaluate(config, workdir, **kwargs)

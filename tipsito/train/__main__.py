@@ -1,4 +1,5 @@
 """`python -m tipsito.train`: runs the training entry point (tipsito.train.cli)."""
+
 from tipsito.train import cli
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ calls the teacher loader (tipsito/train/teacher.py), the builder and the checkpo
 may belong to another run, or to one still training (an unreadable latest step is skipped with a warning,
 never moved).
 """
+
 from __future__ import annotations
 
 import os
@@ -40,15 +41,17 @@ def build(config, mesh: Optional[Mesh] = None, *, vocab_size: Optional[int] = No
   return step_lib.build(config, mesh, vocab_size=vocab_size, teacher=teacher)
 
 
-def restore_latest(workdir: str, *, what: str, mesh: Any = None, step: Optional[int] = None
-                   ) -> tuple[step_lib.Setup, Any]:
+def restore_latest(
+  workdir: str, *, what: str, mesh: Any = None, step: Optional[int] = None
+) -> tuple[step_lib.Setup, Any]:
   """(Setup, TrainState) of a workdir's latest readable checkpoint (or of checkpoint `step`), the state
   built from the workdir's own config.json (export, evaluate, the interop sources). `what` names the
   workdir's role in errors."""
   distributed.configure_jax()
   setup = build(workdir_lib.load_config(workdir), mesh)
-  state = checkpointing.restore_latest_state(workdir, setup.state_shapes, setup.state_shardings, what=what,
-                                             step=step)
+  state = checkpointing.restore_latest_state(
+    workdir, setup.state_shapes, setup.state_shardings, what=what, step=step
+  )
   return setup, state
 
 
@@ -60,9 +63,11 @@ def init_from(setup: step_lib.Setup, state: Any) -> Any:
   if hf_tipsv2.is_tipsv2_folder(config.init_from):  # a Hugging Face Tipsv2Model folder: towers only
     abstract = checkpointing.abstract_with_shardings(setup.state_shapes, setup.state_shardings)
     params = hf_tipsv2.init_train_params(config.init_from, state.params, abstract.params)
-    state = state.replace(params=params, ema={k: params[k] for k in state.ema},
-                          opt_state=jax.jit(setup.tx.init,
-                                            out_shardings=setup.state_shardings.opt_state)(params))
+    state = state.replace(
+      params=params,
+      ema={k: params[k] for k in state.ema},
+      opt_state=jax.jit(setup.tx.init, out_shardings=setup.state_shardings.opt_state)(params),
+    )
     logging.info("Initialised params from %s (a Tipsv2Model folder: towers only)", config.init_from)
     return state
   state = init_from_run(setup, state)
@@ -97,11 +102,14 @@ def init_from_run(setup: step_lib.Setup, state: Any) -> Any:
   abstract = checkpointing.abstract_with_shardings(setup.state_shapes, setup.state_shardings)
   parts = {"params": abstract.params}
   if config.init_teacher == "continue":
-    parts.update({k: getattr(abstract, k) for k in ("ema", "centers") if jax.tree.leaves(getattr(abstract, k))})
+    parts.update(
+      {k: getattr(abstract, k) for k in ("ema", "centers") if jax.tree.leaves(getattr(abstract, k))}
+    )
   ckpt_dir = _init_checkpoint_dir(path)
   restore_args = jax.tree.map(lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding), parts)
-  args = ocp.args.Composite(state=ocp.args.PyTreeRestore(item=parts, restore_args=restore_args,
-                                                         partial_restore=True))
+  args = ocp.args.Composite(
+    state=ocp.args.PyTreeRestore(item=parts, restore_args=restore_args, partial_restore=True)
+  )
   reader = checkpointing.local_reader(ckpt_dir)
   try:
     steps = checkpointing.same_on_every_process(sorted(int(s) for s in reader.all_steps()))
@@ -109,15 +117,20 @@ def init_from_run(setup: step_lib.Setup, state: Any) -> Any:
       raise FileNotFoundError(f"config.init_from={path!r}: no checkpoint found in {ckpt_dir}")
     try:
       _, restored, _ = checkpointing.restore_first_readable(
-          steps, lambda s: reader.restore(s, args=args)["state"], directory=os.fspath(ckpt_dir),
-          what=f"config.init_from={path!r}", read_only=True)
+        steps,
+        lambda s: reader.restore(s, args=args)["state"],
+        directory=os.fspath(ckpt_dir),
+        what=f"config.init_from={path!r}",
+        read_only=True,
+      )
     except checkpointing.NoReadableCheckpoint as e:  # name the key that decides what is restored
       if config.init_teacher != "continue":
         raise
       raise ValueError(
-          f"config.init_from={path!r} (steps {steps}): cannot continue its teacher ({sorted(parts)} could "
-          f"not be restored into this run's: {str(e)[:300]}). Use the init run's config.ema.mode and "
-          "model.heads, or --config.init_teacher=reset to start a new teacher from its params") from e
+        f"config.init_from={path!r} (steps {steps}): cannot continue its teacher ({sorted(parts)} could "
+        f"not be restored into this run's: {str(e)[:300]}). Use the init run's config.ema.mode and "
+        "model.heads, or --config.init_teacher=reset to start a new teacher from its params"
+      ) from e
   finally:
     reader.close()
   params = restored["params"]

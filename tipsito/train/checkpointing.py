@@ -27,6 +27,7 @@ workdir (export, evaluate, a workdir teacher, `config.init_from`) fall back the 
 nothing. When no step can be read, the error lists every step and why, and nothing has been moved or
 written. Paths go through etils epath, so gs:// workdirs work (there the move is a copy and a delete).
 """
+
 from __future__ import annotations
 
 import json
@@ -82,10 +83,11 @@ class NoReadableCheckpoint(RuntimeError):
     lines = "\n  ".join(f"step {s}: {msg}" for s, msg in unreadable)
     who = f"{what}: " if what else ""
     super().__init__(
-        f"{who}no checkpoint in {directory} can be restored (tried {len(unreadable)}):\n  {lines}\n"
-        "Nothing was moved or written. If the files are only unreachable (permissions, an unmounted disk, "
-        "a bucket), fix that and run the same command again; if they are lost, move that folder aside "
-        "or use a new --workdir to start over.")
+      f"{who}no checkpoint in {directory} can be restored (tried {len(unreadable)}):\n  {lines}\n"
+      "Nothing was moved or written. If the files are only unreachable (permissions, an unmounted disk, "
+      "a bucket), fix that and run the same command again; if they are lost, move that folder aside "
+      "or use a new --workdir to start over."
+    )
 
 
 as_path = paths.as_path  # epath.Path of a local path (made absolute) or a URL such as gs://bucket/dir
@@ -120,8 +122,8 @@ class Checkpointer:
     self.directory = os.fspath(self.path)
     self.every_steps = int(every_steps)
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=int(keep), save_interval_steps=1, create=True,
-        enable_async_checkpointing=bool(async_save))
+      max_to_keep=int(keep), save_interval_steps=1, create=True, enable_async_checkpointing=bool(async_save)
+    )
     self.manager = ocp.CheckpointManager(self.path, options=options)
     self._local_reader: Optional[ocp.CheckpointManager] = None
     self._closed = False
@@ -137,7 +139,7 @@ class Checkpointer:
     SIGTERM notifier is already installed by `jax.distributed.initialize`; a Python handler would replace
     it, so none is installed. Otherwise a Python handler sets a flag.
     """
-    self._use_jax_sync = (jax.process_count() > 1 and bool(jax.config.jax_enable_preemption_service))
+    self._use_jax_sync = jax.process_count() > 1 and bool(jax.config.jax_enable_preemption_service)
     if self._use_jax_sync or threading.current_thread() is not threading.main_thread():
       return
 
@@ -152,10 +154,12 @@ class Checkpointer:
     """True on every process after the same step once any process got SIGTERM. Call at every step."""
     if self._use_jax_sync:
       from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+
       return bool(multihost_utils.reached_preemption_sync_point(int(step)))
     if jax.process_count() > 1:  # preemption service switched off: agree through a collective.
       import numpy as np  # pylint: disable=import-outside-toplevel
       from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+
       flags = multihost_utils.process_allgather(np.asarray(self._preempted.is_set(), np.int32))
       return bool(np.any(flags))
     return self._preempted.is_set()
@@ -204,10 +208,11 @@ class Checkpointer:
     if saved is not None:
       if saved != jax.process_count():
         raise DataStateMismatch(
-            f"{self._step_path(step)}: the data-iterator states were saved by {saved} processes but this "
-            f"run has {jax.process_count()}; each process reads its own strided shard, so its position "
-            f"cannot be carried over. Resume with {saved} processes, or start a new workdir with "
-            f"config.init_from={os.fspath(self.path.parent)!r} (params only, data from the start).")
+          f"{self._step_path(step)}: the data-iterator states were saved by {saved} processes but this "
+          f"run has {jax.process_count()}; each process reads its own strided shard, so its position "
+          f"cannot be carried over. Resume with {saved} processes, or start a new workdir with "
+          f"config.init_from={os.fspath(self.path.parent)!r} (params only, data from the start)."
+        )
       mine = self._step_path(step) / DATA_ITEM / f"process_{jax.process_index()}-of-{saved}.json"
       if not mine.exists():
         raise FileNotFoundError(f"{mine} is missing (this process's data-iterator state)")
@@ -253,7 +258,8 @@ class Checkpointer:
     if not steps:
       raise FileNotFoundError(f"no checkpoint in {self.directory}")
     _, out, self.unreadable = restore_first_readable(
-        steps, lambda s: self._restore_step(abstract_state, s, with_data), directory=self.directory)
+      steps, lambda s: self._restore_step(abstract_state, s, with_data), directory=self.directory
+    )
     return out
 
   def quarantine_unreadable(self) -> list[str]:
@@ -276,14 +282,21 @@ class Checkpointer:
     # Every process waits for process 0's renames and learns whether they worked (a plain barrier would
     # leave the others waiting when process 0 fails).
     if _worst_everywhere(_FATAL if failure else _OK) != _OK:
-      raise RuntimeError(f"could not move the unreadable checkpoints {[s for s, _ in skipped]} of "
-                         f"{self.directory} aside (process 0: {failure!r}); nothing was deleted") from failure
+      raise RuntimeError(
+        f"could not move the unreadable checkpoints {[s for s, _ in skipped]} of "
+        f"{self.directory} aside (process 0: {failure!r}); nothing was deleted"
+      ) from failure
     for s, msg in skipped:
       dst = _existing_quarantine_name(self._step_path(s), stamp)
       targets.append(os.fspath(dst))
-      logging.warning("Moved unreadable checkpoint %s aside to %s (%s); nothing was deleted. Training "
-                      "continues from the latest readable step and will write step %d again.",
-                      self._step_path(s), dst, msg, s)
+      logging.warning(
+        "Moved unreadable checkpoint %s aside to %s (%s); nothing was deleted. Training "
+        "continues from the latest readable step and will write step %d again.",
+        self._step_path(s),
+        dst,
+        msg,
+        s,
+      )
     self.manager.reload()
     return targets
 
@@ -310,8 +323,9 @@ def local_reader(directory) -> ocp.CheckpointManager:
   only the shards its devices need."""
   me = jax.process_index()
   options = ocp.CheckpointManagerOptions(
-      read_only=True,
-      multiprocessing_options=ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me}))
+    read_only=True,
+    multiprocessing_options=ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me}),
+  )
   return ocp.CheckpointManager(as_path(directory), options=options)
 
 
@@ -320,11 +334,12 @@ def same_on_every_process(steps: list[int]) -> list[int]:
   if jax.process_count() == 1:
     return list(steps)
   from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+
   n = int(multihost_utils.broadcast_one_to_all(np.asarray(len(steps), np.int32)))
   if n == 0:
     return []
   mine = np.zeros((n,), np.int32)
-  mine[:min(n, len(steps))] = np.asarray(steps[:n], np.int32)
+  mine[: min(n, len(steps))] = np.asarray(steps[:n], np.int32)
   return [int(x) for x in multihost_utils.broadcast_one_to_all(mine)]
 
 
@@ -333,11 +348,18 @@ def _worst_everywhere(code: int) -> int:
   if jax.process_count() == 1:
     return code
   from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+
   return int(np.max(multihost_utils.process_allgather(np.asarray(code, np.int32))))
 
 
-def restore_first_readable(steps: list[int], restore_fn: Callable[[int], Any], *, directory: str,
-                           what: str = "", read_only: bool = False) -> tuple[int, Any, list]:
+def restore_first_readable(
+  steps: list[int],
+  restore_fn: Callable[[int], Any],
+  *,
+  directory: str,
+  what: str = "",
+  read_only: bool = False,
+) -> tuple[int, Any, list]:
   """(step, restore_fn(step), skipped) for the newest of `steps` that every process restored; `skipped`
   lists (step, error) of the newer ones. Every process calls it with the same `steps`.
 
@@ -355,17 +377,27 @@ def restore_first_readable(steps: list[int], restore_fn: Callable[[int], Any], *
       err = f"{type(e).__name__}: {str(e)[:500]}"
     code = _worst_everywhere(_FATAL if fatal else _UNREADABLE if err else _OK)
     if code == _FATAL:
-      raise fatal or DataStateMismatch(f"{directory}/{s}: another process refused its data-iterator "
-                                       "state (see that process's log)")
+      raise fatal or DataStateMismatch(
+        f"{directory}/{s}: another process refused its data-iterator state (see that process's log)"
+      )
     if code == _UNREADABLE:
       err = err or "unreadable on another process (see that process's log)"
       skipped.append((s, err))
-      logging.warning("Checkpoint %s/%d cannot be restored (%s); falling back to the previous one%s.",
-                      directory, s, err, " (read-only: nothing is moved)" if read_only else "")
+      logging.warning(
+        "Checkpoint %s/%d cannot be restored (%s); falling back to the previous one%s.",
+        directory,
+        s,
+        err,
+        " (read-only: nothing is moved)" if read_only else "",
+      )
       continue
     if skipped:
-      logging.warning("Restored step %d of %s instead of the latest (%s).", s, directory,
-                      "; ".join(f"step {t}: {m}" for t, m in skipped))
+      logging.warning(
+        "Restored step %d of %s instead of the latest (%s).",
+        s,
+        directory,
+        "; ".join(f"step {t}: {m}" for t, m in skipped),
+      )
     return s, out, skipped
   raise NoReadableCheckpoint(directory, skipped, what=what)
 
@@ -375,6 +407,7 @@ def _agreed_utc_stamp() -> str:
   t = np.asarray(time.gmtime()[:6], np.int32)
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+
     t = np.asarray(multihost_utils.broadcast_one_to_all(t))
   return "%04d%02d%02dT%02d%02d%02dZ" % tuple(int(x) for x in t)
 
@@ -414,8 +447,9 @@ def abstract_with_shardings(shapes: Any, shardings: Any) -> Any:
   return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, shardings)
 
 
-def restore_latest_state(workdir, state_shapes: Any, state_shardings: Any, *, what: str,
-                         step: Optional[int] = None) -> Any:
+def restore_latest_state(
+  workdir, state_shapes: Any, state_shardings: Any, *, what: str, step: Optional[int] = None
+) -> Any:
   """The latest readable TrainState of a training workdir (or the one of checkpoint `step`, no fallback;
   no data state), placed with `state_shardings`.
 
@@ -433,12 +467,17 @@ def restore_latest_state(workdir, state_shapes: Any, state_shardings: Any, *, wh
       raise FileNotFoundError(f"{what}: no checkpoint in {os.fspath(ckpt_dir)}")
     if step is not None:
       if int(step) not in steps:
-        raise FileNotFoundError(f"{what}: no checkpoint of step {int(step)} in {os.fspath(ckpt_dir)} "
-                                f"(steps: {steps})")
+        raise FileNotFoundError(
+          f"{what}: no checkpoint of step {int(step)} in {os.fspath(ckpt_dir)} (steps: {steps})"
+        )
       steps = [int(step)]
     _, out, _ = restore_first_readable(
-        steps, lambda s: reader.restore(s, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract))),
-        directory=os.fspath(ckpt_dir), what=what, read_only=True)
+      steps,
+      lambda s: reader.restore(s, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract))),
+      directory=os.fspath(ckpt_dir),
+      what=what,
+      read_only=True,
+    )
   finally:
     reader.close()
   return out["state"]
@@ -456,16 +495,22 @@ def restore_params(path, abstract_params: Any) -> Any:
   if path.name.isdigit() and (path / "state").is_dir():  # a step folder
     ckpt_dir, only = path.parent, int(path.name)
   what = f"config.init_from={os.fspath(path)!r}"
-  restore_args = jax.tree.map(lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding), {"params": abstract_params})
-  args = ocp.args.Composite(state=ocp.args.PyTreeRestore(  # just the params subtree of the state item
-      item={"params": abstract_params}, restore_args=restore_args, partial_restore=True))
+  restore_args = jax.tree.map(
+    lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding), {"params": abstract_params}
+  )
+  args = ocp.args.Composite(
+    state=ocp.args.PyTreeRestore(  # just the params subtree of the state item
+      item={"params": abstract_params}, restore_args=restore_args, partial_restore=True
+    )
+  )
   reader = local_reader(ckpt_dir)
   try:
     steps = [only] if only is not None else same_on_every_process(sorted(int(s) for s in reader.all_steps()))
     if not steps:
       raise FileNotFoundError(f"{what}: no checkpoint found in {os.fspath(ckpt_dir)}")
-    _, restored, _ = restore_first_readable(steps, lambda s: reader.restore(s, args=args),
-                                            directory=os.fspath(ckpt_dir), what=what, read_only=True)
+    _, restored, _ = restore_first_readable(
+      steps, lambda s: reader.restore(s, args=args), directory=os.fspath(ckpt_dir), what=what, read_only=True
+    )
   finally:
     reader.close()
   return restored["state"]["params"]

@@ -12,6 +12,7 @@ Exit status: 0 when the run finished (or reached --config.total_steps earlier); 
 (`checkpointing.PREEMPTED_EXIT_CODE`, EX_TEMPFAIL) when SIGTERM on any host stopped every host after the
 same step and that step was checkpointed: relaunch the same command to resume.
 """
+
 from __future__ import annotations
 
 import os
@@ -32,12 +33,15 @@ def _define_flags() -> None:
   if "workdir" in FLAGS:
     return
   from ml_collections import config_flags  # pylint: disable=import-outside-toplevel
-  config_flags.DEFINE_config_file("config", None, "Experiment config file (configs/*.py[:args]).",
-                                  lock_config=True)
+
+  config_flags.DEFINE_config_file(
+    "config", None, "Experiment config file (configs/*.py[:args]).", lock_config=True
+  )
   flags.DEFINE_string("workdir", None, "Output directory (resumed automatically if it has checkpoints).")
   distributed.define_flags()
   flags.mark_flags_as_required(["config", "workdir"])
   import sys  # pylint: disable=import-outside-toplevel
+
   for name in ("config", "workdir"):
     # --help lists the key flags of the program (sys.argv[0]), which is __main__.py, not this module.
     FLAGS.register_key_flag_for_module(sys.argv[0], FLAGS[name])
@@ -53,10 +57,18 @@ def main(argv: Sequence[str]) -> None:
     raise app.UsageError(str(e)) from None
   distributed.configure_jax()
   import jax  # pylint: disable=import-outside-toplevel
+
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   from tipsito.train import loop  # heavy (JAX, TF): after the platform, TF log level
-  logging.info("JAX %s: process %d of %d, %d devices (%s)", jax.__version__, jax.process_index(),
-               jax.process_count(), jax.device_count(), jax.devices()[0].platform)
+
+  logging.info(
+    "JAX %s: process %d of %d, %d devices (%s)",
+    jax.__version__,
+    jax.process_index(),
+    jax.process_count(),
+    jax.device_count(),
+    jax.devices()[0].platform,
+  )
   loop.train_and_evaluate(FLAGS.config, FLAGS.workdir)  # raises Preempted (exit 75) after SIGTERM
 
 

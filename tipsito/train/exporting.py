@@ -6,6 +6,7 @@ the evals measure is what the export holds); `python -m tipsito.export --workdir
 command line only), `evaluate --checkpoint W` and the interop writers (`model_from_workdir`) export a
 workdir's checkpoint the same way.
 """
+
 from __future__ import annotations
 
 import os
@@ -79,10 +80,20 @@ def write_training_export(setup, params: dict, output: str, *, step: int) -> str
   temperature = temperature_of(params)
   if jax.process_index() == 0:
     output = export_format.write_export(
-        output, image_config=img, text_config=txt, params=p, temperature=temperature,
-        tokenizer_path=tokenizer_path(setup.config), image_proj='image_proj' in p,
-        extra={'source': 'tipsito-train', 'recipe': setup.config.recipe, 'step': int(step),
-               'image_size': int(setup.config.input.global_size)})
+      output,
+      image_config=img,
+      text_config=txt,
+      params=p,
+      temperature=temperature,
+      tokenizer_path=tokenizer_path(setup.config),
+      image_proj='image_proj' in p,
+      extra={
+        'source': 'tipsito-train',
+        'recipe': setup.config.recipe,
+        'step': int(step),
+        'image_size': int(setup.config.input.global_size),
+      },
+    )
   if jax.process_count() > 1:
     multihost_utils.sync_global_devices('export_written')
   return output
@@ -113,8 +124,12 @@ def model_from_workdir(workdir, step: Optional[int] = None) -> sources.Model:
   setup, state = assembly.restore_latest(workdir, what=what, step=step)
   img, txt = export_configs(setup)
   params = export_params(state.params)
-  extra = {'source': 'tipsito-train', 'recipe': setup.config.recipe, 'step': int(state.step),
-           'image_size': int(setup.config.input.global_size)}
+  extra = {
+    'source': 'tipsito-train',
+    'recipe': setup.config.recipe,
+    'step': int(state.step),
+    'image_size': int(setup.config.input.global_size),
+  }
   if 'logit_bias' in state.params:  # SigLIP: `--format open_clip` writes it (an export keeps no bias)
     extra['logit_bias'] = float(np.asarray(jax.device_get(state.params['logit_bias'])))
   return sources.Model(img, txt, params, temperature_of(state.params), tokenizer_path(setup.config), extra)

@@ -5,6 +5,7 @@ prints as a 57-line traceback ending in `AttributeError: '\\'ibott\\'\\nDid you 
 config file is loaded again, the override path is walked key by key, and the first unknown key is
 reported with its closest match and the valid keys at that level.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -46,7 +47,7 @@ def explain_unknown_override(argv: Sequence[str], name: str = "config") -> Optio
   for a in argv:
     if not a.startswith(prefix):
       continue
-    key = a[len(prefix):].split("=", 1)[0]
+    key = a[len(prefix) :].split("=", 1)[0]
     if key.startswith("no") and "." not in key:  # --config.nofoo (boolean negation) is absl syntax
       continue
     node, done = config, []
@@ -57,10 +58,11 @@ def explain_unknown_override(argv: Sequence[str], name: str = "config") -> Optio
         close = difflib.get_close_matches(part, keys, n=1)
         hint = f"; did you mean --{where}.{close[0]}?" if close else ""
         if not keys:
-          return (f"--{name}.{key}: {where} is a value, not a group of keys; set it with "
-                  f"--{where}=VALUE")
-        return (f"--{name}.{key}: unknown config key {part!r} under {where}{hint} Valid keys under "
-                f"{where}: {sorted(keys)}")
+          return f"--{name}.{key}: {where} is a value, not a group of keys; set it with --{where}=VALUE"
+        return (
+          f"--{name}.{key}: unknown config key {part!r} under {where}{hint} Valid keys under "
+          f"{where}: {sorted(keys)}"
+        )
       node, done = node[part], done + [part]
   return None
 

@@ -16,6 +16,7 @@ down; the error then ends with a note saying which checkpoint the same command r
 multi-process run an error first waits for tipsito/peer_loss.py's verdict (a failed collective is how
 a lost peer shows): a lost peer ends the process there with exit status 76 and one line.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -58,8 +59,13 @@ def guard_resume(config: mlc.ConfigDict, workdir: str) -> list:
   changes = resume_guard.check(saved, config, workdir)
   if changes:
     for k, (old, new) in changes.items():
-      logging.warning("Resume: config.%s changed %r -> %r (allowed: %s)", k, old, new,
-                      resume_guard.SAFE_NOTES.get(k, "does not affect the checkpoint"))
+      logging.warning(
+        "Resume: config.%s changed %r -> %r (allowed: %s)",
+        k,
+        old,
+        new,
+        resume_guard.SAFE_NOTES.get(k, "does not affect the checkpoint"),
+      )
     history = history + [resume_guard.history_entry(changes, step)]
   return history
 
@@ -151,6 +157,7 @@ def _failed(e: BaseException, res: _Resources, workdir: str) -> None:
 @dataclasses.dataclass
 class _Run:
   """What the steps and the finish need, built once by `_build_run`."""
+
   config: mlc.ConfigDict
   workdir: str
   writer: Any
@@ -178,42 +185,61 @@ def _open_writer(config: mlc.ConfigDict, workdir: str):
   """The TensorBoard writer of the run, with its hyperparameters."""
   observability.quiet_library_logs()
   writer = observability.create_writer(workdir)
-  writer.write_hparams({"recipe": config.recipe, "batch_size": int(config.input.batch_size),
-                        "total_steps": int(config.total_steps)})
+  writer.write_hparams(
+    {
+      "recipe": config.recipe,
+      "batch_size": int(config.input.batch_size),
+      "total_steps": int(config.total_steps),
+    }
+  )
   return writer
 
 
 def _open_data(config: mlc.ConfigDict):
   """The grain pipeline of `config.data` / `config.input` for this process (built-in data built first)."""
   data_prepare.ensure_dataset(config)
-  return pipeline.make_train_iterator(config, process_index=jax.process_index(),
-                                      process_count=jax.process_count())
+  return pipeline.make_train_iterator(
+    config, process_index=jax.process_index(), process_count=jax.process_count()
+  )
 
 
 def _open_checkpointer(config: mlc.ConfigDict, workdir: str) -> checkpointing.Checkpointer:
   """The run's checkpointer, with its SIGTERM handler armed."""
-  ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"),
-                                    every_steps=int(config.ckpt.every_steps), keep=int(config.ckpt.keep),
-                                    async_save=bool(config.ckpt.async_save))
+  ckpt = checkpointing.Checkpointer(
+    os.path.join(workdir, "checkpoints"),
+    every_steps=int(config.ckpt.every_steps),
+    keep=int(config.ckpt.keep),
+    async_save=bool(config.ckpt.async_save),
+  )
   ckpt.install_sigterm_handler()
   return ckpt
 
 
-def _build_run(config: mlc.ConfigDict, workdir: str, writer, setup: step_lib.Setup,
-               ckpt: checkpointing.Checkpointer) -> _Run:
+def _build_run(
+  config: mlc.ConfigDict, workdir: str, writer, setup: step_lib.Setup, ckpt: checkpointing.Checkpointer
+) -> _Run:
   """The jitted step, the evaluators and the guards around a restored state."""
   observability.log_parameter_summary(setup.state_shapes.params)
   evaluators = {}
   if len(config.evals):
     evaluators = evals.make_evaluators(config)
-  return _Run(config=config, workdir=workdir, writer=writer, setup=setup, ckpt=ckpt,
-              train_step=step_lib.jit_train_step(setup), frozen=setup.frozen(), evaluators=evaluators,
-              monitor=nonfinite.NonFiniteMonitor(int(config.nonfinite.max_consecutive)),
-              params_finite=jax.jit(step_lib.all_finite))
+  return _Run(
+    config=config,
+    workdir=workdir,
+    writer=writer,
+    setup=setup,
+    ckpt=ckpt,
+    train_step=step_lib.jit_train_step(setup),
+    frozen=setup.frozen(),
+    evaluators=evaluators,
+    monitor=nonfinite.NonFiniteMonitor(int(config.nonfinite.max_consecutive)),
+    params_finite=jax.jit(step_lib.all_finite),
+  )
 
 
-def train_and_evaluate(config: mlc.ConfigDict, workdir: str, *, data_iter=None,
-                       max_steps: Optional[int] = None) -> dict:
+def train_and_evaluate(
+  config: mlc.ConfigDict, workdir: str, *, data_iter=None, max_steps: Optional[int] = None
+) -> dict:
   """Trains `config` in `workdir` (resuming if it has checkpoints); returns the last logged metrics.
 
   Args:
@@ -230,8 +256,9 @@ def train_and_evaluate(config: mlc.ConfigDict, workdir: str, *, data_iter=None,
   config, history = _check_workdir(config, workdir, check_data=owns_iter)
   setup = assembly.build(config)
   logging.info("Recipe %s: %s", setup.recipe.name, setup.recipe.doc)
-  logging.info("Mesh %s; loss weights %s; EMA %s", dict(setup.mesh.shape), setup.ctx.weights,
-               setup.ctx.ema_keys)
+  logging.info(
+    "Mesh %s; loss weights %s; EMA %s", dict(setup.mesh.shape), setup.ctx.weights, setup.ctx.ema_keys
+  )
   res = _Resources(_open_checkpointer(config, workdir))
   peer_loss.add_cleanup(res.close_data)
   peer_loss.set_resume_hint(lambda: _resume_hint(workdir))
@@ -239,8 +266,9 @@ def train_and_evaluate(config: mlc.ConfigDict, workdir: str, *, data_iter=None,
     t_init = time.time()
     state, data_state = restore_or_init(setup, res.ckpt)  # nothing written yet
     res.ckpt.quarantine_unreadable()  # unreadable newer steps moved aside, on every process
-    logging.info("Train state ready at step %d in %.1fs", int(jax.device_get(state.step)),
-                 time.time() - t_init)
+    logging.info(
+      "Train state ready at step %d in %.1fs", int(jax.device_get(state.step)), time.time() - t_init
+    )
     workdir_lib.save_config(config, workdir, history)
     res.writer = writer = _open_writer(config, workdir)
     if owns_iter:
@@ -320,8 +348,11 @@ def _host_batch(raw: dict) -> dict:
   one queued behind a collective that never completes (a lost peer) would keep the block from being
   unlinked when the process ends (measured: the resource tracker's "leaked shared_memory" warning after
   a lost-peer exit without the copy)."""
-  return {k: (np.array(v) if isinstance(v, np.ndarray) and not v.flags.owndata else v)
-          for k, v in raw.items() if not k.startswith("_")}
+  return {
+    k: (np.array(v) if isinstance(v, np.ndarray) and not v.flags.owndata else v)
+    for k, v in raw.items()
+    if not k.startswith("_")
+  }
 
 
 def _mean_metrics(metrics_acc: list[dict], monitor: nonfinite.NonFiniteMonitor, data_iter) -> dict:
@@ -339,8 +370,10 @@ def _save(run: _Run, state, step: int, data_iter) -> None:
   """Checkpoints the state and the data iterator; never from non-finite params."""
   run.monitor.flush()
   if not bool(run.params_finite(state.params)):
-    raise nonfinite.NonFiniteError(f"Step {step}: the params are not finite; refusing to write a "
-                                   "checkpoint from them (the latest checkpoint is kept)")
+    raise nonfinite.NonFiniteError(
+      f"Step {step}: the params are not finite; refusing to write a "
+      "checkpoint from them (the latest checkpoint is kept)"
+    )
   run.ckpt.save(step, state, data_iter.get_state(), force=True)
 
 
@@ -362,5 +395,11 @@ def _run_evals(run: _Run, state, step: int, *, is_last: bool) -> dict:
   if not due:
     return {}
   enc = exporting.training_encoder(run.setup, state.params)  # every process: evals shard over processes
-  return evals.run_evaluators(due, enc, step=step, writer=run.writer,
-                              picture_dir=os.path.join(run.workdir, "pictures"), log=logging.info)
+  return evals.run_evaluators(
+    due,
+    enc,
+    step=step,
+    writer=run.writer,
+    picture_dir=os.path.join(run.workdir, "pictures"),
+    log=logging.info,
+  )

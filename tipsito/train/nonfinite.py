@@ -7,6 +7,7 @@ the metric `train/nonfinite`. A run whose every step is refused makes no progres
 terms named. The flag of step i is read while step i+1 runs (one step behind), so checking every step
 costs no device idle time.
 """
+
 from __future__ import annotations
 
 import math
@@ -16,8 +17,8 @@ import jax
 import numpy as np
 from absl import logging
 
-FLAG = "train/nonfinite"          # per-step 0/1 metric of the jitted step
-TOTAL = "train/nonfinite_steps"   # running count over this process' steps, logged with the losses
+FLAG = "train/nonfinite"  # per-step 0/1 metric of the jitted step
+TOTAL = "train/nonfinite_steps"  # running count over this process' steps, logged with the losses
 
 
 class NonFiniteError(FloatingPointError):
@@ -52,16 +53,22 @@ class NonFiniteMonitor:
     self.total += 1
     self.consecutive += 1
     bad = nonfinite_terms(metrics)
-    logging.warning("Step %d skipped: non-finite %s (state left unchanged; %d in a row, %d in total)",
-                    step, ", ".join(bad) or "values", self.consecutive, self.total)
+    logging.warning(
+      "Step %d skipped: non-finite %s (state left unchanged; %d in a row, %d in total)",
+      step,
+      ", ".join(bad) or "values",
+      self.consecutive,
+      self.total,
+    )
     if self.consecutive >= self.max_consecutive:
       raise NonFiniteError(
-          f"Stopping at step {step}: {self.consecutive} consecutive steps with a non-finite loss, gradient "
-          f"or update (config.nonfinite.max_consecutive={self.max_consecutive}); non-finite at step "
-          f"{step}: {', '.join(bad) or 'the update'}. Those steps were skipped (params, optimizer state, "
-          "EMA and centres unchanged), so every checkpoint holds finite params. Resume from the latest "
-          "checkpoint with a lower config.optim.lr, gradient clipping (config.optim.clip_norm) or "
-          "bfloat16 -> float32 (config.model.*.dtype).")
+        f"Stopping at step {step}: {self.consecutive} consecutive steps with a non-finite loss, gradient "
+        f"or update (config.nonfinite.max_consecutive={self.max_consecutive}); non-finite at step "
+        f"{step}: {', '.join(bad) or 'the update'}. Those steps were skipped (params, optimizer state, "
+        "EMA and centres unchanged), so every checkpoint holds finite params. Resume from the latest "
+        "checkpoint with a lower config.optim.lr, gradient clipping (config.optim.clip_norm) or "
+        "bfloat16 -> float32 (config.model.*.dtype)."
+      )
 
 
 def nonfinite_terms(metrics: dict) -> list[str]:

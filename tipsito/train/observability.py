@@ -25,6 +25,7 @@ Timing rules, and why:
     jaxpr (exact for those ops; element-wise work in scan bodies stays counted once). Recomputation
     under `remat` is included, so with remat on the utilisation is hardware FLOPs rather than model FLOPs.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -44,23 +45,23 @@ QUIET_LIBRARIES = ("orbax", "tensorflow_datasets")
 # Dense bf16 peak TFLOP/s of one JAX device, by `jax.Device.device_kind` (substring, first match wins;
 # vendor data sheets). TPU v2/v3 expose each TensorCore as a device, later TPUs one device per chip.
 PEAK_TFLOPS_BF16 = (
-    ("TPU v2", 22.5),
-    ("TPU v3", 61.5),
-    ("TPU v4", 275.0),
-    ("TPU v5 lite", 197.0),   # v5e
-    ("TPU v5e", 197.0),
-    ("TPU v5p", 459.0),
-    ("TPU v5", 459.0),        # v5p reports "TPU v5"
-    ("TPU v6 lite", 918.0),   # v6e (Trillium)
-    ("TPU v6e", 918.0),
-    ("H100 PCIe", 756.0),
-    ("H100", 989.0),
-    ("H200", 989.0),
-    ("A100", 312.0),
-    ("L4", 121.0),
+  ("TPU v2", 22.5),
+  ("TPU v3", 61.5),
+  ("TPU v4", 275.0),
+  ("TPU v5 lite", 197.0),  # v5e
+  ("TPU v5e", 197.0),
+  ("TPU v5p", 459.0),
+  ("TPU v5", 459.0),  # v5p reports "TPU v5"
+  ("TPU v6 lite", 918.0),  # v6e (Trillium)
+  ("TPU v6e", 918.0),
+  ("H100 PCIe", 756.0),
+  ("H100", 989.0),
+  ("H200", 989.0),
+  ("A100", 312.0),
+  ("L4", 121.0),
 )
 
-GIB = 2.0 ** 30
+GIB = 2.0**30
 
 
 # --------------------------------------------------------------------------------------------------
@@ -116,6 +117,7 @@ def create_writer(workdir: str, process_index: Optional[int] = None):
   console gets `StepMonitor`'s compact line instead.
   """
   from clu import metric_writers  # pylint: disable=import-outside-toplevel
+
   if process_index is None:
     process_index = jax.process_index()
   if process_index > 0:
@@ -137,7 +139,7 @@ def parameter_summary(params: Mapping[str, Any]) -> str:
   rows.append(("total", sum(r[1] for r in rows), sum(r[2] for r in rows)))
   w = max(len(r[0]) for r in rows)
   lines = [f"{'part':<{w}} | {'parameters':>12} | {'MiB':>9}"]
-  lines += [f"{name:<{w}} | {n:>12,} | {b / 2 ** 20:>9.2f}" for name, n, b in rows]
+  lines += [f"{name:<{w}} | {n:>12,} | {b / 2**20:>9.2f}" for name, n, b in rows]
   return "\n".join(lines)
 
 
@@ -174,7 +176,7 @@ def console_line(step: int, total: int, scalars: Mapping[str, float]) -> str:
     parts.append(f"{_rate(scalars['perf/steps_per_sec'])} it/s")
     parts.append(f"{scalars['perf/images_per_sec']:.0f} img/s")
     parts.append(f"ETA {format_duration(scalars['perf/eta_s'])}")
-  terms = {k[len("loss/"):]: v for k, v in scalars.items() if k.startswith("loss/") and k != "loss/total"}
+  terms = {k[len("loss/") :]: v for k, v in scalars.items() if k.startswith("loss/") and k != "loss/total"}
   if "loss/total" in scalars:
     detail = ", ".join(f"{k} {v:.3g}" for k, v in sorted(terms.items()))
     parts.append(f"loss {scalars['loss/total']:.3g}" + (f" ({detail})" if detail else ""))
@@ -193,7 +195,9 @@ def console_line(step: int, total: int, scalars: Mapping[str, float]) -> str:
     parts.append(mem + " GiB")
   if scalars.get("data/skipped"):
     parts.append(f"skipped {int(scalars['data/skipped'])}")
-  if scalars.get("train/nonfinite_steps"):  # steps skipped by the non-finite guard (tipsito/train/nonfinite.py)
+  if scalars.get(
+    "train/nonfinite_steps"
+  ):  # steps skipped by the non-finite guard (tipsito/train/nonfinite.py)
     parts.append(f"non-finite steps {int(scalars['train/nonfinite_steps'])}")
   return " | ".join(parts)
 
@@ -205,7 +209,7 @@ def console_line(step: int, total: int, scalars: Mapping[str, float]) -> str:
 def _sub_jaxprs(eqn) -> Iterable[Any]:
   """Jaxprs nested in an equation's params (pjit, remat, scan, cond branches, custom_vjp, ...)."""
   for v in eqn.params.values():
-    for x in (v if isinstance(v, (list, tuple)) else (v,)):
+    for x in v if isinstance(v, (list, tuple)) else (v,):
       j = getattr(x, "jaxpr", x)  # ClosedJaxpr -> Jaxpr
       if hasattr(j, "eqns"):
         yield j
@@ -277,8 +281,9 @@ def step_flops(jitted: Callable, args: Sequence[Any]) -> dict[str, Any]:
   return out
 
 
-def peak_tflops_per_device(config_value: float = 0.0, device_kind: Optional[str] = None
-                           ) -> tuple[Optional[float], str]:
+def peak_tflops_per_device(
+  config_value: float = 0.0, device_kind: Optional[str] = None
+) -> tuple[Optional[float], str]:
   """(peak TFLOP/s of one device, where it came from): `config.peak_tflops` when > 0, else the
   `PEAK_TFLOPS_BF16` entry of the device kind, else (None, reason)."""
   if config_value and float(config_value) > 0:
@@ -300,8 +305,11 @@ def device_memory(devices: Optional[Sequence[Any]] = None) -> dict[str, float]:
       stats = d.memory_stats() or {}
     except Exception:  # pylint: disable=broad-except
       stats = {}
-    for key, tag in (("bytes_in_use", "perf/mem_in_use_GiB"), ("peak_bytes_in_use", "perf/mem_peak_GiB"),
-                     ("bytes_limit", "perf/mem_limit_GiB")):
+    for key, tag in (
+      ("bytes_in_use", "perf/mem_in_use_GiB"),
+      ("peak_bytes_in_use", "perf/mem_peak_GiB"),
+      ("bytes_limit", "perf/mem_limit_GiB"),
+    ):
       if key in stats:
         out[tag] = max(out.get(tag, 0.0), float(stats[key]) / GIB)
   return out
@@ -323,8 +331,16 @@ class StepMonitor:
     monitor.close()                                # after the loop
   """
 
-  def __init__(self, config, *, writer, workdir: str, start_step: int,
-               log: Callable[[str], None] = logging.info, clock: Callable[[], float] = time.perf_counter):
+  def __init__(
+    self,
+    config,
+    *,
+    writer,
+    workdir: str,
+    start_step: int,
+    log: Callable[[str], None] = logging.info,
+    clock: Callable[[], float] = time.perf_counter,
+  ):
     self.writer = writer
     self.clock = clock
     self.workdir = workdir
@@ -373,8 +389,10 @@ class StepMonitor:
         notes.append("while loops of unknown trip count counted once: a lower bound")
       msg = f"Step cost {self.flops / 1e12:.4g} TFLOP for the global batch ({'; '.join(notes)}); "
       if self.peak:
-        msg += (f"utilisation against {self.peak:g} TFLOP/s per device x {self.num_devices} devices "
-                f"({self.peak_source})")
+        msg += (
+          f"utilisation against {self.peak:g} TFLOP/s per device x {self.num_devices} devices "
+          f"({self.peak_source})"
+        )
       else:
         msg += f"no FLOP utilisation ({self.peak_source})"
       self.log(msg)
@@ -397,9 +415,11 @@ class StepMonitor:
       jax.block_until_ready(metrics)  # the trace must contain the device work of the last step
     jax.profiler.stop_trace()
     self._profiling = False
-    self.log(f"Profiler trace of steps {self._profile[0]}-{step} written to "
-             f"{os.path.join(self.workdir, 'plugins', 'profile')} (TensorBoard: Profile tab, needs "
-             f"the [profile] extra)")
+    self.log(
+      f"Profiler trace of steps {self._profile[0]}-{step} written to "
+      f"{os.path.join(self.workdir, 'plugins', 'profile')} (TensorBoard: Profile tab, needs "
+      f"the [profile] extra)"
+    )
 
   def interval_scalars(self, step: int) -> dict[str, float]:
     """perf/* scalars of the interval ending at `step` (empty when it has no timed step)."""
@@ -409,10 +429,13 @@ class StepMonitor:
       return {}
     wall = max(now - self._t0, 1e-9)
     step_s = wall / n
-    out = {"perf/step_time_s": step_s, "perf/steps_per_sec": 1.0 / step_s,
-           "perf/images_per_sec": self.batch_size / step_s,
-           "perf/data_wait_fraction": min(1.0, self._wait / wall),
-           "perf/eta_s": max(0, self.total - step) * step_s}
+    out = {
+      "perf/step_time_s": step_s,
+      "perf/steps_per_sec": 1.0 / step_s,
+      "perf/images_per_sec": self.batch_size / step_s,
+      "perf/data_wait_fraction": min(1.0, self._wait / wall),
+      "perf/eta_s": max(0, self.total - step) * step_s,
+    }
     if self.flops:
       out["perf/tflops_per_sec"] = self.flops / step_s / 1e12
       if self.peak:

@@ -6,6 +6,7 @@ same global-norm clipping, weight decay on kernels only, and parameter groups ch
 learning-rate multipliers). Everything here is driven by `config.optim`, so a recipe never has to touch the
 optimiser code.
 """
+
 from __future__ import annotations
 
 import re
@@ -19,9 +20,9 @@ from tipsito.config.schema import OPTIMIZERS  # declared with its config key
 from tipsito.train import sharding as sharding_lib
 
 
-
-def make_schedule(optim_cfg, total_steps: int, *, base: float | None = None
-                  ) -> Callable[[jax.Array], jax.Array]:
+def make_schedule(
+  optim_cfg, total_steps: int, *, base: float | None = None
+) -> Callable[[jax.Array], jax.Array]:
   """Linear warmup from 0 to `lr`, then cosine (or linear/constant) decay to `lr * min_lr_ratio`.
 
   Why: the paper recipes (TIPSv2, ITO) all use warmup + cosine; the decay end is a config key so short
@@ -110,15 +111,19 @@ def scale_by_adafactor(o) -> optax.GradientTransformation:
     t = jnp.asarray(step, jnp.float32) + 1.0
     return jnp.minimum(cap, 1.0 - t ** (-exponent))
 
-  parts = [optax.scale_by_factored_rms(
-      factored=True, decay_rate=float(o.decay_rate),
-      min_dim_size_to_factor=int(o.min_dim_size_to_factor), epsilon=float(o.eps),
-      decay_rate_fn=decay_rate_fn)]
+  parts = [
+    optax.scale_by_factored_rms(
+      factored=True,
+      decay_rate=float(o.decay_rate),
+      min_dim_size_to_factor=int(o.min_dim_size_to_factor),
+      epsilon=float(o.eps),
+      decay_rate_fn=decay_rate_fn,
+    )
+  ]
   if o.clip_block_rms:
     parts.append(optax.clip_by_block_rms(float(o.clip_block_rms)))
   if o.momentum:
-    parts.append(optax.ema(float(o.momentum), debias=False,
-                           accumulator_dtype=jnp.dtype(o.momentum_dtype)))
+    parts.append(optax.ema(float(o.momentum), debias=False, accumulator_dtype=jnp.dtype(o.momentum_dtype)))
   return optax.chain(*parts)
 
 
@@ -144,8 +149,11 @@ def make_optimizer(config, params_shape: Any) -> tuple[optax.GradientTransformat
   sched = make_schedule(o, config.total_steps)
   name = o.name
   mults = lr_multipliers(params_shape, o)
-  scale_mults = ([_scale_by_mults(lambda tree: lr_multipliers(tree, o))]
-                 if any(m != 1.0 for m in jax.tree.leaves(mults)) else [])
+  scale_mults = (
+    [_scale_by_mults(lambda tree: lr_multipliers(tree, o))]
+    if any(m != 1.0 for m in jax.tree.leaves(mults))
+    else []
+  )
   parts = []
   if o.clip_norm:
     parts.append(optax.clip_by_global_norm(float(o.clip_norm)))
@@ -156,8 +164,11 @@ def make_optimizer(config, params_shape: Any) -> tuple[optax.GradientTransformat
     parts += [optax.scale_by_schedule(make_schedule(o, config.total_steps, base=1.0)), optax.scale(-1.0)]
   elif name in ("adamw", "sgd"):
     if name == "adamw":
-      parts.append(optax.scale_by_adam(b1=float(o.b1), b2=float(o.b2), eps=float(o.eps),
-                                       mu_dtype=jnp.dtype(o.momentum_dtype)))
+      parts.append(
+        optax.scale_by_adam(
+          b1=float(o.b1), b2=float(o.b2), eps=float(o.eps), mu_dtype=jnp.dtype(o.momentum_dtype)
+        )
+      )
     elif o.momentum:
       parts.append(optax.trace(decay=float(o.momentum)))
     if o.weight_decay:

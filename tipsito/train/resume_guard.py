@@ -12,6 +12,7 @@ with the saved one, key by key:
 * every other change (state tree, shapes, recipe, losses, optimizer and schedule, data and its order,
   seed, tokenizer, teacher) stops the run with the list of changed keys and how to proceed.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -26,8 +27,10 @@ from tipsito.config.run_file import HISTORY_KEY  # the accepted changes of earli
 SAFE_KEYS = schema.safe_keys()
 
 # Why a safe change is safe, where it is not obvious (logged with the change on resume).
-SAFE_NOTES = {"input.microbatches": "the objective is the same: micro-batches accumulate the gradient of "
-                                    "the whole global batch exactly (tipsito/objective/accumulate.py)"}
+SAFE_NOTES = {
+  "input.microbatches": "the objective is the same: micro-batches accumulate the gradient of "
+  "the whole global batch exactly (tipsito/objective/accumulate.py)"
+}
 
 
 class ResumeConfigError(ValueError):
@@ -66,8 +69,11 @@ def diff(saved: dict, new: dict) -> dict[str, tuple[Any, Any]]:
   a, b = flatten(saved), flatten(new)
   a.pop(HISTORY_KEY, None)
   b.pop(HISTORY_KEY, None)
-  return {k: (a.get(k, _MISSING), b.get(k, _MISSING)) for k in sorted(set(a) | set(b))
-          if a.get(k, _MISSING) != b.get(k, _MISSING)}
+  return {
+    k: (a.get(k, _MISSING), b.get(k, _MISSING))
+    for k in sorted(set(a) | set(b))
+    if a.get(k, _MISSING) != b.get(k, _MISSING)
+  }
 
 
 def check(saved: Any, new: Any, workdir: str) -> dict[str, tuple[Any, Any]]:
@@ -81,16 +87,19 @@ def check(saved: Any, new: Any, workdir: str) -> dict[str, tuple[Any, Any]]:
   if refused:
     rows = "\n".join(f"  config.{k}: {old!r} -> {cur!r}" for k, (old, cur) in refused.items())
     raise ResumeConfigError(
-        f"{workdir} has checkpoints of a run with a different config; these changes would make them "
-        f"inconsistent (state tree, shapes, recipe, optimizer or data order):\n{rows}\n"
-        f"To continue that run, use the config it was started with (saved in {workdir}/config.json). "
-        f"To train with the new settings, use a new --workdir, with --config.init_from={workdir} to "
-        f"start from its latest params. Nothing was written.")
+      f"{workdir} has checkpoints of a run with a different config; these changes would make them "
+      f"inconsistent (state tree, shapes, recipe, optimizer or data order):\n{rows}\n"
+      f"To continue that run, use the config it was started with (saved in {workdir}/config.json). "
+      f"To train with the new settings, use a new --workdir, with --config.init_from={workdir} to "
+      f"start from its latest params. Nothing was written."
+    )
   return changes
 
 
 def history_entry(changes: dict[str, tuple[Any, Any]], step: int | None) -> dict:
   """One accepted-changes record for config.json."""
-  return {"time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-          "resumed_at_step": step,
-          "changes": {k: [old, new] for k, (old, new) in changes.items()}}
+  return {
+    "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    "resumed_at_step": step,
+    "changes": {k: [old, new] for k, (old, new) in changes.items()},
+  }

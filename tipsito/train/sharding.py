@@ -7,6 +7,7 @@ collectives. The default rule is FSDP: shard the largest dimension divisible by 
 small leaves. The batch is sharded over ('data', 'fsdp') so every device holds a slice of the global batch and
 losses written on the global batch stay exact.
 """
+
 from __future__ import annotations
 
 import re
@@ -81,8 +82,9 @@ def _to_spec(rule_spec, shape, mesh: Mesh, min_size: int) -> P:
   return P(*spec)
 
 
-def tree_shardings(tree: Any, mesh: Mesh, rules: Sequence[tuple[str, Any]] = (), *,
-                   min_size: int = 2 ** 12) -> Any:
+def tree_shardings(
+  tree: Any, mesh: Mesh, rules: Sequence[tuple[str, Any]] = (), *, min_size: int = 2**12
+) -> Any:
   """NamedSharding for every leaf of `tree` (arrays or ShapeDtypeStructs) from ordered regex rules.
 
   rules: [(regex, spec)] matched with re.search on the leaf path; spec is 'fsdp', 'replicate' or a tuple of

@@ -6,6 +6,7 @@ heads for the full-EMA ablation), the DINO/iBOT centres and the RNG key — is a
 pytree means one sharding tree, one donated argument of the jitted step, and one Orbax checkpoint item, so
 resuming is exact by construction. Nothing training-relevant hides in Python objects.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -31,6 +32,7 @@ class TrainState:
     rng: raw uint32[2] PRNG key data; the per-step key is fold_in(rng, step), so resuming at step N
       reproduces the exact randomness of an uninterrupted run.
   """
+
   step: jax.Array
   params: Any
   opt_state: Any
@@ -78,5 +80,7 @@ def ema_momentum(ema_cfg, step, total_steps: int) -> jax.Array:
 
 def ema_update(ema: dict, params: dict, momentum: jax.Array) -> dict:
   """teacher <- m * teacher + (1 - m) * student, leaf by leaf, for the EMA subset only."""
-  return {k: jax.tree.map(lambda t, s: momentum * t + (1.0 - momentum) * s.astype(t.dtype), ema[k], params[k])
-          for k in ema}
+  return {
+    k: jax.tree.map(lambda t, s: momentum * t + (1.0 - momentum) * s.astype(t.dtype), ema[k], params[k])
+    for k in ema
+  }

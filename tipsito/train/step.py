@@ -8,6 +8,7 @@ here keeps the train loop thin and guarantees that what `info` reports is what `
 the step gets of it, is defined here); loading one, restoring a workdir's state and `config.init_from`
 are tipsito/train/assembly.py, the one module above this one that reads runs from disk.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -55,6 +56,7 @@ class Teacher:
   it comes from a tipsito training workdir (`heads`: {'dino_head', 'ibot_head'} -> params, with
   `heads_config` the teacher's `model.heads`), and its text tower (used to initialise the student's text
   tower when `config.distill.init_text`). Loaded by tipsito/train/teacher.py."""
+
   module: Any
   image_config: dict
   params: Any
@@ -71,8 +73,10 @@ def check_teacher_heads(config, teacher: Teacher) -> None:
   got = {k: config.model.heads.get(k) for k in keys}
   want = {k: (teacher.heads_config or {}).get(k) for k in keys}
   if got != want:
-    raise ValueError(f"config.model.heads {got} differs from the teacher's heads {want} "
-                     f"({teacher.source}); set --config.model.heads.<key> to the teacher's values")
+    raise ValueError(
+      f"config.model.heads {got} differs from the teacher's heads {want} "
+      f"({teacher.source}); set --config.model.heads.<key> to the teacher's values"
+    )
 
 
 def frozen_tree(teacher: Teacher) -> dict:
@@ -83,6 +87,7 @@ def frozen_tree(teacher: Teacher) -> dict:
 @dataclasses.dataclass
 class Setup:
   """Everything built from a config: model, recipe, loss context, optimiser, state shapes/shardings."""
+
   config: Any
   mesh: Mesh
   recipe: Any
@@ -100,7 +105,8 @@ class Setup:
   def init_state(self) -> TrainState:
     """Params born sharded: jit(init, out_shardings=...) — no host ever holds the full tree."""
     return jax.jit(self.init_fn, out_shardings=self.state_shardings)(
-        jax.random.PRNGKey(int(self.config.seed)))
+      jax.random.PRNGKey(int(self.config.seed))
+    )
 
   def frozen(self) -> dict:
     """Frozen (non-trained, non-checkpointed) inputs of the step: the distillation teacher's params."""
@@ -109,8 +115,9 @@ class Setup:
     return jax.device_put(frozen_tree(self.teacher), self.frozen_shardings)
 
 
-def build_model(config, recipe, *, vocab_size: Optional[int] = None,
-                teacher_width: Optional[int] = None) -> TrainModel:
+def build_model(
+  config, recipe, *, vocab_size: Optional[int] = None, teacher_width: Optional[int] = None
+) -> TrainModel:
   """The recipe's TrainModel from `config.model` (mask token only when iBOT masks the student's view)."""
   img = image_kwargs(config)
   img["use_mask_token"] = objective.masks_student_view(config)
@@ -123,28 +130,43 @@ def build_model(config, recipe, *, vocab_size: Optional[int] = None,
   fusion.setdefault("max_text_len", int(config.max_len))
   fusion.setdefault("dtype", head_dtype)
   return TrainModel(
-      image_cfg=img, text_cfg=txt, parts=parts, embed_dim=config.model.embed_dim,
-      heads_cfg=heads, fusion_cfg=fusion, logit_scale_init=float(config.model.logit_scale_init),
-      logit_bias_init=float(config.model.logit_bias_init), distill_dim=teacher_width)
+    image_cfg=img,
+    text_cfg=txt,
+    parts=parts,
+    embed_dim=config.model.embed_dim,
+    heads_cfg=heads,
+    fusion_cfg=fusion,
+    logit_scale_init=float(config.model.logit_scale_init),
+    logit_bias_init=float(config.model.logit_bias_init),
+    distill_dim=teacher_width,
+  )
 
 
 def make_loss_context(config, recipe, model, ema_keys, teacher=None) -> LossContext:
   """Static loss options: `config.loss` (weights, zero terms dropped) and every `config.loss_opts` key."""
   lo = config.loss_opts
   return LossContext(
-      model=model, frozen_teacher=recipe.teacher == "frozen",
-      weights={k: float(v) for k, v in config.loss.items() if v},
-      masks_student_view=objective.masks_student_view(config),
-      student_temp=float(lo.student_temp), teacher_temp=float(lo.teacher_temp),
-      warmup_teacher_temp=float(lo.warmup_teacher_temp),
-      teacher_temp_warmup_steps=int(lo.teacher_temp_warmup_steps),
-      center_momentum=float(lo.center_momentum), ibot_all_patches=bool(lo.ibot_all_patches),
-      ibot_token_norm=lo.ibot_token_norm, teacher_method=lo.teacher_method,
-      contrastive_view=lo.contrastive_view,
-      logit_scale_max=None if config.model.logit_scale_max is None else float(config.model.logit_scale_max),
-      fusion_cls=int(lo.fusion_cls), dino_reduction=lo.dino_reduction, view_weighting=lo.view_weighting,
-      dino_global_crop=bool(config.distill.dino_global_crop), ema_keys=tuple(ema_keys),
-      teacher_model=None if teacher is None else teacher.module)
+    model=model,
+    frozen_teacher=recipe.teacher == "frozen",
+    weights={k: float(v) for k, v in config.loss.items() if v},
+    masks_student_view=objective.masks_student_view(config),
+    student_temp=float(lo.student_temp),
+    teacher_temp=float(lo.teacher_temp),
+    warmup_teacher_temp=float(lo.warmup_teacher_temp),
+    teacher_temp_warmup_steps=int(lo.teacher_temp_warmup_steps),
+    center_momentum=float(lo.center_momentum),
+    ibot_all_patches=bool(lo.ibot_all_patches),
+    ibot_token_norm=lo.ibot_token_norm,
+    teacher_method=lo.teacher_method,
+    contrastive_view=lo.contrastive_view,
+    logit_scale_max=None if config.model.logit_scale_max is None else float(config.model.logit_scale_max),
+    fusion_cls=int(lo.fusion_cls),
+    dino_reduction=lo.dino_reduction,
+    view_weighting=lo.view_weighting,
+    dino_global_crop=bool(config.distill.dino_global_crop),
+    ema_keys=tuple(ema_keys),
+    teacher_model=None if teacher is None else teacher.module,
+  )
 
 
 def example_inputs(config) -> tuple[jax.Array, jax.Array]:
@@ -153,8 +175,9 @@ def example_inputs(config) -> tuple[jax.Array, jax.Array]:
   return jnp.zeros((1, s, s, 3), jnp.uint8), jnp.ones((1, int(config.max_len)), jnp.int32)
 
 
-def build(config, mesh: Optional[Mesh] = None, *, vocab_size: Optional[int] = None,
-          teacher: Optional[Teacher] = None) -> Setup:
+def build(
+  config, mesh: Optional[Mesh] = None, *, vocab_size: Optional[int] = None, teacher: Optional[Teacher] = None
+) -> Setup:
   """Builds the Setup for `config` on `mesh` (default: all devices, `config.mesh`); reads no disk.
 
   A recipe with a frozen teacher needs `teacher` (tipsito/train/teacher.py `load_teacher`, or
@@ -163,9 +186,11 @@ def build(config, mesh: Optional[Mesh] = None, *, vocab_size: Optional[int] = No
   mesh = mesh or sharding_lib.make_mesh(config.mesh)
   recipe = objective.get_recipe(config.recipe)
   if recipe.teacher == "frozen" and teacher is None:
-    raise ValueError(f"config.recipe={config.recipe!r} distills from a frozen teacher: build it with "
-                     "tipsito.train.assembly.build(config, mesh), which loads config.distill's teacher, "
-                     "or pass teacher=")
+    raise ValueError(
+      f"config.recipe={config.recipe!r} distills from a frozen teacher: build it with "
+      "tipsito.train.assembly.build(config, mesh), which loads config.distill's teacher, "
+      "or pass teacher="
+    )
   teacher_width = None if teacher is None else int(teacher.image_config["width"])
   model = build_model(config, recipe, vocab_size=vocab_size, teacher_width=teacher_width)
   ema_keys = state_lib.ema_keys(recipe, config.ema.mode)
@@ -189,27 +214,47 @@ def build(config, mesh: Optional[Mesh] = None, *, vocab_size: Optional[int] = No
       want = jax.tree.map(lambda x: x.shape, params["text"])
       got = jax.tree.map(lambda x: tuple(x.shape), teacher.text_params)
       if want != got:
-        raise ValueError("config.distill.init_text=True but the teacher's text tower does not match "
-                         "config.model.text (set the same width/depth/vocab_size, or init_text=False)")
+        raise ValueError(
+          "config.distill.init_text=True but the teacher's text tower does not match "
+          "config.model.text (set the same width/depth/vocab_size, or init_text=False)"
+        )
       params = {**params, "text": jax.tree.map(jnp.asarray, teacher.text_params)}
     if config.distill.get("init_image") and teacher is not None:
       params = {**params, "image": _teacher_image_init(params["image"], teacher.params)}
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-                      ema=state_lib.init_ema(params, ema_keys), centers=init_centers(ctx),
-                      rng=s_rng)
+    return TrainState(
+      step=jnp.zeros((), jnp.int32),
+      params=params,
+      opt_state=tx.init(params),
+      ema=state_lib.init_ema(params, ema_keys),
+      centers=init_centers(ctx),
+      rng=s_rng,
+    )
 
   state_shapes = jax.eval_shape(init_fn, jax.random.PRNGKey(0))
   rules = [tuple(r) for r in config.sharding.rules]
-  state_shardings = sharding_lib.tree_shardings(state_shapes, mesh, rules,
-                                                min_size=int(config.sharding.min_size))
+  state_shardings = sharding_lib.tree_shardings(
+    state_shapes, mesh, rules, min_size=int(config.sharding.min_size)
+  )
   frozen_shardings = None
   if teacher is not None:
-    frozen_shardings = sharding_lib.tree_shardings(frozen_tree(teacher), mesh, rules,
-                                                   min_size=int(config.sharding.min_size))
-  return Setup(config=config, mesh=mesh, recipe=recipe, model=model, ctx=ctx, tx=tx, schedule=schedule,
-               state_shapes=state_shapes, state_shardings=state_shardings,
-               batch_sharding=sharding_lib.batch_sharding(mesh), init_fn=init_fn, teacher=teacher,
-               frozen_shardings=frozen_shardings)
+    frozen_shardings = sharding_lib.tree_shardings(
+      frozen_tree(teacher), mesh, rules, min_size=int(config.sharding.min_size)
+    )
+  return Setup(
+    config=config,
+    mesh=mesh,
+    recipe=recipe,
+    model=model,
+    ctx=ctx,
+    tx=tx,
+    schedule=schedule,
+    state_shapes=state_shapes,
+    state_shardings=state_shardings,
+    batch_sharding=sharding_lib.batch_sharding(mesh),
+    init_fn=init_fn,
+    teacher=teacher,
+    frozen_shardings=frozen_shardings,
+  )
 
 
 def _teacher_image_init(student: dict, teacher: dict) -> dict:
@@ -219,9 +264,11 @@ def _teacher_image_init(student: dict, teacher: dict) -> dict:
   want = {k: jax.tree.map(lambda x: tuple(x.shape), v) for k, v in student.items() if k != "mask_token"}
   got = jax.tree.map(lambda x: tuple(x.shape), dict(teacher))
   if want != got:
-    raise ValueError("config.distill.init_image=True but the teacher's image tower does not match "
-                     "config.model.image (set the same variant, patch size and CLS count, or "
-                     "init_image=False)")
+    raise ValueError(
+      "config.distill.init_image=True but the teacher's image tower does not match "
+      "config.model.image (set the same variant, patch size and CLS count, or "
+      "init_image=False)"
+    )
   out = {k: jax.tree.map(jnp.asarray, v) for k, v in teacher.items()}
   if "mask_token" in student:
     out["mask_token"] = student["mask_token"]
@@ -244,13 +291,23 @@ def loss_and_grads(setup: Setup, state: TrainState, batch: dict, frozen: dict):
   if k > 1:
     shardings = setup.state_shardings.params
     total, (metrics, centers), grads = accumulate.loss_and_grads(
-        setup.ctx, k, state.params, state.ema, state.centers, frozen, batch, state.step, state.step_key(),
-        constrain_grads=lambda g: jax.lax.with_sharding_constraint(g, shardings))
+      setup.ctx,
+      k,
+      state.params,
+      state.ema,
+      state.centers,
+      frozen,
+      batch,
+      state.step,
+      state.step_key(),
+      constrain_grads=lambda g: jax.lax.with_sharding_constraint(g, shardings),
+    )
     return total, metrics, centers, grads
 
   def loss_fn(params):
-    return compute_losses(setup.ctx, params, state.ema, state.centers, frozen, batch, state.step,
-                          state.step_key())
+    return compute_losses(
+      setup.ctx, params, state.ema, state.centers, frozen, batch, state.step, state.step_key()
+    )
 
   (total, (metrics, centers)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
   return total, metrics, centers, grads
@@ -284,17 +341,22 @@ def train_step(setup: Setup, state: TrainState, batch: dict, frozen: dict) -> tu
 
 def all_finite(tree: Any) -> jax.Array:
   """Whether every floating leaf of `tree` is finite (checked before a checkpoint is written)."""
-  leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
-            if jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact)]
+  leaves = [
+    jnp.all(jnp.isfinite(x))
+    for x in jax.tree.leaves(tree)
+    if jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact)
+  ]
   return jnp.all(jnp.stack(leaves)) if leaves else jnp.bool_(True)
 
 
 def _on_mesh(setup: Setup, fn: Callable) -> Callable:
   """`fn(setup, state, batch, frozen)` traced with `setup.mesh` as the current mesh, so that the towers'
   batch constraints (tipsito/models/activation_sharding.py) keep activations sharded over the batch."""
+
   def traced(state, batch, frozen):
     with jax.sharding.use_abstract_mesh(setup.mesh.abstract_mesh):
       return fn(setup, state, batch, frozen)
+
   return traced
 
 
@@ -302,15 +364,20 @@ def jit_train_step(setup: Setup) -> Callable:
   """The one jitted step: explicit in/out shardings, state donated (updated in place on device)."""
   rep = sharding_lib.replicated(setup.mesh)
   frozen_sh = setup.frozen_shardings if setup.frozen_shardings is not None else rep
-  return jax.jit(_on_mesh(setup, train_step),
-                 in_shardings=(setup.state_shardings, setup.batch_sharding, frozen_sh),
-                 out_shardings=(setup.state_shardings, rep), donate_argnums=(0,))
+  return jax.jit(
+    _on_mesh(setup, train_step),
+    in_shardings=(setup.state_shardings, setup.batch_sharding, frozen_sh),
+    out_shardings=(setup.state_shardings, rep),
+    donate_argnums=(0,),
+  )
 
 
 def jit_loss_and_grads(setup: Setup) -> Callable:
   """Jitted `loss_and_grads` with the same shardings as the step (grads sharded like params)."""
   rep = sharding_lib.replicated(setup.mesh)
   frozen_sh = setup.frozen_shardings if setup.frozen_shardings is not None else rep
-  return jax.jit(_on_mesh(setup, loss_and_grads),
-                 in_shardings=(setup.state_shardings, setup.batch_sharding, frozen_sh),
-                 out_shardings=(rep, rep, rep, setup.state_shardings.params))
+  return jax.jit(
+    _on_mesh(setup, loss_and_grads),
+    in_shardings=(setup.state_shardings, setup.batch_sharding, frozen_sh),
+    out_shardings=(rep, rep, rep, setup.state_shardings.params),
+  )

@@ -7,6 +7,7 @@ built; the train step only sees the frozen tree `frozen_tree(teacher)`. What the
 this loader sits above it (a workdir teacher is a pretraining run, rebuilt with `step.build` and restored
 read-only with `checkpointing.restore_latest_state`), and tipsito/train/assembly.py calls it.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -60,12 +61,22 @@ def load_teacher(config, mesh: Optional[Mesh] = None) -> Teacher:
   image_params = params["image"] if "image" in params else params
   image_params = {k: v for k, v in image_params.items() if k != "mask_token"}
   if heads is None:
-    logging.warning("Distillation teacher (%s) has no DINO/iBOT heads: the teacher heads are the EMA of "
-                    "the student heads (our inference, see README 'Distillation').", source)
+    logging.warning(
+      "Distillation teacher (%s) has no DINO/iBOT heads: the teacher heads are the EMA of "
+      "the student heads (our inference, see README 'Distillation').",
+      source,
+    )
   else:
     logging.info("Distillation teacher (%s): its own EMA DINO/iBOT heads give the targets.", source)
-  return Teacher(models.VisionTransformer(**module_kwargs(image_cfg)), image_cfg, image_params,
-                 text_params=params.get("text"), heads=heads, heads_config=heads_cfg, source=source)
+  return Teacher(
+    models.VisionTransformer(**module_kwargs(image_cfg)),
+    image_cfg,
+    image_params,
+    text_params=params.get("text"),
+    heads=heads,
+    heads_config=heads_cfg,
+    source=source,
+  )
 
 
 def _is_tipsv2_folder(path) -> bool:
@@ -90,8 +101,9 @@ def _workdir_teacher(workdir: str, mesh: Optional[Mesh]) -> tuple[dict, dict, di
     raise ValueError(f"config.distill.teacher={workdir!r} is a distillation run; use a pretraining workdir")
   distributed.configure_jax()
   setup = step_lib.build(tcfg, mesh)  # a pretraining run: no teacher of its own
-  state = checkpointing.restore_latest_state(workdir, setup.state_shapes, setup.state_shardings,
-                                             what=f"config.distill.teacher={workdir!r}")
+  state = checkpointing.restore_latest_state(
+    workdir, setup.state_shapes, setup.state_shardings, what=f"config.distill.teacher={workdir!r}"
+  )
   params, ema = state.params, state.ema
   teacher_view = {"image": ema.get("image", params["image"])}
   if "text" in params:

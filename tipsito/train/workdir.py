@@ -7,6 +7,7 @@ and none of those readers needs the loop. Restoring a workdir's state (`restore_
 run from another one (`init_from_run`; validation checks it against `init_run_config` here) are
 tipsito/train/assembly.py: this module reads files only, it builds nothing.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,6 +17,7 @@ import jax
 import ml_collections as mlc
 
 from tipsito import paths
+
 # The file's name and readers live in tipsito/config/run_file.py (validation reads them below train/);
 # they are this module's names too, for its callers.
 from tipsito.config.run_file import CONFIG_FILE, HISTORY_KEY, init_run_config, read_config_json  # noqa: F401
@@ -46,12 +48,16 @@ def load_config(workdir: str) -> mlc.ConfigDict:
   saved, _ = read_config_json(workdir)
   w = paths.resolve(workdir)
   if saved is None:
-    raise FileNotFoundError(f"{w} is not a training workdir (no config.json): pass the --workdir of a "
-                            "training run (it holds config.json and checkpoints/)")
+    raise FileNotFoundError(
+      f"{w} is not a training workdir (no config.json): pass the --workdir of a "
+      "training run (it holds config.json and checkpoints/)"
+    )
   if "format_version" in saved:
-    raise ValueError(f"{w} is an export, not a training workdir: it is already exported. Load it with "
-                     f"tipsito.load({w!r}) or evaluate it with `python -m tipsito.evaluate --checkpoint {w}`; "
-                     "`export --workdir` needs a training workdir (config.json + checkpoints/)")
+    raise ValueError(
+      f"{w} is an export, not a training workdir: it is already exported. Load it with "
+      f"tipsito.load({w!r}) or evaluate it with `python -m tipsito.evaluate --checkpoint {w}`; "
+      "`export --workdir` needs a training workdir (config.json + checkpoints/)"
+    )
   return mlc.ConfigDict(saved)
 
 
@@ -59,6 +65,7 @@ def latest_checkpoint_step(workdir: str) -> Optional[int]:
   """Highest finalized Orbax step under `<workdir>/checkpoints` (None when there is none: nothing to
   resume). Read without opening a CheckpointManager, so nothing is created in the workdir."""
   import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
+
   d = paths.as_path(workdir) / "checkpoints"
   steps = ocp.utils.checkpoint_steps(d) if d.is_dir() else []
   return max(steps) if steps else None

@@ -1,4 +1,5 @@
 """Snapshot of today's default configs (for tests/test_config_schema.py)."""
+
 import importlib
 import json
 import sys
@@ -6,6 +7,7 @@ import ml_collections as mlc
 from ml_collections import config_dict
 from tipsito.config import defaults
 from tipsito.objective import recipes
+
 
 def leaves(c, prefix=""):
   out = []
@@ -21,19 +23,33 @@ def leaves(c, prefix=""):
       out.append([path, repr(v.to_dict() if isinstance(v, mlc.ConfigDict) else v), ft])
   return out
 
+
 snap = {}
 for r in recipes.RECIPES:
   snap[f"base_config/{r}/tiny/16"] = leaves(defaults.base_config(r, "tiny/16"))
-  snap[f"base_config/{r}/B/16/90000/4096/L"] = leaves(defaults.base_config(r, "B/16", text_variant="L", total_steps=90000, batch_size=4096))
+  snap[f"base_config/{r}/B/16/90000/4096/L"] = leaves(
+    defaults.base_config(r, "B/16", text_variant="L", total_steps=90000, batch_size=4096)
+  )
   if r == "tipsv2":
-    snap[f"base_config/{r}/g/14/50/64"] = leaves(defaults.base_config(r, "g/14", total_steps=50, batch_size=64))
+    snap[f"base_config/{r}/g/14/50/64"] = leaves(
+      defaults.base_config(r, "g/14", total_steps=50, batch_size=64)
+    )
   snap[f"tiny_config/{r}"] = leaves(defaults.tiny_config(r))
 for r in ("clip", "siglip", "ito", "tips", "tipsv2", "tipsito"):
   for extra in ("", ",optim=adafactor,pixels=tips"):
     arg = f"recipe={r}{extra}"
     mod = importlib.import_module("configs.demo")
     snap[f"configs/demo.py:{arg}"] = leaves(mod.get_config(arg))
-for name in ("clip_b16", "siglip_b16", "ito_b16", "ito_l16", "tipsito_b16", "tipsv2_g14", "tipsv2_distill", "eval_shapes"):
+for name in (
+  "clip_b16",
+  "siglip_b16",
+  "ito_b16",
+  "ito_l16",
+  "tipsito_b16",
+  "tipsv2_g14",
+  "tipsv2_distill",
+  "eval_shapes",
+):
   mod = importlib.import_module(f"configs.{name}")
   try:
     snap[f"configs/{name}.py"] = leaves(mod.get_config(None))

@@ -4,6 +4,7 @@ webdataset.
 Why lazy: importing a builder imports TFDS; multiprocessing workers and light tools import this
 package without paying for that. `builder_class(name)` imports the one module it needs.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -11,12 +12,12 @@ import importlib
 # name -> (module, class). The TFDS name of fashion_mnist clashes with TFDS's own catalogue entry,
 # so that builder is not registered; read it as 'fashion_mnist/default' or via tipsito.data.sources.
 BUILDERS = {
-    "shapes": ("tipsito.data.builders.shapes", "Shapes"),
-    "tuxpaint": ("tipsito.data.builders.tuxpaint", "Tuxpaint"),
-    "fashion_mnist": ("tipsito.data.builders.fashion_mnist", "FashionMnist"),
-    "openclipart": ("tipsito.data.builders.openclipart", "Openclipart"),
-    "table": ("tipsito.data.builders.table", "Table"),
-    "webdataset": ("tipsito.data.builders.webdataset", "Webdataset"),
+  "shapes": ("tipsito.data.builders.shapes", "Shapes"),
+  "tuxpaint": ("tipsito.data.builders.tuxpaint", "Tuxpaint"),
+  "fashion_mnist": ("tipsito.data.builders.fashion_mnist", "FashionMnist"),
+  "openclipart": ("tipsito.data.builders.openclipart", "Openclipart"),
+  "table": ("tipsito.data.builders.table", "Table"),
+  "webdataset": ("tipsito.data.builders.webdataset", "Webdataset"),
 }
 
 

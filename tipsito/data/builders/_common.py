@@ -5,6 +5,7 @@ input files the same way and reports skipped inputs the same way, so those rules
 It imports only numpy/PIL at module level (TFDS is imported lazily inside functions) so that
 multiprocessing workers that unpickle the worker functions below start fast and never touch TensorFlow.
 """
+
 from __future__ import annotations
 
 import collections
@@ -35,6 +36,7 @@ def _install_importlib_resources_shim() -> None:
   except ImportError:
     import importlib.resources  # pylint: disable=g-import-not-at-top
     import importlib.resources.abc  # noqa: F401  pylint: disable=g-import-not-at-top
+
     sys.modules.setdefault("importlib_resources", importlib.resources)
 
 
@@ -66,11 +68,11 @@ class SkipInput(Exception):
 
 
 def make_features(
-    caption_names: Sequence[str],
-    *,
-    label_names: Sequence[str] | None = None,
-    segmentation: bool = False,
-    image_format: str | None = "png",
+  caption_names: Sequence[str],
+  *,
+  label_names: Sequence[str] | None = None,
+  segmentation: bool = False,
+  image_format: str | None = "png",
 ):
   """Returns the tfds FeaturesDict of the shared record schema.
 
@@ -82,9 +84,9 @@ def make_features(
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
   feats: dict[str, Any] = {
-      "image": tfds.features.Image(shape=(None, None, 3), encoding_format=image_format),
-      "alt_text": tfds.features.Text(),
-      "id": tfds.features.Text(),
+    "image": tfds.features.Image(shape=(None, None, 3), encoding_format=image_format),
+    "alt_text": tfds.features.Text(),
+    "id": tfds.features.Text(),
   }
   for name in caption_names:
     feats[caption_field(name)] = tfds.features.Text()
@@ -118,8 +120,19 @@ def png_bytes(array_or_image, compress_level: int = 3) -> bytes:
   return buf.getvalue()
 
 
-_QUOTES = str.maketrans({"\u201c": '"', "\u201d": '"', "\u201e": '"', "\u2018": "'", "\u2019": "'",
-                         "\u2013": "-", "\u2014": "-", "\u2026": "...", "\u00a0": " "})
+_QUOTES = str.maketrans(
+  {
+    "\u201c": '"',
+    "\u201d": '"',
+    "\u201e": '"',
+    "\u2018": "'",
+    "\u2019": "'",
+    "\u2013": "-",
+    "\u2014": "-",
+    "\u2026": "...",
+    "\u00a0": " ",
+  }
+)
 
 
 def clean_caption(text: str) -> str:
@@ -193,21 +206,32 @@ class SkipReport:
 
   def to_dict(self) -> dict:
     """JSON-able summary (also what is written to disk)."""
-    return {"dataset": self.dataset, "total": self.total, "written": self.written,
-            "num_skipped": len(self.skipped), "by_reason": self.by_reason, "skipped": self.skipped}
+    return {
+      "dataset": self.dataset,
+      "total": self.total,
+      "written": self.written,
+      "num_skipped": len(self.skipped),
+      "by_reason": self.by_reason,
+      "skipped": self.skipped,
+    }
 
   def write(self, directory: str | os.PathLike) -> str:
     """Writes `conversion_report.json` in `directory`; returns its path."""
-    path = paths.join(directory, REPORT_FILENAME) if paths.is_url(directory) else os.path.join(
-        os.fspath(directory), REPORT_FILENAME)
+    path = (
+      paths.join(directory, REPORT_FILENAME)
+      if paths.is_url(directory)
+      else os.path.join(os.fspath(directory), REPORT_FILENAME)
+    )
     paths.as_path(path).write_text(json.dumps(self.to_dict(), indent=2, ensure_ascii=False), encoding="utf-8")
     return path
 
   def summary(self) -> str:
     """One human line, printed by the converter."""
     reasons = ", ".join(f"{k}: {v}" for k, v in sorted(self.by_reason.items())) or "none"
-    return (f"[{self.dataset}] inputs: {self.total}, written: {self.written}, "
-            f"skipped: {len(self.skipped)} ({reasons})")
+    return (
+      f"[{self.dataset}] inputs: {self.total}, written: {self.written}, "
+      f"skipped: {len(self.skipped)} ({reasons})"
+    )
 
 
 def _call_safely(fn_and_item):
@@ -219,8 +243,9 @@ def _call_safely(fn_and_item):
     return ("skip", (e.reason, e.detail))
 
 
-def parallel_map(fn: Callable[[Any], Any], items: Iterable[Any], num_workers: int,
-                 chunksize: int = 8) -> Iterator[tuple[str, Any]]:
+def parallel_map(
+  fn: Callable[[Any], Any], items: Iterable[Any], num_workers: int, chunksize: int = 8
+) -> Iterator[tuple[str, Any]]:
   """Ordered map of `fn` over `items` in a process pool; yields ('ok', result) or ('skip', (reason, detail)).
 
   Why ordered: TFDS keys and the skip report must not depend on worker timing. `fn` must be a
@@ -285,8 +310,9 @@ def text_field(value: Any, what: str) -> str:
   return clean_caption(value)
 
 
-def run_conversion(builder, items: Iterable[Any], report: "SkipReport", num_workers: int,
-                   chunksize: int = 8) -> Iterator[tuple[str, dict]]:
+def run_conversion(
+  builder, items: Iterable[Any], report: "SkipReport", num_workers: int, chunksize: int = 8
+) -> Iterator[tuple[str, dict]]:
   """Feeds `items` ((key, image, fields) or SkipInput placeholders) through the worker pool.
 
   Items that are already known to be bad are passed as ('__skip__', item_name, reason, detail)
@@ -337,5 +363,7 @@ class SingleInputSplit:
 
   def _example_writer(self):
     """TFDS's record writer, also for a gs:// data_dir (tipsito/data/builders/_storage.py)."""
-    from tipsito.data.builders import _storage  # lazy: imports TFDS; workers and sources import this module without it
+    # _storage imports TFDS; conversion workers and the sources import this module without it.
+    from tipsito.data.builders import _storage  # lazy: TFDS (see above)
+
     return _storage.ExampleWriter(file_format=self.info.file_format)

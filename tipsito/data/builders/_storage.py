@@ -7,6 +7,7 @@ TFDS) place through etils epath (tipsito/paths.py). Local paths are written dire
 Used through `_common.SingleInputSplit._example_writer` by tipsito/data/convert.py and
 tipsito/data/beam_convert.py; a module-level class, so that Beam workers can unpickle it.
 """
+
 from __future__ import annotations
 
 import os

@@ -10,6 +10,7 @@ Record schema (array_record), splits 'train' (60000) and 'test' (10000):
   caption_category: "a piece of clothing: <class>" / "an accessory: <class>" / "footwear: <class>";
   label: ClassLabel (10 names below); id: 'fashion_mnist-<split>-<index>'.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -23,13 +24,29 @@ from PIL import Image
 from tipsito.data.builders import _common
 
 DEFAULT_DIR = "/usr/share/datasets/fashion-mnist"
-CLASS_NAMES = ("t-shirt", "trouser", "pullover", "dress", "coat", "sandal", "shirt", "sneaker", "bag",
-               "ankle boot")
+CLASS_NAMES = (
+  "t-shirt",
+  "trouser",
+  "pullover",
+  "dress",
+  "coat",
+  "sandal",
+  "shirt",
+  "sneaker",
+  "bag",
+  "ankle boot",
+)
 _DESCRIPTIONS = {
-    "t-shirt": "a short-sleeved top", "trouser": "a pair of long pants", "pullover": "a warm knitted top",
-    "dress": "a one-piece garment", "coat": "a long outer garment", "sandal": "an open summer shoe",
-    "shirt": "a top with a collar", "sneaker": "a sports shoe", "bag": "a bag to carry things",
-    "ankle boot": "a boot reaching the ankle",
+  "t-shirt": "a short-sleeved top",
+  "trouser": "a pair of long pants",
+  "pullover": "a warm knitted top",
+  "dress": "a one-piece garment",
+  "coat": "a long outer garment",
+  "sandal": "an open summer shoe",
+  "shirt": "a top with a collar",
+  "sneaker": "a sports shoe",
+  "bag": "a bag to carry things",
+  "ankle boot": "a boot reaching the ankle",
 }
 _GROUP = {"sandal": "footwear", "sneaker": "footwear", "ankle boot": "footwear", "bag": "an accessory"}
 _FILES = {"train": "train", "test": "t10k"}
@@ -52,7 +69,7 @@ def read_idx(path: str) -> np.ndarray:
   if data[:2] != b"\x00\x00" or data[2] != 0x08:
     raise ValueError(f"{path}: not an unsigned-byte idx file (magic {data[:4]!r})")
   ndim = data[3]
-  dims = [int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim)]
+  dims = [int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
   arr = np.frombuffer(data, np.uint8, offset=4 + 4 * ndim)
   if arr.size != int(np.prod(dims)):
     raise ValueError(f"{path}: expected {np.prod(dims)} values, found {arr.size} (truncated?)")
@@ -64,9 +81,11 @@ def captions_for(label: int) -> dict:
   name = CLASS_NAMES[label]
   art = "an" if name[0] in "aeiou" else "a"
   group = _GROUP.get(name, "a piece of clothing")
-  return {"alt_text": f"a photo of {art} {name}",
-          "caption_detailed": f"a grayscale photo of {art} {name}, {_DESCRIPTIONS[name]}",
-          "caption_category": f"{group}: {name}"}
+  return {
+    "alt_text": f"a photo of {art} {name}",
+    "caption_detailed": f"a grayscale photo of {art} {name}, {_DESCRIPTIONS[name]}",
+    "caption_category": f"{group}: {name}",
+  }
 
 
 def _make_example(args):
@@ -75,8 +94,12 @@ def _make_example(args):
   img = Image.fromarray(image, "L")
   if image_size and image_size != image.shape[0]:
     img = img.resize((image_size, image_size), Image.BICUBIC)
-  ex = {"image": _common.png_bytes(img.convert("RGB")), "label": int(label),
-        "id": f"fashion_mnist-{split}-{index:05d}", **captions_for(int(label))}
+  ex = {
+    "image": _common.png_bytes(img.convert("RGB")),
+    "label": int(label),
+    "id": f"fashion_mnist-{split}-{index:05d}",
+    **captions_for(int(label)),
+  }
   return ex["id"], ex
 
 
@@ -87,8 +110,15 @@ class FashionMnist(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   BUILDER_CONFIGS = [FashionMnistConfig(name="default", description="28x28 images")]
   DEFAULT_CONFIG_NAME = "default"
 
-  def __init__(self, *, input_dir: str = DEFAULT_DIR, num_workers: int = 1, limit: int | None = None,
-               overrides: dict | None = None, **kwargs):
+  def __init__(
+    self,
+    *,
+    input_dir: str = DEFAULT_DIR,
+    num_workers: int = 1,
+    limit: int | None = None,
+    overrides: dict | None = None,
+    **kwargs,
+  ):
     """overrides: FashionMnistConfig fields (image_size) replacing the config's values."""
     self._overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
     self._input_dir = input_dir
@@ -100,10 +130,10 @@ class FashionMnist(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   def _info(self) -> tfds.core.DatasetInfo:
     """Schema: image, alt_text, caption_detailed, caption_category, label (10 classes), id."""
     return self.dataset_info_from_configs(
-        description=__doc__,
-        features=_common.make_features(("detailed", "category"), label_names=CLASS_NAMES),
-        supervised_keys=("image", "label"),
-        homepage="https://github.com/zalandoresearch/fashion-mnist",
+      description=__doc__,
+      features=_common.make_features(("detailed", "category"), label_names=CLASS_NAMES),
+      supervised_keys=("image", "label"),
+      homepage="https://github.com/zalandoresearch/fashion-mnist",
     )
 
   def split_size_estimates(self) -> dict[str, int]:
@@ -116,8 +146,9 @@ class FashionMnist(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     del dl_manager
     if not os.path.isdir(self._input_dir):
       raise FileNotFoundError(
-          f"fashion_mnist: directory {self._input_dir!r} not found; install the Debian package "
-          "'dataset-fashion-mnist' or pass --input DIR")
+        f"fashion_mnist: directory {self._input_dir!r} not found; install the Debian package "
+        "'dataset-fashion-mnist' or pass --input DIR"
+      )
     return {split: self._generate_examples(split, prefix) for split, prefix in _FILES.items()}
 
   def _generate_examples(self, split: str, prefix: str):

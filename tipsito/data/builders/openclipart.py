@@ -52,6 +52,7 @@ a file outside the 22 category folders ('unknown category'). An SVG that parses 
 kept (title from the file name). The report also holds the counts per split and category and of the
 fallbacks ('stats').
 """
+
 from __future__ import annotations
 
 import collections
@@ -71,19 +72,55 @@ from tipsito.data.builders import _common
 
 DEFAULT_DIR = "/usr/share/openclipart"
 
-CATEGORIES = ("animals", "buildings", "buttons", "computer", "containers", "decorations", "education",
-              "electronics", "food", "geography", "logos", "office", "people", "plants", "recreation",
-              "science", "shapes", "signs_and_symbols", "special", "tools", "transportation", "unsorted")
+CATEGORIES = (
+  "animals",
+  "buildings",
+  "buttons",
+  "computer",
+  "containers",
+  "decorations",
+  "education",
+  "electronics",
+  "food",
+  "geography",
+  "logos",
+  "office",
+  "people",
+  "plants",
+  "recreation",
+  "science",
+  "shapes",
+  "signs_and_symbols",
+  "special",
+  "tools",
+  "transportation",
+  "unsorted",
+)
 # Words used in the synthetic captions (and by zero-shot evals as class names); the folders' content
 # decides the word (e.g. computer/ holds icons, folders and diagrams; special/ patterns and gradients).
 CATEGORY_WORDS = {
-    "animals": "animal", "buildings": "building", "buttons": "button", "computer": "computer icon",
-    "containers": "container", "decorations": "decoration", "education": "school item",
-    "electronics": "electronic device", "food": "food item", "geography": "map", "logos": "logo",
-    "office": "office item", "people": "person", "plants": "plant", "recreation": "leisure item",
-    "science": "science item", "shapes": "shape", "signs_and_symbols": "sign or symbol",
-    "special": "pattern", "tools": "tool", "transportation": "vehicle or traffic sign",
-    "unsorted": "miscellaneous object",
+  "animals": "animal",
+  "buildings": "building",
+  "buttons": "button",
+  "computer": "computer icon",
+  "containers": "container",
+  "decorations": "decoration",
+  "education": "school item",
+  "electronics": "electronic device",
+  "food": "food item",
+  "geography": "map",
+  "logos": "logo",
+  "office": "office item",
+  "people": "person",
+  "plants": "plant",
+  "recreation": "leisure item",
+  "science": "science item",
+  "shapes": "shape",
+  "signs_and_symbols": "sign or symbol",
+  "special": "pattern",
+  "tools": "tool",
+  "transportation": "vehicle or traffic sign",
+  "unsorted": "miscellaneous object",
 }
 
 ALPHA_THRESHOLD = 128  # alpha >= this is object (as tuxpaint and the segmentation eval's alpha source)
@@ -297,12 +334,12 @@ def _make_example(args):
   elif not obj.any():
     notes.append(NOTE_NO_OBJECT)
   ex = {
-      "image": _common.png_bytes(rgb),
-      "segmentation": _common.png_bytes(obj.astype(np.uint8) * (label + 1)),
-      "alt_text": title,
-      **make_captions(title, meta["description"], meta["keywords"], category),
-      "label": label,
-      "id": f"openclipart/{rel}",
+    "image": _common.png_bytes(rgb),
+    "segmentation": _common.png_bytes(obj.astype(np.uint8) * (label + 1)),
+    "alt_text": title,
+    **make_captions(title, meta["description"], meta["keywords"], category),
+    "label": label,
+    "id": f"openclipart/{rel}",
   }
   return ex["id"], ex, tuple(notes)
 
@@ -324,8 +361,10 @@ class OpenclipartReport(_common.SkipReport):
   def to_dict(self) -> dict:
     """The shared report with 'stats': {'per_split': {split: {category: n}}, 'notes': {note: n}}."""
     d = super().to_dict()
-    d["stats"] = {"per_split": {s: dict(sorted(c.items())) for s, c in self.per_split.items()},
-                  "notes": dict(sorted(self.notes.items()))}
+    d["stats"] = {
+      "per_split": {s: dict(sorted(c.items())) for s, c in self.per_split.items()},
+      "notes": dict(sorted(self.notes.items())),
+    }
     return d
 
   def summary(self) -> str:
@@ -346,8 +385,15 @@ class Openclipart(tfds.core.GeneratorBasedBuilder):
   BUILDER_CONFIGS = [OpenclipartConfig(name="default", description="drawings resized to <= 256 px")]
   DEFAULT_CONFIG_NAME = "default"
 
-  def __init__(self, *, input_dir: str = DEFAULT_DIR, num_workers: int = 1, limit: int | None = None,
-               overrides: dict | None = None, **kwargs):
+  def __init__(
+    self,
+    *,
+    input_dir: str = DEFAULT_DIR,
+    num_workers: int = 1,
+    limit: int | None = None,
+    overrides: dict | None = None,
+    **kwargs,
+  ):
     """overrides: OpenclipartConfig fields (max_size, test_percent) replacing the config's values."""
     self._overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
     self._input_dir = input_dir
@@ -365,10 +411,10 @@ class Openclipart(tfds.core.GeneratorBasedBuilder):
   def _info(self) -> tfds.core.DatasetInfo:
     """Schema: image, alt_text, caption_short, caption_detailed, label (22), segmentation, id."""
     return self.dataset_info_from_configs(
-        description=__doc__,
-        features=_common.make_features(("short", "detailed"), label_names=CATEGORIES, segmentation=True),
-        supervised_keys=("image", "label"),
-        homepage="https://openclipart.org/",
+      description=__doc__,
+      features=_common.make_features(("short", "detailed"), label_names=CATEGORIES, segmentation=True),
+      supervised_keys=("image", "label"),
+      homepage="https://openclipart.org/",
     )
 
   def _plan(self):
@@ -377,8 +423,9 @@ class Openclipart(tfds.core.GeneratorBasedBuilder):
       return self._plan_cache
     if not os.path.isdir(os.path.join(self._input_dir, "png")):
       raise FileNotFoundError(
-          f"openclipart: directory {os.path.join(self._input_dir, 'png')!r} not found; install the Debian "
-          "packages 'openclipart-png' and 'openclipart-svg' or pass --input DIR (holding png/ and svg/)")
+        f"openclipart: directory {os.path.join(self._input_dir, 'png')!r} not found; install the Debian "
+        "packages 'openclipart-png' and 'openclipart-svg' or pass --input DIR (holding png/ and svg/)"
+      )
     inputs = find_inputs(self._input_dir)
     if self._limit:
       inputs = inputs[: self._limit]
@@ -420,7 +467,8 @@ class Openclipart(tfds.core.GeneratorBasedBuilder):
     """Converts drawings in the worker pool (ordered) and records skipped ones in the report."""
     self.report.total += len(items)
     for (_, png, svg, category, _), (status, value) in zip(
-        items, _common.parallel_map(_make_example, items, self._num_workers, chunksize=4)):
+      items, _common.parallel_map(_make_example, items, self._num_workers, chunksize=4)
+    ):
       if status == "ok":
         key, ex, notes = value
         self.report.written += 1

@@ -13,6 +13,7 @@ Record schema (array_record):
   segmentation: PNG uint8 (S,S,1), value = class index + 1 of the top-most object, 0 = background;
   id: 'shapes-<split>-<index>'.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -43,8 +44,15 @@ class ShapesConfig(tfds.core.BuilderConfig):
 def _make_example(args):
   """Worker: (split, index, config fields) -> (key, tfds example with encoded PNGs)."""
   split, index, image_size, seed, max_objects, object_sizes, colours = args
-  ex = shapes_gen.generate(index, split=split, image_size=image_size, seed=seed, max_objects=max_objects,
-                           sizes=object_sizes, colours=colours)
+  ex = shapes_gen.generate(
+    index,
+    split=split,
+    image_size=image_size,
+    seed=seed,
+    max_objects=max_objects,
+    sizes=object_sizes,
+    colours=colours,
+  )
   ex["image"] = _common.png_bytes(ex["image"])
   ex["segmentation"] = _common.png_bytes(ex["segmentation"])
   return ex["id"], ex
@@ -71,10 +79,11 @@ class Shapes(tfds.core.GeneratorBasedBuilder):
   def _info(self) -> tfds.core.DatasetInfo:
     """Schema: image, alt_text, caption_detailed, caption_gemini, label (8 shapes), segmentation, id."""
     return self.dataset_info_from_configs(
-        description=__doc__,
-        features=_common.make_features(("detailed", "gemini"), label_names=shapes_gen.SHAPE_CLASSES,
-                                       segmentation=True),
-        supervised_keys=("image", "label"),
+      description=__doc__,
+      features=_common.make_features(
+        ("detailed", "gemini"), label_names=shapes_gen.SHAPE_CLASSES, segmentation=True
+      ),
+      supervised_keys=("image", "label"),
     )
 
   def split_size_estimates(self) -> dict[str, int]:
@@ -92,8 +101,10 @@ class Shapes(tfds.core.GeneratorBasedBuilder):
   def _generate_examples(self, split: str, n: int):
     """Generates examples in the worker pool; order and content depend only on the indices."""
     cfg = self.options
-    items = ((split, i, cfg.image_size, cfg.seed, cfg.max_objects, tuple(cfg.object_sizes),
-              tuple(cfg.colours)) for i in range(n))
+    items = (
+      (split, i, cfg.image_size, cfg.seed, cfg.max_objects, tuple(cfg.object_sizes), tuple(cfg.colours))
+      for i in range(n)
+    )
     for status, value in _common.parallel_map(_make_example, items, self._num_workers, chunksize=32):
       assert status == "ok", value
       yield value

@@ -4,6 +4,7 @@ Why separate from the builder: the tokenizer trainer and tests need the captions
 conversion workers need a light module. Every example is a pure function of (seed, split, index),
 so two builds are byte-identical and any index can be regenerated on its own.
 """
+
 from __future__ import annotations
 
 import math
@@ -14,22 +15,41 @@ from PIL import Image, ImageDraw
 SHAPE_CLASSES = ("circle", "square", "triangle", "star", "hexagon", "diamond", "cross", "pentagon")
 
 COLOURS = {
-    "red": (220, 30, 40), "green": (40, 170, 60), "blue": (35, 70, 215), "yellow": (245, 215, 30),
-    "orange": (245, 135, 20), "purple": (140, 50, 180), "pink": (245, 120, 190),
-    "brown": (130, 80, 35), "cyan": (30, 200, 220), "black": (20, 20, 20),
+  "red": (220, 30, 40),
+  "green": (40, 170, 60),
+  "blue": (35, 70, 215),
+  "yellow": (245, 215, 30),
+  "orange": (245, 135, 20),
+  "purple": (140, 50, 180),
+  "pink": (245, 120, 190),
+  "brown": (130, 80, 35),
+  "cyan": (30, 200, 220),
+  "black": (20, 20, 20),
 }
 BACKGROUNDS = {
-    "white": (245, 245, 245), "gray": (150, 150, 150), "beige": (235, 220, 190),
-    "light blue": (190, 215, 240), "dark gray": (60, 60, 65), "light green": (200, 235, 200),
+  "white": (245, 245, 245),
+  "gray": (150, 150, 150),
+  "beige": (235, 220, 190),
+  "light blue": (190, 215, 240),
+  "dark gray": (60, 60, 65),
+  "light green": (200, 235, 200),
 }
 # Paraphrase vocabulary for the second synthetic caption ('gemini' style).
-_SIZE_WORDS = {"small": ("small", "tiny", "little"), "medium": ("medium-sized", "mid-sized", "modest"),
-               "large": ("large", "big", "huge")}
+_SIZE_WORDS = {
+  "small": ("small", "tiny", "little"),
+  "medium": ("medium-sized", "mid-sized", "modest"),
+  "large": ("large", "big", "huge"),
+}
 _POS_WORDS = {
-    "top left": "in the upper left corner", "top": "near the top edge", "top right": "in the upper right corner",
-    "left": "on the left side", "center": "in the middle", "right": "on the right side",
-    "bottom left": "in the lower left corner", "bottom": "near the bottom edge",
-    "bottom right": "in the lower right corner",
+  "top left": "in the upper left corner",
+  "top": "near the top edge",
+  "top right": "in the upper right corner",
+  "left": "on the left side",
+  "center": "in the middle",
+  "right": "on the right side",
+  "bottom left": "in the lower left corner",
+  "bottom": "near the bottom edge",
+  "bottom right": "in the lower right corner",
 }
 _SPLIT_IDS = {"train": 0, "test": 1, "validation": 2}
 
@@ -60,12 +80,28 @@ def _draw_shape(draw: ImageDraw.ImageDraw, kind: str, cx: float, cy: float, r: f
   elif kind == "pentagon":
     draw.polygon(_polygon(cx, cy, r, 5, rot), fill=fill)
   elif kind == "diamond":
-    draw.polygon([(cx, cy - r * 1.2), (cx + r * 0.75, cy), (cx, cy + r * 1.2), (cx - r * 0.75, cy)], fill=fill)
+    draw.polygon(
+      [(cx, cy - r * 1.2), (cx + r * 0.75, cy), (cx, cy + r * 1.2), (cx - r * 0.75, cy)], fill=fill
+    )
   elif kind == "cross":
     t = r * 0.35
-    draw.polygon([(cx - t, cy - r), (cx + t, cy - r), (cx + t, cy - t), (cx + r, cy - t), (cx + r, cy + t),
-                  (cx + t, cy + t), (cx + t, cy + r), (cx - t, cy + r), (cx - t, cy + t), (cx - r, cy + t),
-                  (cx - r, cy - t), (cx - t, cy - t)], fill=fill)
+    draw.polygon(
+      [
+        (cx - t, cy - r),
+        (cx + t, cy - r),
+        (cx + t, cy - t),
+        (cx + r, cy - t),
+        (cx + r, cy + t),
+        (cx + t, cy + t),
+        (cx + t, cy + r),
+        (cx - t, cy + r),
+        (cx - t, cy + t),
+        (cx - r, cy + t),
+        (cx - r, cy - t),
+        (cx - t, cy - t),
+      ],
+      fill=fill,
+    )
   else:
     raise ValueError(f"unknown shape {kind!r}")
 
@@ -115,9 +151,16 @@ def check_options(*, max_objects: int | None = None, sizes=None, colours=None) -
 
 # Longer than ~60 lines on purpose: one example is drawn from one seeded RNG in a fixed order of draws;
 # splitting the draws over helpers would make that order (and so every image) easy to change by accident.
-def generate(index: int, *, split: str = "train", image_size: int = 224, seed: int = 0,
-             max_objects: int = 4, sizes: tuple[str, ...] = SIZE_NAMES,
-             colours: tuple[str, ...] | None = None) -> dict:
+def generate(
+  index: int,
+  *,
+  split: str = "train",
+  image_size: int = 224,
+  seed: int = 0,
+  max_objects: int = 4,
+  sizes: tuple[str, ...] = SIZE_NAMES,
+  colours: tuple[str, ...] | None = None,
+) -> dict:
   """Returns one example: uint8 image (S,S,3), mask (S,S) (class+1, 0 = background), captions, label.
 
   The main object (label and short caption) is the largest one; it is drawn first, smaller ones may
@@ -158,8 +201,19 @@ def generate(index: int, *, split: str = "train", image_size: int = 224, seed: i
     kind_idx = int(rng.integers(len(SHAPE_CLASSES)))
     colour = colours[rng.integers(len(colours))]
     rot = float(rng.uniform(0, 2 * math.pi)) if rng.random() < 0.3 else 0.0
-    objects.append(dict(kind=SHAPE_CLASSES[kind_idx], label=kind_idx, colour=colour, size=size_name,
-                        r=r, cx=cx, cy=cy, rot=rot, position=_position_name(cx, cy, s)))
+    objects.append(
+      dict(
+        kind=SHAPE_CLASSES[kind_idx],
+        label=kind_idx,
+        colour=colour,
+        size=size_name,
+        r=r,
+        cx=cx,
+        cy=cy,
+        rot=rot,
+        position=_position_name(cx, cy, s),
+      )
+    )
   objects.sort(key=lambda o: -o["r"])  # largest first: it is the main object and stays mostly visible
   for o in objects:
     _draw_shape(draw_img, o["kind"], o["cx"], o["cy"], o["r"], o["rot"], COLOURS[o["colour"]])
@@ -168,8 +222,10 @@ def generate(index: int, *, split: str = "train", image_size: int = 224, seed: i
   main = objects[0]
   short = f"{_article(main['colour'])} {main['colour']} {main['kind']}"
   bg_desc = f"{'gradient' if gradient else 'plain'} {bg_name} background"
-  parts = [f"{_article(o['size'])} {o['size']} {o['colour']} {o['kind']} {_pos_phrase(o['position'])}"
-           for o in objects]
+  parts = [
+    f"{_article(o['size'])} {o['size']} {o['colour']} {o['kind']} {_pos_phrase(o['position'])}"
+    for o in objects
+  ]
   detailed = f"{_join(parts)}, on a {bg_desc}."
   detailed = detailed[0].upper() + detailed[1:]
   words = []
@@ -177,14 +233,16 @@ def generate(index: int, *, split: str = "train", image_size: int = 224, seed: i
     sw = _SIZE_WORDS[o["size"]][rng.integers(3)]
     words.append(f"{_article(sw)} {sw} {o['colour']} {o['kind']} {_POS_WORDS[o['position']]}")
   count = "one shape" if n == 1 else f"{n} shapes"
-  gemini = (f"This image shows {count} on a {'smoothly shaded' if gradient else 'flat'} {bg_name} "
-            f"background: {_join(words)}.")
+  gemini = (
+    f"This image shows {count} on a {'smoothly shaded' if gradient else 'flat'} {bg_name} "
+    f"background: {_join(words)}."
+  )
   return {
-      "image": np.asarray(img),
-      "segmentation": np.asarray(mask),
-      "alt_text": short,
-      "caption_detailed": detailed,
-      "caption_gemini": gemini,
-      "label": main["label"],
-      "id": f"shapes-{split}-{index:07d}",
+    "image": np.asarray(img),
+    "segmentation": np.asarray(mask),
+    "alt_text": short,
+    "caption_detailed": detailed,
+    "caption_gemini": gemini,
+    "label": main["label"],
+    "id": f"shapes-{split}-{index:07d}",
   }

@@ -18,6 +18,7 @@ Bad inputs are skipped and reported (see `_common.SkipReport`): missing image, z
 Record schema: image (original JPEG/PNG bytes; other formats re-encoded as PNG), alt_text,
 caption_<col>..., optional label, id. One split (`split`, default 'train').
 """
+
 from __future__ import annotations
 
 import csv
@@ -74,10 +75,19 @@ class Table(_common.SingleInputSplit, tfds.core.GeneratorBasedBuilder):
 
   VERSION = tfds.core.Version("1.0.0")
 
-  def __init__(self, *, input_path: str | None = None, image_root: str | None = None,
-               image_column: str | None = None, caption_columns: list[str] | None = None,
-               label_column: str | None = None, split: str = "train", num_workers: int = 1,
-               limit: int | None = None, **kwargs):
+  def __init__(
+    self,
+    *,
+    input_path: str | None = None,
+    image_root: str | None = None,
+    image_column: str | None = None,
+    caption_columns: list[str] | None = None,
+    label_column: str | None = None,
+    split: str = "train",
+    num_workers: int = 1,
+    limit: int | None = None,
+    **kwargs,
+  ):
     """input_path None = reading an existing dataset; else reads the table now (its columns set the features)."""
     self._input_path = input_path
     self._split = split
@@ -107,8 +117,10 @@ class Table(_common.SingleInputSplit, tfds.core.GeneratorBasedBuilder):
     if self._image_column is None:
       found = [c for c in IMAGE_COLUMNS if c in columns]
       if not found:
-        raise ValueError(f"{self.name}: no image column in {input_path!r} (columns {columns}); "
-                         f"expected one of {IMAGE_COLUMNS} or pass --image_column")
+        raise ValueError(
+          f"{self.name}: no image column in {input_path!r} (columns {columns}); "
+          f"expected one of {IMAGE_COLUMNS} or pass --image_column"
+        )
       self._image_column = found[0]
     if caption_columns:
       missing = [c for c in caption_columns if c not in columns]
@@ -130,8 +142,11 @@ class Table(_common.SingleInputSplit, tfds.core.GeneratorBasedBuilder):
     """Features from the table columns; None when reading (restored from features.json)."""
     features = None  # reading an existing dataset: features are restored from its features.json
     if self._input_path is not None:
-      features = _common.make_features([_common.caption_field(c) for c in self._caption_columns[1:]],
-                                       label_names=self._label_names, image_format=None)
+      features = _common.make_features(
+        [_common.caption_field(c) for c in self._caption_columns[1:]],
+        label_names=self._label_names,
+        image_format=None,
+      )
     return self.dataset_info_from_configs(description=__doc__, features=features)
 
   def split_size_estimates(self) -> dict[str, int]:
@@ -148,26 +163,39 @@ class Table(_common.SingleInputSplit, tfds.core.GeneratorBasedBuilder):
       bare = base.split("://", 1)[1]  # walk's folders come back without the scheme
       files = []
       for root, _, names in paths.as_path(base).walk():
-        sub = os.fspath(root).split("://", 1)[-1][len(bare):].strip("/")
-        files += ["/".join(x for x in (base, sub, n) if x) for n in names if n.lower().endswith(IMAGE_EXTENSIONS)]
+        sub = os.fspath(root).split("://", 1)[-1][len(bare) :].strip("/")
+        files += [
+          "/".join(x for x in (base, sub, n) if x) for n in names if n.lower().endswith(IMAGE_EXTENSIONS)
+        ]
     else:
-      files = [os.path.join(root, n) for root, _, names in os.walk(self._input_path) for n in names
-               if n.lower().endswith(IMAGE_EXTENSIONS)]
+      files = [
+        os.path.join(root, n)
+        for root, _, names in os.walk(self._input_path)
+        for n in names
+        if n.lower().endswith(IMAGE_EXTENSIONS)
+      ]
     files.sort()
     return files[: self._limit] if self._limit else files
 
   def unit_reader(self) -> "RowReader":
     """The picklable reader of a unit of work (tipsito/data/beam_convert.py)."""
-    return RowReader(input_dir=self._input_path if paths.isdir(self._input_path) else None,
-                     image_column=self._image_column, image_root=self._image_root,
-                     caption_columns=self._caption_columns, label_column=self._label_column,
-                     label_names=self._label_names)
+    return RowReader(
+      input_dir=self._input_path if paths.isdir(self._input_path) else None,
+      image_column=self._image_column,
+      image_root=self._image_root,
+      caption_columns=self._caption_columns,
+      label_column=self._label_column,
+      label_names=self._label_names,
+    )
 
   def units(self, rows_per_unit: int = 10000) -> list[tuple[int, list]]:
     """The units of work in input order: (index of the first row / file, its rows / file paths)."""
-    inputs = self._folder_files() if paths.isdir(self._input_path) else (
-        self._rows[: self._limit] if self._limit else self._rows)
-    return [(i, inputs[i: i + rows_per_unit]) for i in range(0, len(inputs), rows_per_unit)]
+    inputs = (
+      self._folder_files()
+      if paths.isdir(self._input_path)
+      else (self._rows[: self._limit] if self._limit else self._rows)
+    )
+    return [(i, inputs[i : i + rows_per_unit]) for i in range(0, len(inputs), rows_per_unit)]
 
   def _items(self):
     """(key, image path, fields) per input, or ('__skip__', name, reason, detail)."""
@@ -234,7 +262,11 @@ class RowReader:
 
   def file_item(self, path: str):
     """Image-folder mode: (relative path, path, fields) for an image with a non-empty sidecar .txt."""
-    rel = os.path.relpath(path, self.input_dir) if not paths.is_url(path) else path[len(self.input_dir):].lstrip("/")
+    rel = (
+      os.path.relpath(path, self.input_dir)
+      if not paths.is_url(path)
+      else path[len(self.input_dir) :].lstrip("/")
+    )
     txt = os.path.splitext(path)[0] + ".txt"
     try:
       if not paths.isfile(txt):

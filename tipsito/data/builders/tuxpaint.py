@@ -18,6 +18,7 @@ Record schema (array_record), one split 'train' with all 785 examples:
   value = label + 1 where the stamp's alpha >= 128, 0 = background;
   id: 'tuxpaint/<path relative to the stamps dir, without .png>'.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,21 +33,51 @@ from tipsito.data.builders import _common
 
 DEFAULT_STAMPS_DIR = "/usr/share/tuxpaint/stamps"
 
-CATEGORIES = ("animals", "clothes", "food", "hobbies", "household", "medical", "military",
-              "naturalforces", "people", "plants", "seasonal", "space", "sports", "symbols", "town",
-              "vehicles")
+CATEGORIES = (
+  "animals",
+  "clothes",
+  "food",
+  "hobbies",
+  "household",
+  "medical",
+  "military",
+  "naturalforces",
+  "people",
+  "plants",
+  "seasonal",
+  "space",
+  "sports",
+  "symbols",
+  "town",
+  "vehicles",
+)
 # Words used in the synthetic captions (and by zero-shot evals as class names).
 CATEGORY_WORDS = {
-    "animals": "animal", "clothes": "piece of clothing", "food": "food", "hobbies": "hobby item",
-    "household": "household object", "medical": "medical item", "military": "military vehicle",
-    "naturalforces": "force of nature", "people": "person", "plants": "plant",
-    "seasonal": "holiday decoration", "space": "space object", "sports": "sports item",
-    "symbols": "symbol", "town": "town building or sign", "vehicles": "vehicle",
+  "animals": "animal",
+  "clothes": "piece of clothing",
+  "food": "food",
+  "hobbies": "hobby item",
+  "household": "household object",
+  "medical": "medical item",
+  "military": "military vehicle",
+  "naturalforces": "force of nature",
+  "people": "person",
+  "plants": "plant",
+  "seasonal": "holiday decoration",
+  "space": "space object",
+  "sports": "sports item",
+  "symbols": "symbol",
+  "town": "town building or sign",
+  "vehicles": "vehicle",
 }
 _BACKGROUNDS = {
-    "white": (250, 250, 250), "light gray": (200, 200, 200), "cream": (245, 235, 205),
-    "sky blue": (170, 205, 235), "pale green": (200, 230, 195), "pale pink": (245, 210, 220),
-    "dark blue": (30, 40, 90),
+  "white": (250, 250, 250),
+  "light gray": (200, 200, 200),
+  "cream": (245, 235, 205),
+  "sky blue": (170, 205, 235),
+  "pale green": (200, 230, 195),
+  "pale pink": (245, 210, 220),
+  "dark blue": (30, 40, 90),
 }
 
 
@@ -130,17 +161,18 @@ def _make_example(args):
   alpha = np.asarray(stamp.getchannel("A"))
   label = CATEGORIES.index(category)
   seg = np.zeros((ch, cw), np.uint8)
-  seg[pad:pad + h, pad:pad + w][alpha >= 128] = label + 1
+  seg[pad : pad + h, pad : pad + w][alpha >= 128] = label + 1
   word = CATEGORY_WORDS[category]
   ex = {
-      "image": _common.png_bytes(base),
-      "segmentation": _common.png_bytes(seg),
-      "alt_text": caption,
-      "caption_category": f"a picture of {_article(word)} {word}",
-      "caption_detailed": (f"{caption.rstrip('.!?')}. A picture of {_article(word)} {word} "
-                           f"on a {bg_desc} background."),
-      "label": label,
-      "id": f"tuxpaint/{rel}",
+    "image": _common.png_bytes(base),
+    "segmentation": _common.png_bytes(seg),
+    "alt_text": caption,
+    "caption_category": f"a picture of {_article(word)} {word}",
+    "caption_detailed": (
+      f"{caption.rstrip('.!?')}. A picture of {_article(word)} {word} on a {bg_desc} background."
+    ),
+    "label": label,
+    "id": f"tuxpaint/{rel}",
   }
   return ex["id"], ex
 
@@ -152,8 +184,15 @@ class Tuxpaint(tfds.core.GeneratorBasedBuilder):
   BUILDER_CONFIGS = [TuxpaintConfig(name="default", description="stamps resized to <= 384 px")]
   DEFAULT_CONFIG_NAME = "default"
 
-  def __init__(self, *, stamps_dir: str = DEFAULT_STAMPS_DIR, num_workers: int = 1, limit: int | None = None,
-               overrides: dict | None = None, **kwargs):
+  def __init__(
+    self,
+    *,
+    stamps_dir: str = DEFAULT_STAMPS_DIR,
+    num_workers: int = 1,
+    limit: int | None = None,
+    overrides: dict | None = None,
+    **kwargs,
+  ):
     """overrides: TuxpaintConfig fields (max_size, margin) replacing the config's values."""
     self._overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
     self._stamps_dir = stamps_dir
@@ -165,10 +204,10 @@ class Tuxpaint(tfds.core.GeneratorBasedBuilder):
   def _info(self) -> tfds.core.DatasetInfo:
     """Schema: image, alt_text, caption_category, caption_detailed, label (16), segmentation, id."""
     return self.dataset_info_from_configs(
-        description=__doc__,
-        features=_common.make_features(("category", "detailed"), label_names=CATEGORIES, segmentation=True),
-        supervised_keys=("image", "label"),
-        homepage="https://tuxpaint.org/",
+      description=__doc__,
+      features=_common.make_features(("category", "detailed"), label_names=CATEGORIES, segmentation=True),
+      supervised_keys=("image", "label"),
+      homepage="https://tuxpaint.org/",
     )
 
   def split_size_estimates(self) -> dict[str, int]:
@@ -181,8 +220,9 @@ class Tuxpaint(tfds.core.GeneratorBasedBuilder):
     del dl_manager
     if not os.path.isdir(self._stamps_dir):
       raise FileNotFoundError(
-          f"tuxpaint: stamps directory {self._stamps_dir!r} not found; install the Debian package "
-          "'tuxpaint-stamps-default' or pass --input DIR")
+        f"tuxpaint: stamps directory {self._stamps_dir!r} not found; install the Debian package "
+        "'tuxpaint-stamps-default' or pass --input DIR"
+      )
     stamps = find_stamps(self._stamps_dir)
     if self._limit:
       stamps = stamps[: self._limit]
@@ -194,7 +234,8 @@ class Tuxpaint(tfds.core.GeneratorBasedBuilder):
     items = [(png, cat, self._stamps_dir, cfg.max_size, cfg.margin) for png, cat in stamps]
     self.report.total += len(items)
     for (png, _, *_), (status, value) in zip(
-        items, _common.parallel_map(_make_example, items, self._num_workers, chunksize=4)):
+      items, _common.parallel_map(_make_example, items, self._num_workers, chunksize=4)
+    ):
       if status == "ok":
         self.report.written += 1
         yield value

@@ -16,6 +16,7 @@ non-UTF-8 .txt, unparsable .json.
 Record schema: image (original JPEG/PNG bytes, other formats re-encoded as PNG), alt_text,
 caption_<field>..., id ('<shard name>/<key>'). One split (`split`, default 'train').
 """
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,20 @@ from tipsito.data.builders import _common
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff")
 ALT_TEXT_KEYS = ("caption", "alt_text", "text", "txt")
-_NON_CAPTION_KEYS = {"key", "__key__", "url", "id", "width", "height", "original_width", "original_height",
-                     "sha256", "status", "error_message", "exif"}
+_NON_CAPTION_KEYS = {
+  "key",
+  "__key__",
+  "url",
+  "id",
+  "width",
+  "height",
+  "original_width",
+  "original_height",
+  "sha256",
+  "status",
+  "error_message",
+  "exif",
+}
 
 
 def list_shards(input_path: str) -> list[str]:
@@ -97,8 +110,16 @@ class Webdataset(_common.SingleInputSplit, tfds.core.GeneratorBasedBuilder):
 
   VERSION = tfds.core.Version("1.0.0")
 
-  def __init__(self, *, input_path: str | None = None, caption_columns: list[str] | None = None,
-               split: str = "train", num_workers: int = 1, limit: int | None = None, **kwargs):
+  def __init__(
+    self,
+    *,
+    input_path: str | None = None,
+    caption_columns: list[str] | None = None,
+    split: str = "train",
+    num_workers: int = 1,
+    limit: int | None = None,
+    **kwargs,
+  ):
     """input_path None = reading an existing dataset; else scans the shards (fields, sample count)."""
     self._input_path = input_path
     self._split = split
@@ -148,8 +169,9 @@ class Webdataset(_common.SingleInputSplit, tfds.core.GeneratorBasedBuilder):
     """Features from the scanned json fields; None when reading (restored from features.json)."""
     features = None  # reading an existing dataset: features are restored from its features.json
     if self._input_path is not None:
-      features = _common.make_features([_common.caption_field(k) for k in self._extra_fields()],
-                                       image_format=None)
+      features = _common.make_features(
+        [_common.caption_field(k) for k in self._extra_fields()], image_format=None
+      )
     return self.dataset_info_from_configs(description=__doc__, features=features)
 
   def split_size_estimates(self) -> dict[str, int]:
@@ -246,12 +268,20 @@ def sample_record(name: str, parts: dict, extra: list[str]):
   if "txt" in parts:
     alt = _common.text_field(parts["txt"], f"{name}.txt")
   if not alt:
-    alt = next((_common.text_field(obj[k], f"{name}.json[{k}]") for k in ALT_TEXT_KEYS
-                if isinstance(obj.get(k), str) and obj[k].strip()), "")
+    alt = next(
+      (
+        _common.text_field(obj[k], f"{name}.json[{k}]")
+        for k in ALT_TEXT_KEYS
+        if isinstance(obj.get(k), str) and obj[k].strip()
+      ),
+      "",
+    )
   if not alt:
     raise _common.SkipInput(_common.SKIP_MISSING_CAPTION, name)
   fields = {"alt_text": alt, "id": name}
   for k in extra:
     v = obj.get(k)
-    fields[_common.caption_field(k)] = _common.text_field(v, f"{name}.json[{k}]") if isinstance(v, str) else ""
+    fields[_common.caption_field(k)] = (
+      _common.text_field(v, f"{name}.json[{k}]") if isinstance(v, str) else ""
+    )
   return image, fields
