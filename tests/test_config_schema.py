@@ -26,7 +26,8 @@ from tipsito.objective import recipes
 from tipsito.train import optim, resume_guard
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-# Made by tests/data/config_schema/make_snapshot.py on main 3803a2d, before the schema existed.
+# Made by tests/data/config_schema/make_snapshot.py on main 3803a2d, before the schema existed; keys added
+# since then are inserted with their default (input.microbatches = 1, exact accumulation).
 SNAPSHOT = ROOT / "tests" / "data" / "config_schema" / "defaults_snapshot.json"
 
 
