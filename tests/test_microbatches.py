@@ -24,18 +24,32 @@ from tipsito.train import resume_guard
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)
-RECIPES = ("clip", "siglip", "ito", "tips", "tipsv2", "tipsito", "distill")
-# The whole matrix (7 recipes x 2 meshes, ~30 min on 2 cores) runs with TIPSITO_ALL_MICROBATCH_RECIPES=1;
+# The 7 recipes, and TIPSv2 with Sinkhorn-Knopp teacher targets: they couple the batch, so DINO / iBOT run
+# on the whole batch's teacher outputs instead of micro-batch by micro-batch (tipsito/objective/accumulate.py).
+VARIANTS = {"tipsv2_sinkhorn": ("tipsv2", {"teacher_method": "sinkhorn"})}
+RECIPES = ("clip", "siglip", "ito", "tips", "tipsv2", "tipsito", "distill") + tuple(VARIANTS)
+# The whole matrix (8 cases x 2 meshes, ~15 min on 2 cores) runs with TIPSITO_ALL_MICROBATCH_RECIPES=1;
 # the suite (CI: 30 minutes on 2 cores for everything) runs a batch-coupled contrastive recipe on both
-# meshes and the TIPSv2 recipe (DINO/iBOT centres, two CLS) on one device, with the naive mutation on both.
+# meshes, and on one device TIPSv2 (per-example DINO / iBOT++, two CLS), TIPS (plain iBOT: centre means
+# weighted by counted tokens) and TIPSv2 with Sinkhorn targets, with the naive mutation on clip and tipsv2.
 FULL = bool(os.environ.get("TIPSITO_ALL_MICROBATCH_RECIPES"))
-CASES = {r: ("one", "fsdp8") for r in RECIPES} if FULL else {"clip": ("one", "fsdp8"), "tipsv2": ("one",)}
+CASES = (
+  {r: ("one", "fsdp8") for r in RECIPES}
+  if FULL
+  else {"clip": ("one", "fsdp8"), "tipsv2": ("one",), "tips": ("one",), "tipsv2_sinkhorn": ("one",)}
+)
 STEPS = 3
 RTOL = 1e-5
 
 
 def tiny(recipe: str, k: int, batch_size: int):
-  """The tiny config of `recipe` (depth-1 towers; 'distill' with the tiny official-format teacher)."""
+  """The tiny config of `recipe` (depth-1 towers; 'distill' with the tiny official-format teacher; a
+  `VARIANTS` name: its recipe with those `config.loss_opts`)."""
+  if recipe in VARIANTS:
+    base, opts = VARIANTS[recipe]
+    c = tiny(base, k, batch_size)
+    c.loss_opts.update(opts)
+    return c
   if recipe == "distill":
     from test_recipes_distill import tiny_student  # pylint: disable=import-outside-toplevel
 
@@ -97,6 +111,15 @@ def relative_errors(a_state, b_state) -> dict:
   return {k: float(np.sqrt(d / max(n, 1e-60))) for k, (d, n) in groups.items()}
 
 
+def ragged(mask: np.ndarray) -> np.ndarray:
+  """The iBOT mask with examples 0 and 1 unmasked: every image of the pipeline masks the same number of
+  patches, so without this each micro-batch would count the same tokens and the weighting of the iBOT
+  centre mean by counted tokens (plain iBOT) would go untested."""
+  mask = np.array(mask)
+  mask[:2] = False
+  return mask
+
+
 def naive_loss_and_grads(ctx, k, params, ema, centers, frozen, batch, step, rng, *, constrain_grads=None):
   """The mutation: naive accumulation, each micro-batch with its own losses (its own negatives, KoLeo
   neighbours and centre statistics), gradients and losses averaged, centres from the last micro-batch."""
@@ -118,8 +141,9 @@ def naive_loss_and_grads(ctx, k, params, ema, centers, frozen, batch, step, rng,
 
 
 def worker() -> None:
-  """Runs in the subprocess: every recipe's K = 1 and K = 4 steps on both meshes; prints the worst
-  relative error per (recipe, mesh), and the naive mutation's on 'clip' and 'tipsv2'."""
+  """Runs in the subprocess: every case's K = 1 and K = 4 steps on its meshes; prints the worst
+  relative error per (case, mesh), and the naive mutation's on 'clip' and 'tipsv2'. The plain-iBOT
+  cases get a `ragged` mask."""
   import jax  # pylint: disable=import-outside-toplevel
 
   jax.config.update("jax_threefry_partitionable", True)
@@ -133,7 +157,10 @@ def worker() -> None:
     setup = assembly.build(c, mesh, vocab_size=100)  # loads distill's teacher
     state = setup.init_state()
     fn = step_lib.jit_train_step(setup)
-    batch = sharding.global_batch(synthetic_batch(c, seed=1), mesh)
+    host_batch = synthetic_batch(c, seed=1)
+    if "mask" in host_batch and c.loss.get("ibot", 0) and not c.loss_opts.ibot_all_patches:
+      host_batch["mask"] = ragged(host_batch["mask"])
+    batch = sharding.global_batch(host_batch, mesh)
     frozen = setup.frozen()
     for _ in range(STEPS):
       state, _ = fn(state, batch, frozen)

@@ -79,6 +79,7 @@ class Features:
   student_cls: Optional[jax.Array] = None  # student view-1 CLS1 at the heads' width
   student_patches: Optional[jax.Array] = None  # student view-1 patch tokens at the heads' width
   local_cls: Optional[jax.Array] = None  # (M, B, D) student CLS1 of the local crops, heads' width
+  fused: Optional[jax.Array] = None  # (B, 2, D) ITO fusion of (view 1, view 2) with 'text', when given
   metrics: dict = dataclasses.field(default_factory=dict)
 
   def project(self, x: jax.Array) -> jax.Array:
@@ -172,6 +173,7 @@ def features_from_encodings(
     contrastive_cls1=contrastive["cls"][:, 0],
     view2=enc.get("view2"),
     mask=mask,
+    fused=enc.get("fused"),
   )
   if "logit_scale" in params:
     log_s = params["logit_scale"]
@@ -243,16 +245,24 @@ def teacher_features(
   return f.forward(f.params, image, method=TrainModel.encode_image)
 
 
+def self_distillation_metrics(ctx: LossContext, student_cls: jax.Array, step) -> dict:
+  """`teacher_temp` and `collapse/cls_effective_rank` (of the student's view-1 CLS1, (B, n_cls, D)) of
+  the whole batch; a function of its own because exact accumulation evaluates DINO / iBOT micro-batch
+  by micro-batch but logs these from the whole batch."""
+  return {
+    "teacher_temp": teacher_temperature(ctx, step),
+    "collapse/cls_effective_rank": collapse.effective_rank(jax.lax.stop_gradient(student_cls[:, 0])),
+  }
+
+
 def _self_distillation(ctx: LossContext, f: Features, ema: dict, frozen: dict, teacher: dict, step) -> None:
   """Teacher features (from `encode`, stop-gradient), teacher head params and temperature, and the
   student's view-1 tokens at the heads' width. Teacher heads: the frozen teacher's own (distillation from
   a training workdir), else `state.ema` (an EMA of the student heads)."""
-  f.teacher_temp = teacher_temperature(ctx, step)
-  f.metrics["teacher_temp"] = f.teacher_temp
+  f.metrics.update(self_distillation_metrics(ctx, f.student["cls"], step))
+  f.teacher_temp = f.metrics["teacher_temp"]
   f.teacher = teacher
   t_heads = {k: frozen[k] for k in ("dino_head", "ibot_head") if k in frozen}
   f.teacher_params = jax.lax.stop_gradient({**f.params, **ema, **t_heads})
-  s_cls = f.student["cls"][:, 0]
-  f.metrics["collapse/cls_effective_rank"] = collapse.effective_rank(jax.lax.stop_gradient(s_cls))
-  f.student_cls = f.to_heads_width(s_cls)
+  f.student_cls = f.to_heads_width(f.student["cls"][:, 0])
   f.student_patches = f.to_heads_width(f.student["patches"])

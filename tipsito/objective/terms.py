@@ -29,7 +29,8 @@ The loss functions are called through their modules (`_con.clip_loss`, ...), so 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, NamedTuple
+import math
+from typing import Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -136,14 +137,24 @@ def clip_view2_term(ctx: LossContext, f: Features, centers: dict) -> TermOutput:
   return TermOutput(w * cls1, {"clip_view2/cls1": cls1})
 
 
-def fusion_term(ctx: LossContext, f: Features, centers: dict) -> TermOutput:
-  del centers
+def fused_embeddings(ctx: LossContext, f: Features) -> tuple[jax.Array, jax.Array]:
+  """(fusion(view 1, 'text'), fusion(view 2, 'text')), each (B, D): one fusion call over both views.
+
+  Per example (the fusion Transformer attends within one image-caption pair), so exact gradient
+  accumulation (tipsito/objective/accumulate.py) computes it micro-batch by micro-batch and hands the
+  term only these embeddings, in `Features.fused`."""
   c, b, txt = ctx.fusion_cls, f.batch_size, f.caption
   tokens = jnp.concatenate([txt["tokens"], txt["tokens"]], 0)
   valid = jnp.concatenate([txt["valid"], txt["valid"]], 0)
   both = jax.tree.map(lambda x, y: jnp.concatenate([x, y], 0), f.contrastive, f.view2)
   z = f.forward(f.params, both["cls"][:, c], both["patches"], tokens, valid, method=TrainModel.fuse)
-  return TermOutput(_con.ntxent_loss(z[:b], z[b:], f.scale))
+  return z[:b], z[b:]
+
+
+def fusion_term(ctx: LossContext, f: Features, centers: dict) -> TermOutput:
+  del centers
+  z1, z2 = (f.fused[:, 0], f.fused[:, 1]) if f.fused is not None else fused_embeddings(ctx, f)
+  return TermOutput(_con.ntxent_loss(z1, z2, f.scale))
 
 
 def koleo_term(ctx: LossContext, f: Features, centers: dict) -> TermOutput:
@@ -199,6 +210,27 @@ def dino_term(ctx: LossContext, f: Features, centers: dict) -> TermOutput:
   return TermOutput(loss, metrics, {"dino": _sd.update_center(center, t_logits, ctx.center_momentum)})
 
 
+def _ibot_tokens(ctx: LossContext, f: Features):
+  """(the student's (B, N) iBOT mask or None, whether every patch carries loss: iBOT++ or no mask)."""
+  flat_mask = None if f.mask is None else f.mask.reshape(f.batch_size, -1)
+  return flat_mask, ctx.ibot_all_patches or flat_mask is None
+
+
+def ibot_counted_tokens(ctx: LossContext, f: Features) -> jax.Array:
+  """How many teacher tokens this batch's iBOT centre mean and teacher entropy average over: every
+  patch (iBOT++, or nothing masked), else the masked ones."""
+  flat_mask, all_patches = _ibot_tokens(ctx, f)
+  if all_patches:
+    return jnp.float32(f.batch_size * math.prod(f.student_patches.shape[1:-1]))
+  return jnp.sum(flat_mask.astype(jnp.float32))
+
+
+def examples(ctx: LossContext, f: Features) -> jax.Array:
+  """The batch size: the weight of a term whose centre mean and metrics average over examples."""
+  del ctx
+  return jnp.float32(f.batch_size)
+
+
 def ibot_term(ctx: LossContext, f: Features, centers: dict) -> TermOutput:
   b, t_temp, center = f.batch_size, f.teacher_temp, centers["ibot"]
   sp = f.forward(
@@ -206,8 +238,7 @@ def ibot_term(ctx: LossContext, f: Features, centers: dict) -> TermOutput:
   )
   tpt = f.teacher["patches"]
   tp = f.forward(f.teacher_params, tpt.reshape(b, -1, tpt.shape[-1]), method=TrainModel.ibot)
-  flat_mask = None if f.mask is None else f.mask.reshape(b, -1)
-  all_patches = ctx.ibot_all_patches or flat_mask is None
+  flat_mask, all_patches = _ibot_tokens(ctx, f)
   loss = _sd.ibot_loss(
     sp,
     tp,
@@ -245,16 +276,27 @@ def feature_term(ctx: LossContext, f: Features, centers: dict) -> TermOutput:
 @dataclasses.dataclass(frozen=True)
 class Term:
   """A loss term: its function, the batch fields it requires, the features it reads (features.py names),
-  and the centres it keeps ((K,) zeros at init, updated every step)."""
+  the centres it keeps ((K,) zeros at init, updated every step), and `batch_weight` for the terms that
+  are per example (below)."""
 
   fn: Callable[[LossContext, Features, dict], TermOutput]
   fields: tuple[str, ...]
   features: frozenset
   centers: tuple[str, ...] = ()
+  # Set for a term whose loss is a mean over examples of values that depend on no other example (given
+  # the centres), and whose centre update and metrics are means weighted by `batch_weight(ctx, f)` (a
+  # count). Then the term on the whole batch equals its K micro-batch values combined: loss by the plain
+  # mean (equal micro-batches), centre means and metrics weighted by `batch_weight`; see `per_example`.
+  batch_weight: Optional[Callable[[LossContext, Features], jax.Array]] = None
+
+  def per_example(self, ctx: LossContext) -> bool:
+    """Whether exact accumulation may evaluate the term micro-batch by micro-batch. Not with
+    Sinkhorn-Knopp teacher targets: they normalise over every example of the batch."""
+    return self.batch_weight is not None and (not self.centers or ctx.teacher_method == "centering")
 
 
-def _term(fn, fields, features, centers=()) -> Term:
-  return Term(fn, tuple(fields), frozenset(features), tuple(centers))
+def _term(fn, fields, features, centers=(), batch_weight=None) -> Term:
+  return Term(fn, tuple(fields), frozenset(features), tuple(centers), batch_weight)
 
 
 # The order is the order in which the terms are summed into `loss/total` (kept for bit-equal totals).
@@ -266,7 +308,9 @@ TERMS: dict[str, Term] = {
   CLIP_VIEW2: _term(clip_view2_term, ("image2", "text"), (CAPTION, VIEW2, CONTRASTIVE_VIEW)),
   FUSION: _term(fusion_term, ("image", "image2", "text"), (CAPTION, VIEW2, CONTRASTIVE_VIEW)),
   KOLEO: _term(koleo_term, ("image",), (CONTRASTIVE_VIEW,)),
-  DINO: _term(dino_term, ("image",), (TEACHER, LOCAL_CROPS), centers=("dino",)),
-  IBOT: _term(ibot_term, ("image",), (TEACHER, STUDENT_MASK), centers=("ibot",)),
-  FEATURE: _term(feature_term, ("image",), (TEACHER,)),
+  DINO: _term(dino_term, ("image",), (TEACHER, LOCAL_CROPS), centers=("dino",), batch_weight=examples),
+  IBOT: _term(
+    ibot_term, ("image",), (TEACHER, STUDENT_MASK), centers=("ibot",), batch_weight=ibot_counted_tokens
+  ),
+  FEATURE: _term(feature_term, ("image",), (TEACHER,), batch_weight=examples),
 }
