@@ -18,10 +18,11 @@ declare -A ROWS=(
   [tipsito_b16]="configs/tipsito_b16.py --topology v5p:4x4x8"
   # The paper batch on small slices with exact gradient accumulation (input.microbatches): K = 1 and K.
   [tipsv2_b14_v5e16]="configs/tipsv2_g14.py:variant=B/14 --topology v5e:4x4 --microbatches 4"
+  [tipsv2_b14_v5e16_k8]="configs/tipsv2_g14.py:variant=B/14 --topology v5e:4x4 --microbatches 8"
   [ito_b16_v5e8]="configs/ito_b16.py --topology v5e:2x4 --config.model.image.remat=True --config.model.text.remat=True --microbatches 8"
 )
 ORDER=(tipsv2_g14 tipsv2_g14_fsdp tipsv2_g14_full_ema tipsv2_g14_hires distill_B distill_L distill_So400m ito_b16 tipsito_b16
-       tipsv2_b14_v5e16 ito_b16_v5e8)
+       tipsv2_b14_v5e16 tipsv2_b14_v5e16_k8 ito_b16_v5e8)
 SCAN="--config.model.image.scan=True --config.model.text.scan=True"
 python -c "from tipsito import plan; print(plan.TABLE_HEADER)"
 for row in "${@:-${ORDER[@]}}"; do

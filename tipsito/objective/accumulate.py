@@ -29,7 +29,7 @@ accumulation trains another objective with K times fewer negatives. Here the obj
            terms' share of the loss), pulled back with (that micro-batch's slice of the cotangents, 1).
 
 The gradient is the sum, exactly the whole-batch gradient up to float summation order. Cost: one extra
-forward of the towers (FLOPs about 4/3 of K = 1); memory: the activations of one micro-batch (towers,
+forward of the towers and the fusion Transformer (FLOPs at most about 4/3 of K = 1); memory: the activations of one micro-batch (towers,
 heads, fusion) plus the CLS-sized encodings of the whole batch. Each micro-batch uses the same dropout key
 in both passes (`fold_in(rng, k)`). Micro-batch k holds examples k, k+K, k+2K, ... of the global batch:
 with the batch split over the (data, fsdp) devices in contiguous blocks of B/n (n | B/K, checked by the
