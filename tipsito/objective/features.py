@@ -157,7 +157,9 @@ def features_from_encodings(
   ctx: LossContext, needs: frozenset, params: dict, ema: dict, frozen: dict, enc: dict, batch: dict, step, rng
 ) -> Features:
   """`Features` from `encode`'s output (of the whole batch) and the params of the small parts (scale,
-  projection to the heads' width); the heads, projections and fusion are applied by the terms."""
+  projection to the heads' width); the heads, projections and fusion are applied by the terms, except
+  that exact accumulation (tipsito/objective/accumulate.py) may pass the fusion embeddings, computed per
+  micro-batch, as `enc['fused']`."""
   fwd = Forward(ctx.model, rng)
   mask, _ = _student_mask(ctx, needs, batch)
   student = enc["student"]
