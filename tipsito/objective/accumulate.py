@@ -44,6 +44,7 @@ from typing import Callable, Optional
 import jax
 import jax.numpy as jnp
 
+from tipsito.losses import self_distill
 from tipsito.models.activation_sharding import constrain_batch, constrain_microbatches
 from tipsito.objective.compute import evaluate_terms, needed_features
 from tipsito.objective.context import LossContext
@@ -96,11 +97,9 @@ def _small(enc: dict) -> dict:
 def _combine(ctx: LossContext, centers: dict, losses: dict, metrics: dict, means: dict, weights: dict):
   """The per-example terms' (losses, metrics, new centres) on the whole batch from their K micro-batch
   values (leading axis K): losses by the mean; metrics and centre means weighted by the terms' batch
-  weights; then the centre EMA `c <- m c + (1 - m) mean`, as `update_center` (unchanged when no token
-  of the batch counts)."""
+  weights; then the centre EMA of `update_center` once (unchanged when no token of the batch counts)."""
   out_losses = {n: jnp.mean(v) for n, v in losses.items()}
   out_metrics, out_centers = {}, {}
-  m = ctx.center_momentum
   for n, w in weights.items():
     total = jnp.sum(w)
 
@@ -110,8 +109,9 @@ def _combine(ctx: LossContext, centers: dict, losses: dict, metrics: dict, means
 
     out_metrics.update({name: average(v) for name, v in metrics[n].items()})
     for c, mean_k in means[n].items():
-      new = m * centers[c] + (1.0 - m) * average(mean_k)
-      out_centers[c] = jnp.where(total > 0, new, centers[c]).astype(centers[c].dtype)
+      # `update_center` of one row (the weighted mean): its EMA, applied once.
+      new = self_distill.update_center(centers[c], average(mean_k)[None], ctx.center_momentum)
+      out_centers[c] = jnp.where(total > 0, new, centers[c])
   return out_losses, out_metrics, out_centers
 
 
