@@ -9,7 +9,8 @@ Args (k=v,...): study (one of STUDIES; `smoke` by default), steps (0 = STUDY_STE
 the one place to switch data is `_data_and_evals`), data_dir ('' = built into the sweep's W/data), train_images / test_images (10000 / 200: size of the built `shapes`
 dataset), eval_examples (0 = every test example), evals ('+'-joined eval types, default all four),
 log_every (20), ckpt_every (100; a multiple of log_every, so that a resumed run logs the same per-step
-losses).
+losses), width / depth (0 = configs/demo.py's tiny tower, width 64 and depth 2: both towers' width, with
+head dim 16 and MLP 2 x width as that tower, and layer count; the heads and the fusion keep the demo's size).
 
 What a study is (read by tipsito/studies/arms.py):
   study    the name; claim: the sentence the study tests; metrics: the columns of results.md (a metric is
@@ -123,10 +124,26 @@ def _base(a: mlc.ConfigDict, recipe: str, *, optim: str = "adamw", pixels: str =
     c = _demo(recipe=recipe, steps=a.steps, batch=a.batch, size=a.size, optim=optim, pixels=pixels)
   if a.data != "shapes":
     _paper_views(c)
+  _tower_size(c, a.width, a.depth)
   c.input.num_workers = 0  # several runs may share the machine; grain worker processes only add contention
   c.log_every_steps = a.log_every
   c.ckpt.every_steps = a.ckpt_every
   return _data_and_evals(c, a)
+
+
+def _tower_size(c: mlc.ConfigDict, width: int, depth: int) -> None:
+  """Both towers at `width` and `depth` (0 keeps configs/demo.py's): the lever, with `steps` and `size`,
+  for a study at a larger budget than docs/results.md's. Head dim 16 and MLP 2 x width, as the demo's
+  tiny tower, so that width alone sets the tower's shape."""
+  if width % 16 or width < 0:
+    raise ValueError(f"config arg width={width} must be 0 (the demo's 64) or a multiple of 16 (head dim 16)")
+  if depth < 0:
+    raise ValueError(f"config arg depth={depth} must be 0 (the demo's 2) or a number of layers")
+  for tower in (c.model.image, c.model.text):
+    if width:
+      tower.update(dict(width=width, mlp_dim=2 * width, num_heads=width // 16))
+    if depth:
+      tower.depth = depth
 
 
 def _arm(name: str, base: str, overrides: dict | None = None, note: str = "", **kw) -> dict:
@@ -319,6 +336,8 @@ def get_config(arg=None):
     evals="+".join(EVAL_TYPES),
     log_every=20,
     ckpt_every=100,
+    width=0,
+    depth=0,
   )
   args_lib.check_choice("study", a.study, STUDIES)
   if not a.data:  # the runner's smoke study on procedural shapes; the paper studies on openclipart

@@ -202,6 +202,22 @@ def test_every_study_plans(tmp_path):
   assert ema == {"ema_head": "head", "ema_full": "full"}
 
 
+def test_width_and_depth_scale_both_towers_of_every_arm(tmp_path):
+  """`width` / `depth` (the lever for a larger budget, docs/results.md) reach both towers of every arm of
+  every study, and each such config is valid; a width that is not whole heads fails, naming the arg."""
+  from tipsito.studies import arms
+
+  mod = _ablations()
+  for name in mod.STUDIES:
+    for job in arms.plan(mod.get_config(f"study={name},width=128,depth=3"), [0], str(tmp_path)):
+      shapes = [
+        (t.width, t.depth, t.num_heads, t.mlp_dim) for t in (job.config.model.image, job.config.model.text)
+      ]
+      assert shapes == [(128, 3, 8, 256)] * 2, (name, job.arm.name)
+  with pytest.raises(ValueError, match=r"config arg width=72 must be 0 .* or a multiple of 16"):
+    mod.get_config("study=ibot,width=72")
+
+
 def test_paper_studies_train_on_openclipart_and_judge_on_its_test_split(tmp_path):
   """The paper studies train on openclipart's train split, every eval reads its held-out test split, and
   the views are the papers' (TIPS global view = the whole image, ITO's 0.5-1.0), not the demo's."""
