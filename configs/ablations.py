@@ -6,11 +6,14 @@ base, run for several seeds by `python -m tipsito.sweep` (tipsito/sweep.py, tips
 
 Args (k=v,...): study (one of STUDIES; `smoke` by default), steps (0 = STUDY_STEPS of the data), batch
 (32), size (64: global crop px), data ('' = `openclipart` for the paper studies, `shapes` for `smoke`;
-the one place to switch data is `_data_and_evals`), data_dir ('' = built into the sweep's W/data), train_images / test_images (10000 / 200: size of the built `shapes`
-dataset), eval_examples (0 = every test example), evals ('+'-joined eval types, default all four),
-log_every (20), ckpt_every (100; a multiple of log_every, so that a resumed run logs the same per-step
-losses), width / depth (0 = configs/demo.py's tiny tower, width 64 and depth 2: both towers' width, with
-head dim 16 and MLP 2 x width as that tower, and layer count; the heads and the fusion keep the demo's size).
+the one place to switch data is `_data_and_evals`), data_dir ('' = built into the sweep's W/data),
+train_images / test_images (10000 / 200: size of the built `shapes` dataset), eval_examples (0 = every
+test example), evals ('+'-joined eval types, default all four), log_every (20), ckpt_every (100; a
+multiple of log_every, so that a resumed run logs the same per-step losses), optim / pixels
+(configs/demo.py's args: 'adamw' and 'clip' by default, 'adafactor' and 'tips' for the paper's; the
+`optimizer` study varies both itself), width / depth (0 = configs/demo.py's tiny tower, width 64 and
+depth 2: both towers' width, with head dim 16 and MLP 2 x width as that tower, and their layer count; the
+heads and the fusion keep the demo's size).
 
 What a study is (read by tipsito/studies/arms.py):
   study    the name; claim: the sentence the study tests; metrics: the columns of results.md (a metric is
@@ -111,8 +114,10 @@ def _paper_views(c: mlc.ConfigDict) -> None:
     c.input.global_crop_scale = (0.5, 1.0)
 
 
-def _base(a: mlc.ConfigDict, recipe: str, *, optim: str = "adamw", pixels: str = "clip") -> mlc.ConfigDict:
-  """configs/demo.py for `recipe` at the study budget, with the study data and evals."""
+def _base(a: mlc.ConfigDict, recipe: str, *, optim: str = "", pixels: str = "") -> mlc.ConfigDict:
+  """configs/demo.py for `recipe` at the study budget, with the study data and evals; its optimizer and
+  pixel statistics are the study args' (the demo's AdamW and CLIP pixels by default) unless given."""
+  optim, pixels = optim or a.optim, pixels or a.pixels
   if recipe == "distill":  # demo.py has no distill recipe: its tipsv2 config with the distill recipe's keys
     c = _demo(recipe="tipsv2", steps=a.steps, batch=a.batch, size=a.size, optim=optim, pixels=pixels)
     ref = defaults.base_config("distill", "tiny/16")
@@ -336,10 +341,14 @@ def get_config(arg=None):
     evals="+".join(EVAL_TYPES),
     log_every=20,
     ckpt_every=100,
+    optim="adamw",
+    pixels="clip",
     width=0,
     depth=0,
   )
   args_lib.check_choice("study", a.study, STUDIES)
+  if a.study == "optimizer" and (a.optim, a.pixels) != ("adamw", "clip"):
+    raise ValueError("config args optim / pixels: the optimizer study varies both itself; drop them")
   if not a.data:  # the runner's smoke study on procedural shapes; the paper studies on openclipart
     a.data = "shapes" if a.study == "smoke" else "openclipart"
   if not a.steps:

@@ -218,6 +218,23 @@ def test_width_and_depth_scale_both_towers_of_every_arm(tmp_path):
     mod.get_config("study=ibot,width=72")
 
 
+def test_optim_and_pixels_args_set_every_arm_but_the_optimizer_studys(tmp_path):
+  """`optim=adafactor,pixels=tips` reruns a study on the paper's optimizer and pixel statistics; the
+  `optimizer` study, which varies both itself, refuses them."""
+  from tipsito.models import presets
+  from tipsito.studies import arms
+
+  mod = _ablations()
+  for job in arms.plan(mod.get_config("study=ibot,optim=adafactor,pixels=tips"), [0], str(tmp_path)):
+    assert job.config.optim.name == "adafactor", job.arm.name
+    assert tuple(job.config.model.image.pixel_mean) == tuple(presets.TIPS_PIXEL_MEAN), job.arm.name
+  for job in arms.plan(mod.get_config("study=ibot"), [0], str(tmp_path)):
+    assert job.config.optim.name == "adamw", job.arm.name
+    assert tuple(job.config.model.image.pixel_mean) == tuple(presets.CLIP_PIXEL_MEAN), job.arm.name
+  with pytest.raises(ValueError, match="the optimizer study varies both itself"):
+    mod.get_config("study=optimizer,optim=adafactor")
+
+
 def test_paper_studies_train_on_openclipart_and_judge_on_its_test_split(tmp_path):
   """The paper studies train on openclipart's train split, every eval reads its held-out test split, and
   the views are the papers' (TIPS global view = the whole image, ITO's 0.5-1.0), not the demo's."""
