@@ -99,6 +99,23 @@ def test_miou_ignore_and_absent_classes():
   assert r["pixel_acc"] == pytest.approx(3 / 5)
 
 
+def test_chance_miou_is_what_uniform_random_predictions_score():
+  # Hand case: C = 2, shares 3/4 and 1/4 -> (0.75 / 1.75 + 0.25 / 1.25) / 2.
+  hand = metrics.chance_miou_from_confusion(np.array([[3, 0], [0, 1]]))
+  assert hand == pytest.approx((0.75 / 1.75 + 0.25 / 1.25) / 2)
+  # Imbalanced ground truth of 22 classes (one holds about a quarter, as openclipart's test split): the
+  # mIoU of uniformly random predictions over 2M pixels, averaged over 3 draws, equals the formula.
+  rng = np.random.default_rng(0)
+  c = 22
+  share = rng.dirichlet(np.full(c, 0.7))
+  gt = rng.choice(c, size=2_000_000, p=share)
+  chance = metrics.chance_miou_from_confusion(metrics.confusion_matrix(gt, gt, c))
+  drawn = np.mean([metrics.miou(rng.integers(0, c, gt.shape), gt, c) for _ in range(3)])
+  assert drawn == pytest.approx(chance, rel=1e-2)
+  assert not chance == pytest.approx(1 / c, rel=0.1)  # not 1/C: the reason the number is reported
+  assert math.isnan(metrics.chance_miou_from_confusion(np.zeros((3, 3))))
+
+
 def test_confusion_accumulates_and_skips_padded_images():
   cm = metrics.ConfusionMatrix(4)
   cm.update(PRED[:, :1], GT[:, :1])

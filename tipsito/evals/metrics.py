@@ -217,6 +217,24 @@ def miou_from_confusion(matrix) -> dict:
   }
 
 
+def chance_miou_from_confusion(matrix) -> float:
+  """Expected mIoU of a predictor that draws one of the C classes uniformly at random for every scored
+  pixel: the level a segmentation mIoU must clear before it shows any patch-text alignment (with C = 22
+  and one class holding a quarter of the pixels it is about 1.5%, not 1/C).
+
+  Class c with a share p_c of the N scored pixels: E[TP_c] = p_c N / C and E[predicted c] = N / C, so
+  IoU_c = (p_c / C) / (p_c + 1/C - p_c / C) = p_c / (1 + (C - 1) p_c) (ratio of the expectations, which
+  the IoU of such a predictor approaches as N grows). Such a predictor predicts every class, so the
+  mean runs over all C, as `miou_from_confusion` does. Depends on the ground truth only (the rows).
+  """
+  m = np.asarray(matrix, np.float64)
+  c, gt_count = m.shape[0], m.sum(axis=1)
+  if gt_count.sum() <= 0:
+    return float("nan")
+  share = gt_count / gt_count.sum()
+  return float(np.mean(share / (1.0 + (c - 1) * share)))
+
+
 def miou(pred, gt, num_classes: int, ignore_index: int = IGNORE_INDEX, valid=None) -> float:
   """mIoU of one set of predictions (convenience over ConfusionMatrix)."""
   return float(miou_from_confusion(confusion_matrix(pred, gt, num_classes, ignore_index, valid))["miou"])

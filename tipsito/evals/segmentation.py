@@ -58,8 +58,9 @@ templates (None = 'tcl'), and, only without a benchmark (a benchmark defines the
 class_names, background_index (0), background_name ('background'), ignore_index (255),
 reduce_zero_label (False), mask_source ('auto'), resize ('resize'); alpha_label ('label').
 With a benchmark, image_size is the short side (default 448).
-Metrics: '<name>/miou', '<name>/pixel_acc', '<name>/mean_acc' (percent), '<name>/num_examples',
-'<name>/num_classes'.
+Metrics: '<name>/miou', '<name>/pixel_acc', '<name>/mean_acc' (percent), '<name>/miou_chance' (percent:
+the expected mIoU of uniformly random class predictions on the same ground truth,
+tipsito/evals/metrics.py `chance_miou_from_confusion`), '<name>/num_examples', '<name>/num_classes'.
 """
 
 from __future__ import annotations
@@ -478,6 +479,7 @@ class SegmentationEvaluator(evaluator.Evaluator):
       self.key("miou"): evaluator.pct(r["miou"]),
       self.key("pixel_acc"): evaluator.pct(r["pixel_acc"]),
       self.key("mean_acc"): evaluator.pct(r["mean_acc"]),
+      self.key("miou_chance"): evaluator.pct(metrics_lib.chance_miou_from_confusion(sink.cm.matrix)),
       self.key("num_examples"): float(sink.count),
       self.key("num_classes"): float(num_classes),
     }
