@@ -1,0 +1,73 @@
+"""Fingerprints of the 7 recipes' train steps: a refactor that must not change behaviour prints the same.
+
+Why: "behaviour bitwise unchanged" is a claim about numbers, so it is checked on numbers. For each recipe
+(the tiny configs of tests/test_recipes_all.py) three jitted train steps run on one fixed synthetic batch,
+and the sha256 of every parameter, optimizer-state and EMA leaf of the final TrainState, and of every
+logged metric of every step, is printed. Run it before and after a change on the same machine and compare
+(XLA:CPU is deterministic for a fixed build and processor; a different processor may round differently,
+so this is a tool, not a CI test):
+
+  python tests/fingerprint_recipes.py > before.json   # on the old commit
+  python tests/fingerprint_recipes.py --compare before.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import pathlib
+import sys
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent), str(HERE)]
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from conftest import run_synthetic_steps  # noqa: E402
+from test_recipes_all import tiny  # noqa: E402
+from tipsito.config import validation as config_validation  # noqa: E402
+
+RECIPES = ("clip", "siglip", "ito", "tips", "tipsv2", "tipsito", "distill")
+STEPS = 3
+
+
+def digest(tree) -> str:
+  """sha256 over the leaves of a pytree, in flattening order, with their paths, dtypes and shapes."""
+  h = hashlib.sha256()
+  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    a = np.asarray(jax.device_get(leaf))
+    h.update(jax.tree_util.keystr(path).encode())
+    h.update(f"{a.dtype}{a.shape}".encode())
+    h.update(np.ascontiguousarray(a).tobytes())
+  return h.hexdigest()
+
+
+def fingerprint(recipe: str) -> dict:
+  c = tiny(recipe)
+  config_validation.validate(c, num_devices=1)
+  _, state, _, hist = run_synthetic_steps(c, STEPS)
+  metrics = hashlib.sha256(json.dumps(hist, sort_keys=True).encode()).hexdigest()
+  return {"state": digest(state), "metrics": metrics, "loss_total": [h["loss/total"] for h in hist]}
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--compare", help="a JSON file printed by an earlier run; exit 1 on any difference")
+  p.add_argument("--recipes", default=",".join(RECIPES))
+  args = p.parse_args()
+  out = {r: fingerprint(r) for r in args.recipes.split(",")}
+  print(json.dumps(out, indent=1, sort_keys=True))
+  if args.compare:
+    before = json.loads(pathlib.Path(args.compare).read_text())
+    diff = [r for r in out if before.get(r) != out[r]]
+    print(
+      f"{len(out) - len(diff)} of {len(out)} recipes equal" + (f"; differ: {diff}" if diff else ""),
+      file=sys.stderr,
+    )
+    sys.exit(1 if diff else 0)
+
+
+if __name__ == "__main__":
+  main()
