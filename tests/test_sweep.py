@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -165,6 +166,38 @@ def test_results_md_and_plots(sweeps):
   assert res["command"].startswith("python -m tipsito.sweep --config ") and res["command"] in md
   for name in ("zeroshot_top1.png", "loss_total.png", "loss_curves.png"):
     assert (w1 / "plots" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_results_record_provenance_and_effect_sizes(sweeps):
+  """Every run names its commit and machine and whether it resumed; the effect sizes are Cohen's d of the
+  seeds against the first arm, recomputed here from the runs."""
+  from tipsito.studies import results as results_lib  # pylint: disable=import-outside-toplevel
+
+  res = _results(sweeps["w2"])
+  for arm in res["arms"].values():
+    for r in arm["runs"].values():
+      p = r["provenance"]
+      assert p["machine"]["cores"] == os.cpu_count() and p["machine"]["platform"] == "cpu"
+      assert p["machine"]["memory_gib"] > 0
+      assert p["commit"] is None or re.fullmatch(r"[0-9a-f]{40}", p["commit"])
+      assert r["resumed"] == (r["resumed_from_step"] is not None)
+  assert res["provenance"]["resumed_runs"] == 1  # the run killed halfway
+  assert sum(res["provenance"]["machines"].values()) == 4
+  assert res["reference_arm"] == FIRST
+  m = "zeroshot/top1"
+
+  def values(arm):
+    return [r["metrics"][m] for r in res["arms"][arm]["runs"].values()]
+
+  a, b = values(SECOND), values(FIRST)
+  pooled = ((np.var(a, ddof=1) + np.var(b, ddof=1)) / 2) ** 0.5  # two seeds each
+  if pooled > 0:
+    assert res["arms"][SECOND]["effect_vs_reference"][m] == pytest.approx((np.mean(a) - np.mean(b)) / pooled)
+  md = (sweeps["w2"] / "results.md").read_text()
+  assert "## Effect sizes" in md and "Ran on: commit " in md and "Resumed runs: 1." in md
+  # Known values: means 3 and 1, both stds 1 -> d = 2; one seed -> undefined.
+  assert results_lib.effect_size([2.0, 3.0, 4.0], [0.0, 1.0, 2.0]) == pytest.approx(2.0)
+  assert results_lib.effect_size([2.0], [0.0, 1.0]) is None
 
 
 def _ablations():

@@ -3,7 +3,8 @@
 The sweep (tipsito/studies/runner.py) writes `job.json` (study, arm, seed and the complete training config)
 into the run directory (`write_job`); `run` trains it there with `tipsito.train.loop.train_and_evaluate`
 (which resumes from the run directory's latest checkpoint), then writes `result.json`
-(tipsito/studies/results.py: final eval metrics, the logged loss curves, the train-state size, wall time)
+(tipsito/studies/results.py: final eval metrics, the logged loss curves, the train-state size, wall time,
+and tipsito/studies/provenance.py: the commit and the machine)
 atomically. A run is finished exactly when `result.json` exists; the sweep never reruns it.
 `python -m tipsito.studies.job --run_dir D` (tipsito/studies/job.py) is the same `run` as a program.
 """
@@ -18,6 +19,7 @@ from typing import Any
 import ml_collections as mlc
 
 from tipsito.config import defaults
+from tipsito.studies import provenance
 from tipsito.studies import results
 from tipsito.studies.results import write_json_atomic
 from tipsito.train import workdir as workdir_lib
@@ -79,7 +81,10 @@ def run(run_dir: str) -> dict:
     arm=job["arm"],
     seed=job["seed"],
     resumed_from_step=resumed_from,
+    # The wall time of this attempt only: a resumed run's earlier attempts are not in it (a lower bound).
     seconds=round(time.time() - t0, 2),
+    resumed=resumed_from is not None,
+    provenance=provenance.describe(),
   )
   write_json_atomic(os.path.join(run_dir, RESULT_FILE), result)
   return result

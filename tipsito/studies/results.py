@@ -86,6 +86,49 @@ def _stats(values: Sequence[float]) -> dict[str, Any]:
   }
 
 
+def effect_size(arm_values, ref_values) -> float | None:
+  """(mean_arm - mean_ref) / pooled std: Cohen's d of an arm against the study's reference arm.
+
+  pooled std = sqrt(((n_a - 1) s_a^2 + (n_r - 1) s_r^2) / (n_a + n_r - 2)), the sample stds of both arms'
+  seeds. Why: a difference means something only against the spread between seeds; |d| < 1 is within about
+  one std, which at 3-5 seeds cannot be told from noise. None without two seeds on each side or with no
+  spread at all."""
+  a = [x for x in arm_values if x is not None and math.isfinite(x)]
+  r = [x for x in ref_values if x is not None and math.isfinite(x)]
+  if len(a) < 2 or len(r) < 2:
+    return None
+  pooled = math.sqrt(
+    ((len(a) - 1) * np.var(a, ddof=1) + (len(r) - 1) * np.var(r, ddof=1)) / (len(a) + len(r) - 2)
+  )
+  if pooled == 0:
+    return None
+  return float((np.mean(a) - np.mean(r)) / pooled)
+
+
+def provenance_summary(runs: Mapping[str, Mapping[int, dict]]) -> dict[str, Any]:
+  """The commits and machines the finished runs ran on (tipsito/studies/provenance.py), with how many
+  runs each, and how many runs were resumed (their wall time is that of the last attempt only)."""
+  commits: dict[str, int] = {}
+  machines: dict[str, int] = {}
+  resumed = 0
+  for arm_runs in runs.values():
+    for r in arm_runs.values():
+      p = r.get("provenance") or {}
+      c = p.get("commit") or "unknown"
+      c = c + ("+dirty" if p.get("dirty") else "")
+      commits[c] = commits.get(c, 0) + 1
+      m = p.get("machine") or {}
+      key = (
+        f"{m.get('cores', '?')} cores, {m.get('memory_gib', '?')} GiB, "
+        f"{'/'.join(m.get('accelerator') or ['?'])} ({m.get('platform', '?')})"
+        if m
+        else "unknown"
+      )
+      machines[key] = machines.get(key, 0) + 1
+      resumed += bool(r.get("resumed") or r.get("resumed_from_step") is not None)
+  return {"commits": commits, "machines": machines, "resumed_runs": resumed}
+
+
 def budget(config) -> dict[str, Any]:
   """What a run costs: steps, global batch, crop size, image tower."""
   im = config.model.image
@@ -108,6 +151,8 @@ def summarize(
   """results.json's content. `configs`: one config per arm (its budget); `runs`: arm -> seed -> result
   of the finished runs."""
   arms_out = {}
+  ref_name = arm_list[0].name if arm_list else None
+  ref_runs = {int(s): r for s, r in runs.get(ref_name, {}).items()} if ref_name else {}
   for arm in arm_list:
     arm_runs = {int(s): r for s, r in runs.get(arm.name, {}).items()}
     names = sorted({k for r in arm_runs.values() for k in r["metrics"]})
@@ -120,6 +165,13 @@ def summarize(
       "budget": budget(configs[arm.name]),
       "runs": {str(s): arm_runs[s] for s in sorted(arm_runs)},
       "summary": {m: _stats([r["metrics"].get(m) for r in arm_runs.values()]) for m in names},
+      "effect_vs_reference": {
+        m: effect_size(
+          [r["metrics"].get(m) for r in arm_runs.values()],
+          [r["metrics"].get(m) for r in ref_runs.values()],
+        )
+        for m in names
+      },
       "seconds": _stats([r["seconds"] for r in arm_runs.values()]),
     }
   return {
@@ -128,6 +180,8 @@ def summarize(
     "metrics": list(study.get("metrics", ())),
     "seeds": [int(s) for s in seeds],
     "command": command,
+    "reference_arm": ref_name,
+    "provenance": provenance_summary(runs),
     "arms": arms_out,
   }
 
@@ -215,6 +269,32 @@ def markdown(summary: dict) -> str:
     + ".",
     "",
   ]
+  ref = summary.get("reference_arm")
+  if ref is not None:
+    lines += [
+      "## Effect sizes",
+      "",
+      f"Against `{ref}`: difference of means / pooled std of the seeds (Cohen's d; `–` with fewer than "
+      "two seeds a side). |d| below about 1 cannot be told from seed noise at 3-5 seeds.",
+      "",
+      "| arm | " + " | ".join(f"`{m}`" for m in metrics) + " |",
+      "|---|" + "---:|" * len(metrics),
+    ]
+    for name, a in summary["arms"].items():
+      eff = a.get("effect_vs_reference", {})
+      cells = ["–" if eff.get(m) is None else f"{eff[m]:+.2f}" for m in metrics]
+      lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines.append("")
+  prov = summary.get("provenance")
+  if prov:
+    lines += [
+      "Ran on: "
+      + "; ".join(f"commit {c} ({n} runs)" for c, n in prov["commits"].items())
+      + ". Machines: "
+      + "; ".join(f"{m} ({n} runs)" for m, n in prov["machines"].items())
+      + f". Resumed runs: {prov['resumed_runs']}.",
+      "",
+    ]
   return "\n".join(lines)
 
 
