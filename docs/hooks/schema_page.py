@@ -18,7 +18,11 @@ PLACEHOLDER = "<!-- schema-table -->"
 def _schema_rows() -> list[dict]:
   env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
   out = subprocess.run(
-    [sys.executable, "-m", "tipsito.info", "--schema", "--json"], check=True, capture_output=True, text=True, env=env
+    [sys.executable, "-m", "tipsito.info", "--schema", "--json"],
+    check=True,
+    capture_output=True,
+    text=True,
+    env=env,
   ).stdout
   return json.loads(out)
 
@@ -37,7 +41,9 @@ def schema_markdown(rows: list[dict]) -> str:
   parts = [f"{len(rows)} keys in {len(groups)} groups.\n"]
   for head, items in groups.items():
     title = head if head == "Top level" else f"`{head}`"
-    parts.append(f"## {title}\n\n| Key | Type | Default | Allowed | Safe on resume | Description |\n|---|---|---|---|---|---|")
+    parts.append(
+      f"## {title}\n\n| Key | Type | Default | Allowed | Safe on resume | Description |\n|---|---|---|---|---|---|"
+    )
     for r in items:
       safe = "yes" if r["safe"] else "no"
       parts.append(
