@@ -2,7 +2,7 @@
 
 import setuptools
 
-# Pinned: the set seen to install and import together (see README).
+# Pinned: the set seen to install and import together (see docs/getting-started.md, Versions).
 INSTALL_REQUIRES = [
   "jax[cpu]==0.10.2",
   "jaxlib==0.10.2",
