@@ -51,9 +51,10 @@ def site(tmp_path_factory) -> pathlib.Path:
 
 
 def _copy(tmp_path: pathlib.Path) -> pathlib.Path:
-  """mkdocs.yml and docs/ (without the study folders' data) in a scratch folder, to break on purpose."""
+  """mkdocs.yml and docs/ (without the study folders under docs/results/) in a scratch folder, to break on
+  purpose."""
   dst = tmp_path / "repo"
-  shutil.copytree(ROOT / "docs", dst / "docs", ignore=shutil.ignore_patterns("*.json", "*.png", "results"))
+  shutil.copytree(ROOT / "docs", dst / "docs", ignore=shutil.ignore_patterns("results"))
   shutil.copy(ROOT / "mkdocs.yml", dst / "mkdocs.yml")
   # docs/results.md shows the study plots, which the copy leaves out: point them nowhere instead.
   results = dst / "docs" / "results.md"
