@@ -2,7 +2,7 @@
 
 import setuptools
 
-# Pinned: the set seen to install and import together (see README).
+# Pinned: the set seen to install and import together (see docs/getting-started.md, Versions).
 INSTALL_REQUIRES = [
   "jax[cpu]==0.10.2",
   "jaxlib==0.10.2",
@@ -61,13 +61,16 @@ setuptools.setup(
     # extra, and its Beam-using ones (dev, c4, wikipedia, ...) pin apache-beam < 2.65, whose 2.64 wants
     # numpy 2.2 and protobuf 5.29 (the pins are 2.4.6 and tensorflow's >= 6.31). Beam 2.77 caps protobuf < 7,
     # pyarrow < 26 and pillow < 13, so beside the pinned stack this resolves to protobuf 6.33.x (every
-    # other pin allows >= 6.31 / 6.33.5), pyarrow 25 and pillow 12 (README, Data: Beam). DataflowRunner
+    # other pin allows >= 6.31 / 6.33.5), pyarrow 25 and pillow 12 (docs/data.md, Large conversions). DataflowRunner
     # also needs apache-beam[gcp]==2.77.0, not installed or tested here. Not in .ci/run: its protobuf < 7
     # breaks transformers' SentencePiece conversion that the `interop` tests use (protobuf gencode 7).
     "beam": ["apache-beam==2.77.0"],
     # `export --format hf_tipsv2` and reading Hugging Face Tipsv2 folders (safetensors), and the tests that
     # run transformers' Tipsv2Model on the exports. torch 2.13.0 is the CPU build on the CI machines.
     "interop": ["transformers>=5.14", "safetensors", "torch==2.13.0"],
+    # The documentation site (mkdocs.yml, docs/): `python -m mkdocs build --strict`, offline. mkdocs-material
+    # is a maintained theme that builds without the network (no privacy or social plugin; `font: false`).
+    "docs": ["mkdocs==1.6.1", "mkdocs-material==9.8.2", "pymdown-extensions==13.1.2"],
   },
   entry_points={"console_scripts": ENTRY_POINTS},
 )

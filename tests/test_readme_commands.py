@@ -1,4 +1,5 @@
-"""Every command README.md and launch/ print must parse as printed (flags, config files, config overrides).
+"""Every command README.md, the docs pages (docs/*.md) and launch/ print must parse as printed (flags, config
+files, config overrides).
 
 Why: a command that fails in flag parsing (e.g. `--config.data.data_dir=/x` on a key whose default is
 None) is the first thing a new user runs into. Nothing trains here: each CLI's own flag definitions parse
@@ -22,6 +23,14 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+
+
+def documented_files() -> list[pathlib.Path]:
+  """README.md and every page of the docs site (docs/*.md). Not docs/results.md, a record of the studies as
+  they were run (its data line names the conversion without `--data_dir`, as the sweep ran it), nor the
+  study folders under docs/results/, whose results.md files the sweep writes and the site leaves out."""
+  return [README] + sorted(p for p in (ROOT / "docs").glob("*.md") if p.name != "results.md")
+
 
 # Module of each CLI (absl tools are parsed in a subprocess each; argparse ones in-process).
 ABSL_TOOLS = {
@@ -51,10 +60,19 @@ def _normalise(cmd: str) -> str:
   return cmd.strip()
 
 
-def readme_commands() -> tuple[list[str], dict[str, str]]:
-  """(commands, env): every `python -m tipsito...` / `bash launch/...` command of README.md (fenced bash
-  blocks and inline code), and the environment its `export` lines set."""
-  text = README.read_text()
+def readme_commands(files: list[pathlib.Path] | None = None) -> tuple[list[str], dict[str, str]]:
+  """(commands, env): every `python -m tipsito...` / `bash launch/...` command of README.md and the docs
+  pages (fenced bash blocks and inline code), and the environment their `export` lines set."""
+  cmds, env = [], {}
+  for path in documented_files() if files is None else files:
+    file_cmds, file_env = _commands_of(path.read_text())
+    cmds += file_cmds
+    env.update(file_env)
+  return cmds, env
+
+
+def _commands_of(text: str) -> tuple[list[str], dict[str, str]]:
+  """(commands, env) of one markdown text, normalised (see `_normalise`)."""
   cmds, env = [], {}
   fenced = re.findall(r"```bash\n(.*?)```", text, re.S)
   for block in fenced:
@@ -228,6 +246,23 @@ def test_readme_lists_the_documented_commands():
   ):
     assert needle in joined, needle
   assert "WORKDIR" in env
+  # The README's own commands and each docs page that prints commands are read (a page renamed or moved
+  # out of docs/ would silently drop its commands from the check otherwise).
+  assert any(
+    c.startswith("python -m tipsito.train --config configs/demo.py") for c in readme_commands([README])[0]
+  )
+  for page in (
+    "getting-started",
+    "training",
+    "configs",
+    "pods",
+    "data",
+    "models",
+    "using",
+    "evaluation",
+    "studies",
+  ):
+    assert readme_commands([ROOT / "docs" / f"{page}.md"])[0], f"docs/{page}.md: no command found"
 
 
 def test_every_readme_and_launch_command_parses(tmp_path, monkeypatch):
