@@ -128,6 +128,128 @@ def segmentation_overlay(
   return np.concatenate(panels, axis=1)
 
 
+# ------------------------------------------------------------------------------------------------------
+# The segmentation figure a person reads: titled panels side by side, large enough, with a colour legend
+# ------------------------------------------------------------------------------------------------------
+
+MIN_PANEL = 256  # the shorter side of every panel of `segmentation_row`, in pixels
+GAP = 4  # white pixels between panels
+TITLE_ROWS = 18  # height of the title strip above a row's panels
+INK = (0, 0, 0)
+PAPER = (255, 255, 255)
+
+
+def _font(size: int = 13):
+  """Pillow's bundled font (no file or network access); the small bitmap font on builds without FreeType."""
+  from PIL import ImageFont  # pylint: disable=g-import-not-at-top
+
+  try:
+    return ImageFont.load_default(size=size)
+  except (TypeError, OSError, ImportError):
+    return ImageFont.load_default()
+
+
+def upscale_factor(hw: tuple[int, int], min_side: int = MIN_PANEL) -> int:
+  """The smallest integer factor that brings the shorter side of an (h, w) map to >= min_side."""
+  return max(1, -(-int(min_side) // max(1, int(min(hw)))))
+
+
+def _scaled(arr: np.ndarray, factor: int, smooth: bool) -> np.ndarray:
+  """uint8 (h, w[, 3]) scaled by an integer factor: bilinear for photos, nearest for maps (hard edges)."""
+  if factor == 1:
+    return arr
+  h, w = arr.shape[:2]
+  resample = Image.Resampling.BILINEAR if smooth else Image.Resampling.NEAREST
+  return np.asarray(Image.fromarray(arr).resize((w * factor, h * factor), resample))
+
+
+def _titled(panels: list[np.ndarray], titles: list[str]) -> np.ndarray:
+  """Equal-height panels side by side with GAP white columns between, each titled in a strip above."""
+  from PIL import ImageDraw  # pylint: disable=g-import-not-at-top
+
+  h = panels[0].shape[0]
+  width = sum(p.shape[1] for p in panels) + GAP * (len(panels) - 1)
+  canvas = Image.new("RGB", (width, h + TITLE_ROWS), PAPER)
+  draw = ImageDraw.Draw(canvas)
+  font = _font()
+  x = 0
+  for panel, title in zip(panels, titles):
+    canvas.paste(Image.fromarray(panel), (x, TITLE_ROWS))
+    draw.text((x + 2, 2), title, fill=INK, font=font)
+    x += panel.shape[1] + GAP
+  return np.asarray(canvas)
+
+
+def segmentation_row(
+  image: np.ndarray,
+  gt: np.ndarray,
+  predictions: Mapping[str, np.ndarray],
+  num_classes: int,
+  pca: np.ndarray | None = None,
+  alpha: float = 0.6,
+  min_side: int = MIN_PANEL,
+) -> np.ndarray:
+  """One example as titled panels: image | ground truth | each prediction (title -> (H, W) labels) | PCA.
+
+  Label maps are blended over the image (`alpha`) in `palette` colours; every panel is scaled by one
+  integer factor so that its shorter side is >= `min_side` (labels and the PCA grid nearest-neighbour,
+  so patch edges stay visible; the photo bilinear). `image` must already be at the label map's size;
+  `pca` is the uint8 (h, w, 3) patch grid of `pca_rgb`, upsampled to the panel size.
+  """
+  img = _as_rgb_uint8(image)
+  hw = np.asarray(gt).shape[:2]
+  if img.shape[:2] != hw:
+    raise ValueError(f"image {img.shape[:2]} and label map {hw} differ; resize the image first")
+  f = upscale_factor(hw, min_side)
+  big = _scaled(img, f, smooth=True).astype(np.float32)
+
+  def over(labels):
+    col = _scaled(colorize(labels, num_classes), f, smooth=False).astype(np.float32)
+    return np.round(alpha * col + (1 - alpha) * big).astype(np.uint8)
+
+  panels, titles = [big.astype(np.uint8), over(gt)], ["image", "ground truth"]
+  for title, pred in predictions.items():
+    panels.append(over(pred))
+    titles.append(str(title))
+  if pca is not None:
+    panels.append(upsample_nearest(np.asarray(pca, np.uint8), (hw[0] * f, hw[1] * f)))
+    titles.append("PCA of patch tokens")
+  return _titled(panels, titles)
+
+
+def legend(class_names: list[str], classes, num_classes: int, width: int, swatch: int = 14) -> np.ndarray:
+  """uint8 (H, width, 3) strip: a `palette` swatch and the name of each class in `classes`, wrapped in
+  lines of `width` pixels (255 is written 'ignored')."""
+  from PIL import ImageDraw  # pylint: disable=g-import-not-at-top
+
+  font = _font()
+  pal = palette(num_classes)
+  entries = [(int(c), "ignored" if int(c) == 255 else str(class_names[int(c)])) for c in classes]
+  draw = ImageDraw.Draw(Image.new("RGB", (1, 1)))
+  place, x, y, line = [], 4, 4, swatch + 6
+  for c, name in entries:
+    w = swatch + 4 + int(np.ceil(draw.textlength(name, font=font))) + 12
+    if x > 4 and x + w > width:
+      x, y = 4, y + line
+    place.append((c, name, x, y))
+    x += w
+  canvas = Image.new("RGB", (max(1, width), y + line + 2), PAPER)
+  draw = ImageDraw.Draw(canvas)
+  for c, name, x, y in place:
+    draw.rectangle((x, y, x + swatch - 1, y + swatch - 1), fill=tuple(int(v) for v in pal[c]), outline=INK)
+    draw.text((x + swatch + 4, y), name, fill=INK, font=font)
+  return np.asarray(canvas)
+
+
+def segmentation_figure(
+  rows: list[np.ndarray], class_names: list[str], classes, num_classes: int
+) -> np.ndarray:
+  """`segmentation_row`s stacked (zero-padded on the right to the widest) over a `legend` of `classes`."""
+  width = max(r.shape[1] for r in rows)
+  padded = [np.pad(r, ((0, GAP), (0, width - r.shape[1]), (0, 0)), constant_values=255) for r in rows]
+  return np.concatenate(padded + [legend(class_names, classes, num_classes, width)], axis=0)
+
+
 def stack_rows(rows: list[np.ndarray]) -> np.ndarray:
   """Vertically stacks equally wide uint8 pictures."""
   return np.concatenate(rows, axis=0)
