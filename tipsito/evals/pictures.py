@@ -75,8 +75,34 @@ def pca_grid(images: np.ndarray, maps: np.ndarray) -> np.ndarray:
   return np.concatenate(rows, axis=0)
 
 
+# Kelly's colours of maximum contrast (K. L. Kelly, 1965), without white, black and grey: classes 1-19 of
+# the small class lists of the built-in datasets stay easy to tell apart and to find in the legend.
+KELLY = (
+  (255, 179, 0),
+  (128, 62, 117),
+  (255, 104, 0),
+  (166, 189, 215),
+  (193, 0, 32),
+  (206, 162, 98),
+  (0, 125, 52),
+  (246, 118, 142),
+  (0, 83, 138),
+  (255, 122, 92),
+  (83, 55, 122),
+  (255, 142, 0),
+  (179, 40, 81),
+  (244, 200, 0),
+  (127, 24, 13),
+  (147, 170, 0),
+  (89, 51, 21),
+  (241, 58, 19),
+  (35, 44, 22),
+)
+
+
 def palette(num_classes: int, seed: int = 0) -> np.ndarray:
-  """(256, 3) uint8 colour table: class 0 dark grey, others distinct hues, 255 (ignore) black."""
+  """(256, 3) uint8 colour table: class 0 dark grey, 1-19 `KELLY` when there are at most 20 classes, else
+  distinct hues; 255 (ignore) black."""
   rng = np.random.default_rng(seed)
   pal = np.zeros((256, 3), np.uint8)
   golden = 0.618033988749895
@@ -85,6 +111,8 @@ def palette(num_classes: int, seed: int = 0) -> np.ndarray:
     sat = 0.65 + 0.35 * rng.random()
     val = 0.75 + 0.25 * rng.random()
     pal[c] = np.round(np.array(_hsv_to_rgb(hue, sat, val)) * 255).astype(np.uint8)
+  if num_classes <= len(KELLY) + 1:
+    pal[1:num_classes] = np.array(KELLY[: num_classes - 1], np.uint8).reshape(-1, 3)
   pal[0] = (64, 64, 64)
   pal[255] = (0, 0, 0)
   return pal
@@ -186,12 +214,13 @@ def segmentation_row(
   predictions: Mapping[str, np.ndarray],
   num_classes: int,
   pca: np.ndarray | None = None,
-  alpha: float = 0.6,
+  alpha: float = 0.7,
   min_side: int = MIN_PANEL,
 ) -> np.ndarray:
   """One example as titled panels: image | ground truth | each prediction (title -> (H, W) labels) | PCA.
 
-  Label maps are blended over the image (`alpha`) in `palette` colours; every panel is scaled by one
+  Label maps are blended (`alpha`) in `palette` colours over the image's grey levels (so a class keeps
+  its legend colour whatever the object's own colour); every panel is scaled by one
   integer factor so that its shorter side is >= `min_side` (labels and the PCA grid nearest-neighbour,
   so patch edges stay visible; the photo bilinear). `image` must already be at the label map's size;
   `pca` is the uint8 (h, w, 3) patch grid of `pca_rgb`, upsampled to the panel size.
@@ -201,13 +230,14 @@ def segmentation_row(
   if img.shape[:2] != hw:
     raise ValueError(f"image {img.shape[:2]} and label map {hw} differ; resize the image first")
   f = upscale_factor(hw, min_side)
-  big = _scaled(img, f, smooth=True).astype(np.float32)
+  big = _scaled(img, f, smooth=True)
+  grey = big.astype(np.float32) @ np.array([0.299, 0.587, 0.114], np.float32)  # keeps the legend's hues
 
   def over(labels):
     col = _scaled(colorize(labels, num_classes), f, smooth=False).astype(np.float32)
-    return np.round(alpha * col + (1 - alpha) * big).astype(np.uint8)
+    return np.round(alpha * col + (1 - alpha) * grey[..., None]).astype(np.uint8)
 
-  panels, titles = [big.astype(np.uint8), over(gt)], ["image", "ground truth"]
+  panels, titles = [big, over(gt)], ["image", "ground truth"]
   for title, pred in predictions.items():
     panels.append(over(pred))
     titles.append(str(title))
