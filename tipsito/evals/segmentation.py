@@ -78,7 +78,8 @@ tipsito/evals/metrics.py `nonlargest_counts`): one answer copied to every patch 
 and on the largest object at once. NaN when no image has a second object (single-object datasets).
 '<name>/nonlargest_chance' is 100 / C (uniform random classes), '<name>/nonlargest_share' the share of
 scored pixels counted by nonlargest_acc. Both extra kinds reuse the value pass's encoder outputs (no
-second encoder call); they cost one more upsampling each.
+second encoder call); 'patches' costs one more upsampling per image, 'global_copy' one per image in
+'slide' only.
 
 Pictures (`num_pictures` > 0): '<name>/overlay', one row per example [image | ground truth | the
 prediction of each kind | PCA of the patch tokens ('whole' only)], every panel scaled to >= 256 px, with a
