@@ -75,33 +75,34 @@ def pca_grid(images: np.ndarray, maps: np.ndarray) -> np.ndarray:
   return np.concatenate(rows, axis=0)
 
 
-# Kelly's colours of maximum contrast (K. L. Kelly, 1965), without white, black and grey: classes 1-19 of
-# the small class lists of the built-in datasets stay easy to tell apart and to find in the legend.
-KELLY = (
-  (255, 179, 0),
-  (128, 62, 117),
-  (255, 104, 0),
-  (166, 189, 215),
-  (193, 0, 32),
-  (206, 162, 98),
-  (0, 125, 52),
-  (246, 118, 142),
-  (0, 83, 138),
-  (255, 122, 92),
-  (83, 55, 122),
-  (255, 142, 0),
-  (179, 40, 81),
-  (244, 200, 0),
-  (127, 24, 13),
-  (147, 170, 0),
-  (89, 51, 21),
-  (241, 58, 19),
-  (35, 44, 22),
+# Sasha Trubetskoy's "20 simple, distinct colours" without grey, white and black, most distinct first:
+# classes 1-19 of the small class lists of the built-in datasets stay easy to tell apart and to find in
+# the legend.
+DISTINCT = (
+  (230, 25, 75),
+  (60, 180, 75),
+  (255, 225, 25),
+  (0, 130, 200),
+  (245, 130, 48),
+  (145, 30, 180),
+  (70, 240, 240),
+  (240, 50, 230),
+  (210, 245, 60),
+  (250, 190, 212),
+  (0, 128, 128),
+  (220, 190, 255),
+  (170, 110, 40),
+  (255, 250, 200),
+  (128, 0, 0),
+  (170, 255, 195),
+  (128, 128, 0),
+  (255, 215, 180),
+  (0, 0, 128),
 )
 
 
 def palette(num_classes: int, seed: int = 0) -> np.ndarray:
-  """(256, 3) uint8 colour table: class 0 dark grey, 1-19 `KELLY` when there are at most 20 classes, else
+  """(256, 3) uint8 colour table: class 0 dark grey, 1-19 `DISTINCT` when there are at most 20 classes, else
   distinct hues; 255 (ignore) black."""
   rng = np.random.default_rng(seed)
   pal = np.zeros((256, 3), np.uint8)
@@ -111,8 +112,8 @@ def palette(num_classes: int, seed: int = 0) -> np.ndarray:
     sat = 0.65 + 0.35 * rng.random()
     val = 0.75 + 0.25 * rng.random()
     pal[c] = np.round(np.array(_hsv_to_rgb(hue, sat, val)) * 255).astype(np.uint8)
-  if num_classes <= len(KELLY) + 1:
-    pal[1:num_classes] = np.array(KELLY[: num_classes - 1], np.uint8).reshape(-1, 3)
+  if num_classes <= len(DISTINCT) + 1:
+    pal[1:num_classes] = np.array(DISTINCT[: num_classes - 1], np.uint8).reshape(-1, 3)
   pal[0] = (64, 64, 64)
   pal[255] = (0, 0, 0)
   return pal
