@@ -19,6 +19,7 @@ from PIL import Image
 from tipsito.data import eval_input
 from tipsito.evals import make_evaluator
 from tipsito.evals import make_evaluators
+from tipsito.evals import pictures
 from tipsito.evals import registry
 from tipsito.evals import run_evaluators
 
@@ -230,7 +231,9 @@ def test_segmentation_whole_perfect(encoded):
   assert res["seg/pixel_acc"] == pytest.approx(100.0)
   assert res["seg/num_examples"] == 10
   ov = ev.pictures["seg/overlay"]
-  assert ov.dtype == np.uint8 and ov.shape == (2 * 32, 3 * 32, 3)
+  # 2 rows of [image | GT | values | patch tokens | global copy | PCA], panels 32 px scaled x8 to 256, a legend.
+  rows = 2 * (pictures.TITLE_ROWS + 256 + pictures.GAP)
+  assert ov.dtype == np.uint8 and ov.shape[1:] == (6 * 256 + 5 * pictures.GAP, 3) and ov.shape[0] > rows
   assert ev.pictures["seg/pca"].shape == (2 * 32, 2 * 32, 3)
 
 
@@ -389,10 +392,11 @@ def test_run_evaluators_writes_scalars_images_and_pngs(tmp_path):
   res = run_evaluators(evs, FakeEncoder(), step=10, writer=w, picture_dir=str(tmp_path), only_due=True)
   assert "seg/miou" in res and "zs/top1" not in res  # 10 is a multiple of 5, not of 3
   assert w.scalars[10]["seg/miou"] == pytest.approx(100.0) and w.flushed
-  assert w.images[10]["seg/overlay"].shape == (1, 32, 96, 3)
+  ov = w.images[10]["seg/overlay"]
+  assert ov.shape[0] == 1 and ov.shape[2:] == (6 * 256 + 5 * pictures.GAP, 3)
   pngs = sorted(os.listdir(tmp_path))
   assert pngs == ["seg_overlay_00000010.png", "seg_pca_00000010.png"]
-  assert np.asarray(Image.open(tmp_path / pngs[0])).shape == (32, 96, 3)
+  assert np.asarray(Image.open(tmp_path / pngs[0])).shape == ov.shape[1:]
   json.dumps(res)  # plain floats
 
 

@@ -310,7 +310,7 @@ def test_inputs_are_resized_to_patch_multiples_so_scores_align():
       x = np.pad(x, ((0, 0), (ph // 2, ph - ph // 2), (pw // 2, pw - pw // 2), (0, 0)))
       b, h, w, _ = x.shape
       v = x.reshape(b, h // 16, 16, w // 16, 16, 3).mean((2, 4)).astype(np.float32)
-      return {"cls": np.zeros((b, 1, 3), np.float32), "values": v}
+      return {"cls": np.zeros((b, 1, 3), np.float32), "patches": v, "values": v}
 
     def embed_texts(self, texts):
       return np.stack([np.eye(3)[int(t[-1])] for t in texts]).astype(np.float32)

@@ -799,6 +799,22 @@ KEYS: tuple[Key, ...] = (
     range=_POS_INT,
   ),
   K("evals.*.tokenizer", str, ABSENT, "tokenizer of an eval (None = the config's)", optional=True, safe=True),
+  K(
+    "evals.*.patch_tokens",
+    bool,
+    ABSENT,
+    "segmentation evals: also score the final patch tokens, 'patches/*' metrics (absent = True)",
+    choices=BOOLS,
+    safe=True,
+  ),
+  K(
+    "evals.*.global_copy",
+    bool,
+    ABSENT,
+    "segmentation evals: the CLS answer painted on every pixel, 'global_copy/*' metrics (absent = True)",
+    choices=BOOLS,
+    safe=True,
+  ),
 )
 
 BY_PATH: dict[str, Key] = {k.path: k for k in KEYS}

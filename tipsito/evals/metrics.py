@@ -240,6 +240,58 @@ def miou(pred, gt, num_classes: int, ignore_index: int = IGNORE_INDEX, valid=Non
   return float(miou_from_confusion(confusion_matrix(pred, gt, num_classes, ignore_index, valid))["miou"])
 
 
+def largest_object_class(
+  gt, num_classes: int, ignore_index: int = IGNORE_INDEX, background_index: int | None = None
+) -> int | None:
+  """The class with the most pixels in one ground-truth map (ties: the lower index), or None.
+
+  Background (`background_index`), `ignore_index` and values outside [0, C) are not objects; None when
+  the map holds no object pixel. This is "the image's largest object" of the `scenes` record contract.
+  """
+  g = np.asarray(gt).astype(np.int64).reshape(-1)
+  g = g[(g != ignore_index) & (g >= 0) & (g < num_classes)]
+  if background_index is not None:
+    g = g[g != int(background_index)]
+  if g.size == 0:
+    return None
+  return int(np.argmax(np.bincount(g, minlength=num_classes)))  # argmax: first maximum = lower index
+
+
+def nonlargest_mask(
+  gt, num_classes: int, ignore_index: int = IGNORE_INDEX, background_index: int | None = None
+) -> np.ndarray:
+  """bool map of one image's pixels on objects that are not its largest (`largest_object_class`).
+
+  Why: a model that copies one global answer to every patch paints the whole image with one class, so
+  at best it is right on the largest object; on these pixels it is right only when it names a class that
+  is not the largest, which then makes it wrong on the largest object. Accuracy here needs per-patch
+  answers. Background, ignored and out-of-range pixels are never in the mask.
+  """
+  g = np.asarray(gt).astype(np.int64)
+  largest = largest_object_class(g, num_classes, ignore_index, background_index)
+  mask = (g != ignore_index) & (g >= 0) & (g < num_classes)
+  if background_index is not None:
+    mask &= g != int(background_index)
+  if largest is None:
+    return np.zeros(g.shape, bool)
+  return mask & (g != largest)
+
+
+def nonlargest_counts(
+  pred, gt, num_classes: int, ignore_index: int = IGNORE_INDEX, background_index: int | None = None
+) -> tuple[int, int]:
+  """(correct, total) pixels of one image on its non-largest objects (`nonlargest_mask`).
+
+  Accuracy = sum(correct) / sum(total) over a split (pixels pooled, as pixel accuracy).
+  """
+  pred = np.asarray(pred)
+  gt = np.asarray(gt)
+  if pred.shape != gt.shape:
+    raise ValueError(f"pred {pred.shape} and gt {gt.shape} differ")
+  mask = nonlargest_mask(gt, num_classes, ignore_index, background_index)
+  return int(np.sum((pred.astype(np.int64) == gt.astype(np.int64)) & mask)), int(np.sum(mask))
+
+
 # ------------------------------------------------------------------------------------------------------
 # kNN classification (DINO's weighted k-NN)
 # ------------------------------------------------------------------------------------------------------

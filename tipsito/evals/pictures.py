@@ -75,8 +75,35 @@ def pca_grid(images: np.ndarray, maps: np.ndarray) -> np.ndarray:
   return np.concatenate(rows, axis=0)
 
 
+# Sasha Trubetskoy's "20 simple, distinct colours" without grey, white and black, most distinct first:
+# classes 1-19 of the small class lists of the built-in datasets stay easy to tell apart and to find in
+# the legend.
+DISTINCT = (
+  (230, 25, 75),
+  (60, 180, 75),
+  (255, 225, 25),
+  (0, 130, 200),
+  (245, 130, 48),
+  (145, 30, 180),
+  (70, 240, 240),
+  (240, 50, 230),
+  (210, 245, 60),
+  (250, 190, 212),
+  (0, 128, 128),
+  (220, 190, 255),
+  (170, 110, 40),
+  (255, 250, 200),
+  (128, 0, 0),
+  (170, 255, 195),
+  (128, 128, 0),
+  (255, 215, 180),
+  (0, 0, 128),
+)
+
+
 def palette(num_classes: int, seed: int = 0) -> np.ndarray:
-  """(256, 3) uint8 colour table: class 0 dark grey, others distinct hues, 255 (ignore) black."""
+  """(256, 3) uint8 colour table: class 0 dark grey, 1-19 `DISTINCT` when there are at most 20 classes, else
+  distinct hues; 255 (ignore) black."""
   rng = np.random.default_rng(seed)
   pal = np.zeros((256, 3), np.uint8)
   golden = 0.618033988749895
@@ -85,6 +112,8 @@ def palette(num_classes: int, seed: int = 0) -> np.ndarray:
     sat = 0.65 + 0.35 * rng.random()
     val = 0.75 + 0.25 * rng.random()
     pal[c] = np.round(np.array(_hsv_to_rgb(hue, sat, val)) * 255).astype(np.uint8)
+  if num_classes <= len(DISTINCT) + 1:
+    pal[1:num_classes] = np.array(DISTINCT[: num_classes - 1], np.uint8).reshape(-1, 3)
   pal[0] = (64, 64, 64)
   pal[255] = (0, 0, 0)
   return pal
@@ -126,6 +155,130 @@ def segmentation_overlay(
     blend = alpha * col + (1 - alpha) * img.astype(np.float32)
     panels.append(np.round(blend).astype(np.uint8))
   return np.concatenate(panels, axis=1)
+
+
+# ------------------------------------------------------------------------------------------------------
+# The segmentation figure a person reads: titled panels side by side, large enough, with a colour legend
+# ------------------------------------------------------------------------------------------------------
+
+MIN_PANEL = 256  # the shorter side of every panel of `segmentation_row`, in pixels
+GAP = 4  # white pixels between panels
+TITLE_ROWS = 18  # height of the title strip above a row's panels
+INK = (0, 0, 0)
+PAPER = (255, 255, 255)
+
+
+def _font(size: int = 13):
+  """Pillow's bundled font (no file or network access); the small bitmap font on builds without FreeType."""
+  from PIL import ImageFont  # pylint: disable=g-import-not-at-top
+
+  try:
+    return ImageFont.load_default(size=size)
+  except (TypeError, OSError, ImportError):
+    return ImageFont.load_default()
+
+
+def upscale_factor(hw: tuple[int, int], min_side: int = MIN_PANEL) -> int:
+  """The smallest integer factor that brings the shorter side of an (h, w) map to >= min_side."""
+  return max(1, -(-int(min_side) // max(1, int(min(hw)))))
+
+
+def _scaled(arr: np.ndarray, factor: int, smooth: bool) -> np.ndarray:
+  """uint8 (h, w[, 3]) scaled by an integer factor: bilinear for photos, nearest for maps (hard edges)."""
+  if factor == 1:
+    return arr
+  h, w = arr.shape[:2]
+  resample = Image.Resampling.BILINEAR if smooth else Image.Resampling.NEAREST
+  return np.asarray(Image.fromarray(arr).resize((w * factor, h * factor), resample))
+
+
+def _titled(panels: list[np.ndarray], titles: list[str]) -> np.ndarray:
+  """Equal-height panels side by side with GAP white columns between, each titled in a strip above."""
+  from PIL import ImageDraw  # pylint: disable=g-import-not-at-top
+
+  h = panels[0].shape[0]
+  width = sum(p.shape[1] for p in panels) + GAP * (len(panels) - 1)
+  canvas = Image.new("RGB", (width, h + TITLE_ROWS), PAPER)
+  draw = ImageDraw.Draw(canvas)
+  font = _font()
+  x = 0
+  for panel, title in zip(panels, titles):
+    canvas.paste(Image.fromarray(panel), (x, TITLE_ROWS))
+    draw.text((x + 2, 2), title, fill=INK, font=font)
+    x += panel.shape[1] + GAP
+  return np.asarray(canvas)
+
+
+def segmentation_row(
+  image: np.ndarray,
+  gt: np.ndarray,
+  predictions: Mapping[str, np.ndarray],
+  num_classes: int,
+  pca: np.ndarray | None = None,
+  alpha: float = 0.7,
+  min_side: int = MIN_PANEL,
+) -> np.ndarray:
+  """One example as titled panels: image | ground truth | each prediction (title -> (H, W) labels) | PCA.
+
+  Label maps are blended (`alpha`) in `palette` colours over the image's grey levels (so a class keeps
+  its legend colour whatever the object's own colour); every panel is scaled by one
+  integer factor so that its shorter side is >= `min_side` (labels and the PCA grid nearest-neighbour,
+  so patch edges stay visible; the photo bilinear). `image` must already be at the label map's size;
+  `pca` is the uint8 (h, w, 3) patch grid of `pca_rgb`, upsampled to the panel size.
+  """
+  img = _as_rgb_uint8(image)
+  hw = np.asarray(gt).shape[:2]
+  if img.shape[:2] != hw:
+    raise ValueError(f"image {img.shape[:2]} and label map {hw} differ; resize the image first")
+  f = upscale_factor(hw, min_side)
+  big = _scaled(img, f, smooth=True)
+  grey = big.astype(np.float32) @ np.array([0.299, 0.587, 0.114], np.float32)  # keeps the legend's hues
+
+  def over(labels):
+    col = _scaled(colorize(labels, num_classes), f, smooth=False).astype(np.float32)
+    return np.round(alpha * col + (1 - alpha) * grey[..., None]).astype(np.uint8)
+
+  panels, titles = [big, over(gt)], ["image", "ground truth"]
+  for title, pred in predictions.items():
+    panels.append(over(pred))
+    titles.append(str(title))
+  if pca is not None:
+    panels.append(upsample_nearest(np.asarray(pca, np.uint8), (hw[0] * f, hw[1] * f)))
+    titles.append("PCA of patch tokens")
+  return _titled(panels, titles)
+
+
+def legend(class_names: list[str], classes, num_classes: int, width: int, swatch: int = 14) -> np.ndarray:
+  """uint8 (H, width, 3) strip: a `palette` swatch and the name of each class in `classes`, wrapped in
+  lines of `width` pixels (255 is written 'ignored')."""
+  from PIL import ImageDraw  # pylint: disable=g-import-not-at-top
+
+  font = _font()
+  pal = palette(num_classes)
+  entries = [(int(c), "ignored" if int(c) == 255 else str(class_names[int(c)])) for c in classes]
+  draw = ImageDraw.Draw(Image.new("RGB", (1, 1)))
+  place, x, y, line = [], 4, 4, swatch + 6
+  for c, name in entries:
+    w = swatch + 4 + int(np.ceil(draw.textlength(name, font=font))) + 12
+    if x > 4 and x + w > width:
+      x, y = 4, y + line
+    place.append((c, name, x, y))
+    x += w
+  canvas = Image.new("RGB", (max(1, width), y + line + 2), PAPER)
+  draw = ImageDraw.Draw(canvas)
+  for c, name, x, y in place:
+    draw.rectangle((x, y, x + swatch - 1, y + swatch - 1), fill=tuple(int(v) for v in pal[c]), outline=INK)
+    draw.text((x + swatch + 4, y), name, fill=INK, font=font)
+  return np.asarray(canvas)
+
+
+def segmentation_figure(
+  rows: list[np.ndarray], class_names: list[str], classes, num_classes: int
+) -> np.ndarray:
+  """`segmentation_row`s stacked (zero-padded on the right to the widest) over a `legend` of `classes`."""
+  width = max(r.shape[1] for r in rows)
+  padded = [np.pad(r, ((0, GAP), (0, width - r.shape[1]), (0, 0)), constant_values=255) for r in rows]
+  return np.concatenate(padded + [legend(class_names, classes, num_classes, width)], axis=0)
 
 
 def stack_rows(rows: list[np.ndarray]) -> np.ndarray:

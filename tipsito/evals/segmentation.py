@@ -1,4 +1,5 @@
-"""Zero-shot semantic segmentation from value embeddings (the TIPS / TIPSv2 protocol).
+"""Zero-shot semantic segmentation from value embeddings (the TIPS / TIPSv2 protocol) and from the final
+patch tokens, with a "global copy" reference row.
 
 Why this protocol: it measures dense patch-text alignment, the property TIPSv2's iBOT++ targets. Patch
 features are the *value embeddings* of the last block (MaskCLIP trick, `embed_images(...)['values']`,
@@ -54,13 +55,35 @@ with `background_name` inserted at `background_index` (tipsito builders: mask va
 Config keys (besides evaluator.COMMON_DEFAULTS): benchmark (None | 'ade150' | 'pc59' | 'pc60' |
 'voc21'), protocol ('whole' | 'slide'), crop_size (None = the image's short side; benchmarks: 448),
 stride (None = crop_size * 2 // 3; benchmarks: 336, the TIPS notebook's), bg_threshold (None),
-templates (None = 'tcl'), and, only without a benchmark (a benchmark defines them, `BENCHMARK_KEYS`):
+templates (None = 'tcl'), patch_tokens (True), global_copy (True), and, only without a benchmark (a benchmark defines them, `BENCHMARK_KEYS`):
 class_names, background_index (0), background_name ('background'), ignore_index (255),
 reduce_zero_label (False), mask_source ('auto'), resize ('resize'); alpha_label ('label').
 With a benchmark, image_size is the short side (default 448).
 Metrics: '<name>/miou', '<name>/pixel_acc', '<name>/mean_acc' (percent), '<name>/miou_chance' (percent:
 the expected mIoU of uniformly random class predictions on the same ground truth,
 tipsito/evals/metrics.py `chance_miou_from_confusion`), '<name>/num_examples', '<name>/num_classes'.
+
+Three predictions are scored (`KINDS`), each with miou, pixel_acc, mean_acc and nonlargest_acc:
+- the value embeddings (above; their keys have no prefix and are what they always were);
+- 'patches/...' (`patch_tokens`, default True): the final patch tokens (`embed_images(...)['patches']`,
+  projected like the values), each patch labelled by the closest class text embedding: TIPSv2 §4 and its
+  Figs. 6 and 9. The value trick can find alignment the raw tokens do not have; both are reported;
+- 'global_copy/...' (`global_copy`, default True): a reference, not a model: the image's CLS zero-shot
+  arg-max (token `cls_index`, the same class embeddings and scores) painted on every pixel ('slide':
+  each window's CLS answer over its box, averaged like the patch scores). A model whose every patch token
+  equals its CLS scores exactly this, so dense metrics at or below it show no patch-text alignment.
+'nonlargest_acc' is the pixel accuracy on the objects that are not the image's largest (the class with
+the most pixels of the GT map, ties to the lower index; background and ignored pixels are never counted;
+tipsito/evals/metrics.py `nonlargest_counts`): one answer copied to every patch cannot be right there
+and on the largest object at once. NaN when no image has a second object (single-object datasets).
+'<name>/nonlargest_chance' is 100 / C (uniform random classes), '<name>/nonlargest_share' the share of
+scored pixels counted by nonlargest_acc. Both extra kinds reuse the value pass's encoder outputs (no
+second encoder call); 'patches' costs one more upsampling per image, 'global_copy' one per image in
+'slide' only.
+
+Pictures (`num_pictures` > 0): '<name>/overlay', one row per example [image | ground truth | the
+prediction of each kind | PCA of the patch tokens ('whole' only)], every panel scaled to >= 256 px, with a
+legend of the classes shown (tipsito/evals/pictures.py `segmentation_figure`); '<name>/pca' as before.
 """
 
 from __future__ import annotations
@@ -128,7 +151,12 @@ DEFAULTS = dict(
   mask_source="auto",
   alpha_label="label",
   resize="resize",
+  patch_tokens=True,
+  global_copy=True,
 )
+
+# The predictions scored, each with its metric-key prefix ('values' keeps the keys it always had).
+KINDS = {"values": "", "patches": "patches/", "global_copy": "global_copy/"}
 
 
 def resolve_config(cfg) -> dict:
@@ -177,6 +205,9 @@ def resolve_config(cfg) -> dict:
     raise ValueError(
       f"resize={merged['resize']!r} is not allowed; valid values: {list(eval_input.RESIZE_MODES)}"
     )
+  for key in ("patch_tokens", "global_copy"):
+    if not isinstance(merged[key], bool):
+      raise ValueError(f"{key}={merged[key]!r} is not allowed; valid values: True or False")
   for key in ("crop_size", "stride"):
     v = merged[key]
     if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
@@ -330,7 +361,7 @@ def _pad_stack(images: list[np.ndarray], batch_size: int) -> tuple[np.ndarray, n
 
 
 class SegmentationEvaluator(evaluator.Evaluator):
-  """mIoU of zero-shot segmentation by value-embedding / text cosine."""
+  """mIoU of zero-shot segmentation by value-embedding (and patch-token) / text cosine."""
 
   TYPE = "segmentation"
   NEEDS_MASKS = True
@@ -396,12 +427,33 @@ class SegmentationEvaluator(evaluator.Evaluator):
     )
 
   # ------------------------------------------------------------------ encoder passes
+  def kinds(self) -> tuple[str, ...]:
+    """The predictions this eval scores (`KINDS`): the value embeddings always, then the final patch
+    tokens (`patch_tokens`) and the global-copy reference (`global_copy`) when enabled."""
+    enabled = {"values": True, "patches": self.cfg["patch_tokens"], "global_copy": self.cfg["global_copy"]}
+    return tuple(k for k in KINDS if enabled[k])
+
   def _encode_scores(self, encoder, images: list[np.ndarray], scorer):
     """Equal-shaped images (at most batch_size) as one zero-padded batch: (encoder outputs, the padded
-    batch, its valid mask, device scores (batch_size, gh, gw, C))."""
+    batch, its valid mask, {kind: device scores (batch_size, gh, gw, C)}).
+
+    'values' scores the value embeddings, 'patches' the final patch tokens (`embed_images`'s
+    'patches'), 'global_copy' the CLS token `cls_index` broadcast to every patch of the grid."""
     batch, valid = _pad_stack(images, int(self.cfg["batch_size"]))
     out = self.embed_images(encoder, batch, need_values=True)
-    return out, batch, valid, scorer(jnp.asarray(out["values"]))
+    values = jnp.asarray(out["values"])
+    scores = {"values": scorer(values)}
+    if self.cfg["patch_tokens"]:
+      if "patches" not in out:
+        raise KeyError(
+          f"eval {self.name!r}: encoder.embed_images returned no 'patches' (the final patch tokens); "
+          "set patch_tokens=False to score the value embeddings only"
+        )
+      scores["patches"] = scorer(jnp.asarray(out["patches"]))
+    if self.cfg["global_copy"]:
+      cls = jnp.asarray(self.cls_features(out))[:, None, None, :]
+      scores["global_copy"] = scorer(jnp.broadcast_to(cls, values.shape[:3] + cls.shape[-1:]))
+    return out, batch, valid, scores
 
   def _predict_whole(self, encoder, examples, scorer, sink):
     """'whole': one queue of encoder inputs per shape, flushed at batch_size (or, the longest one,
@@ -415,7 +467,14 @@ class SegmentationEvaluator(evaluator.Evaluator):
       out, batch, valid, scores = self._encode_scores(encoder, [x for x, _ in items], scorer)
       sink.pca(out, batch, valid)
       for i, (_, ex) in enumerate(items):
-        sink.add(ex, upsample_argmax(scores[i], ex["segmentation"].shape))
+        hw = ex["segmentation"].shape
+        preds = {}
+        for kind, s in scores.items():
+          if kind == "global_copy":  # one answer per image: the arg-max of its (constant) score grid
+            preds[kind] = np.full(hw, int(jnp.argmax(s[i, 0, 0])), np.int32)
+          else:
+            preds[kind] = upsample_argmax(s[i], hw)
+        sink.add(ex, preds, out.get("patches", out["values"])[i])
 
     for ex in examples:
       x = to_patch_multiple(ex["image"], patch)
@@ -449,15 +508,18 @@ class SegmentationEvaluator(evaluator.Evaluator):
           out, batch, valid, scores = self._encode_scores(encoder, [x for _, x in part], scorer)
           sink.pca(out, batch, valid)
           for i, (jk, _) in enumerate(part):
-            window_scores[jk] = scores[i]
+            window_scores[jk] = {kind: s[i] for kind, s in scores.items()}
       for j, (ex, boxes) in enumerate(zip(chunk, plans)):
-        ws = jnp.stack([window_scores[(j, k)] for k in range(len(boxes))])
-        probs = slide_average(ws, boxes, tuple(ex["image"].shape[:2]))
-        sink.add(ex, upsample_argmax(probs, ex["segmentation"].shape))
+        preds = {}
+        for kind in self.kinds():  # 'global_copy': each window's CLS answer over its box, averaged
+          ws = jnp.stack([window_scores[(j, k)][kind] for k in range(len(boxes))])
+          probs = slide_average(ws, boxes, tuple(ex["image"].shape[:2]))
+          preds[kind] = upsample_argmax(probs, ex["segmentation"].shape)
+        sink.add(ex, preds, None)
 
   # ------------------------------------------------------------------ run
   def run(self, encoder) -> dict[str, float]:
-    """Predicts every eval image, accumulates one confusion matrix, returns mIoU etc."""
+    """Predicts every eval image, accumulates one confusion matrix per kind, returns mIoU etc."""
     self.pictures = {}
     names = self.seg_class_names()
     num_classes = len(names)
@@ -470,61 +532,80 @@ class SegmentationEvaluator(evaluator.Evaluator):
       self._predict_whole(encoder, self.examples(), scorer, sink)
     else:
       self._predict_slide(encoder, self.examples(), scorer, sink)
-    if sink.overlays:
-      self.pictures[f"{self.name}/overlay"] = _stack_padded(sink.overlays)
-    r = sink.cm.compute()
-    self.last_iou = dict(zip(names, (float(x) for x in r["iou"])))
-    self.last_confusion = sink.cm.matrix
-    return {
-      self.key("miou"): evaluator.pct(r["miou"]),
-      self.key("pixel_acc"): evaluator.pct(r["pixel_acc"]),
-      self.key("mean_acc"): evaluator.pct(r["mean_acc"]),
-      self.key("miou_chance"): evaluator.pct(metrics_lib.chance_miou_from_confusion(sink.cm.matrix)),
-      self.key("num_examples"): float(sink.count),
-      self.key("num_classes"): float(num_classes),
-    }
+    if sink.rows:
+      self.pictures[f"{self.name}/overlay"] = pictures_lib.segmentation_figure(
+        sink.rows, names, sorted(sink.shown_classes), num_classes
+      )
+    results = {}
+    for kind, prefix in KINDS.items():
+      if kind not in sink.cms:
+        continue
+      r = sink.cms[kind].compute()
+      correct, total = sink.nonlargest[kind]
+      results[self.key(prefix + "miou")] = evaluator.pct(r["miou"])
+      results[self.key(prefix + "pixel_acc")] = evaluator.pct(r["pixel_acc"])
+      results[self.key(prefix + "mean_acc")] = evaluator.pct(r["mean_acc"])
+      results[self.key(prefix + "nonlargest_acc")] = evaluator.pct(correct / total if total else float("nan"))
+      if kind == "values":
+        self.last_iou = dict(zip(names, (float(x) for x in r["iou"])))
+        self.last_confusion = sink.cms[kind].matrix
+        results[self.key("miou_chance")] = evaluator.pct(
+          metrics_lib.chance_miou_from_confusion(sink.cms[kind].matrix)
+        )
+        results[self.key("nonlargest_chance")] = 100.0 / num_classes
+        results[self.key("nonlargest_share")] = evaluator.pct(
+          total / sink.cms[kind].matrix.sum() if sink.cms[kind].matrix.sum() else float("nan")
+        )
+        results[self.key("num_examples")] = float(sink.count)
+        results[self.key("num_classes")] = float(num_classes)
+    return results
+
+
+# The figure's column titles of each kind (`pictures.segmentation_row`).
+KIND_TITLES = {"values": "value embeddings", "patches": "patch tokens", "global_copy": "global copy (CLS)"}
 
 
 class _Sink:
-  """Where predictions go: the confusion matrix, the example count, overlay and PCA pictures."""
+  """Where predictions go: per kind a confusion matrix and non-largest counts; the example count; the
+  rows of the overlay figure and the PCA pictures."""
 
   def __init__(self, ev: SegmentationEvaluator, num_classes: int):
     self.ev = ev
     self.num_classes = num_classes
-    self.cm = metrics_lib.ConfusionMatrix(num_classes, int(ev.cfg["ignore_index"]))
+    ignore = int(ev.cfg["ignore_index"])
+    self.cms = {k: metrics_lib.ConfusionMatrix(num_classes, ignore) for k in ev.kinds()}
+    self.nonlargest = {k: [0, 0] for k in ev.kinds()}
+    bg = ev.cfg.get("background_index")
+    # A background scored by a constant (bg_threshold) is still background; None: label 0 was ignored.
+    self.background = None if bg is None else int(bg)
     self.count = 0
     self.n_pics = int(ev.cfg.get("num_pictures") or 0)
-    self.overlays: list[np.ndarray] = []
+    self.rows: list[np.ndarray] = []
+    self.shown_classes: set[int] = set()
 
-  def add(self, ex: dict, pred: np.ndarray) -> None:
-    """One example's (H, W) prediction at its label map's size."""
+  def add(self, ex: dict, preds: dict[str, np.ndarray], patches: np.ndarray | None) -> None:
+    """One example's {kind: (H, W) prediction} at its label map's size, and its (h, w, D) patch tokens
+    (None: no PCA panel)."""
     gt = ex["segmentation"]
-    self.cm.update(pred, gt)
+    ignore = int(self.ev.cfg["ignore_index"])
+    for kind, pred in preds.items():
+      self.cms[kind].update(pred, gt)
+      c, t = metrics_lib.nonlargest_counts(pred, gt, self.num_classes, ignore, self.background)
+      self.nonlargest[kind][0] += c
+      self.nonlargest[kind][1] += t
     self.count += 1
-    if len(self.overlays) < self.n_pics:
-      self.overlays.append(
-        _overlay(ex["image"], pred, gt, self.num_classes, int(np.min(ex["image"].shape[:2])))
-      )
+    if len(self.rows) < self.n_pics:
+      image = ex["image"]
+      h, w = gt.shape
+      if image.shape[:2] != (h, w):
+        image = np.asarray(Image.fromarray(image).resize((w, h), Image.Resampling.BILINEAR))
+      pca = None if patches is None else pictures_lib.pca_rgb(np.asarray(patches)[None])[0]
+      titled = {KIND_TITLES[k]: p for k, p in preds.items()}
+      self.rows.append(pictures_lib.segmentation_row(image, gt, titled, self.num_classes, pca))
+      for labels in [gt, *preds.values()]:
+        self.shown_classes.update(int(v) for v in np.unique(labels) if v < self.num_classes or v == 255)
 
   def pca(self, out, batch, valid) -> None:
     """PCA pictures of the first encoded batch (`Evaluator._collect_pca`)."""
     if self.n_pics:
       self.ev._collect_pca(out, {"image": batch, "_valid": valid})  # pylint: disable=protected-access
-
-
-def _overlay(image, pred, gt, num_classes: int, height: int) -> np.ndarray:
-  """[image | prediction | GT] at the label map's size, scaled to `height` rows (nearest)."""
-  h, w = gt.shape
-  if image.shape[:2] != (h, w):
-    image = np.asarray(Image.fromarray(image).resize((w, h), Image.Resampling.BILINEAR))
-  row = pictures_lib.segmentation_overlay(image, pred, gt, num_classes)
-  if row.shape[0] != height:
-    width = max(1, int(round(row.shape[1] * height / row.shape[0])))
-    row = np.asarray(Image.fromarray(row).resize((width, height), Image.Resampling.NEAREST))
-  return row
-
-
-def _stack_padded(rows: list[np.ndarray]) -> np.ndarray:
-  """Rows of different widths stacked vertically, zero-padded on the right."""
-  width = max(r.shape[1] for r in rows)
-  return pictures_lib.stack_rows([np.pad(r, ((0, 0), (0, width - r.shape[1]), (0, 0))) for r in rows])
