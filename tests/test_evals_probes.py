@@ -1,0 +1,202 @@
+"""Linear probes (tipsito/evals/probes.py) on features whose answer is known.
+
+Why fakes: a probe is a linear layer trained on frozen features, so features that are a linear code of the
+target must be read perfectly (100 % mIoU, RMSE ~ 0, 100 % top-1) and features that are pure noise must
+stay at chance; a real model's numbers are only meaningful once both hold. The fake encoder reads the
+answer from the image: red channel = 10 * class per 8-pixel stripe (segmentation), or the depth code.
+"""
+
+import io
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tipsito.data import eval_input
+from tipsito.evals import make_evaluator
+from tipsito.evals import probes
+from tipsito.evals import registry
+
+PATCH = 8
+SIZE = 32
+D = 16
+FAST = dict(steps=300, lr=0.05, probe_batch_size=8, batch_size=8, image_size=SIZE)
+
+
+def _png(arr):
+  buf = io.BytesIO()
+  Image.fromarray(arr).save(buf, format="PNG")
+  return buf.getvalue()
+
+
+class FakeEncoder:
+  """Patch tokens = one-hot of the red channel / 10 at each patch centre ('code') or noise ('noise')."""
+
+  def __init__(self, mode="code"):
+    self.mode = mode
+
+  def embed_images(self, images, project=False):
+    images = np.asarray(images)
+    b = images.shape[0]
+    centres = images[:, PATCH // 2 :: PATCH, PATCH // 2 :: PATCH, 0].astype(np.int64)  # (B, h, w)
+    gh, gw = centres.shape[1:]
+    if self.mode == "code":
+      patches = np.zeros((b, gh, gw, D), np.float32)
+      np.put_along_axis(patches, (centres // 10)[..., None] % (D - 1), 1.0, axis=-1)
+      patches[..., D - 1] = centres / 255.0  # the depth code: a linear function of the red channel
+    else:
+      rng = np.random.default_rng(int(images.astype(np.int64).sum()) % (2**31))
+      patches = rng.normal(size=(b, gh, gw, D)).astype(np.float32)
+    cls = patches.mean(axis=(1, 2))
+    return {"cls": cls[:, None], "patches": patches}
+
+
+def seg_records(n, num_classes, seed):
+  """Images of vertical stripes one patch wide; label map value = stripe class (0 = background)."""
+  rng = np.random.default_rng(seed)
+  recs = []
+  for i in range(n):
+    cells = np.repeat(rng.integers(0, num_classes, size=(1, SIZE // PATCH)), SIZE // PATCH, axis=0)
+    mask = np.kron(cells, np.ones((PATCH, PATCH), np.int64)).astype(np.uint8)
+    img = np.zeros((SIZE, SIZE, 3), np.uint8)
+    img[..., 0] = 10 * mask
+    img[..., 1] = rng.integers(0, 256, size=(SIZE, SIZE))  # pixel noise the fake ignores
+    recs.append(
+      {"image": _png(img), "segmentation": _png(mask), "label": int(np.bincount(mask.ravel()).argmax())}
+    )
+  return recs
+
+
+def depth_records(n, seed, gt_size=SIZE):
+  """Images whose red value v codes a constant depth of 20 * v millimetres (0.2 .. 5 m)."""
+  rng = np.random.default_rng(seed)
+  recs = []
+  for _ in range(n):
+    v = int(rng.integers(10, 250))
+    img = np.zeros((gt_size, gt_size, 3), np.uint8)
+    img[..., 0] = v
+    depth = np.full((gt_size, gt_size), 20 * v, np.uint16)
+    depth[0, 0] = 0  # one pixel without depth: not scored
+    recs.append({"image": _png(img), "depth": _png(depth)})
+  return recs
+
+
+def splits(train, test):
+  return lambda split: {"train": train, "test": test}[split]
+
+
+def seg_eval(mode="code", seed=0, **kw):
+  ev = make_evaluator(
+    "lseg",
+    {**dict(type="linear_segmentation", dataset="fake", num_classes=5, seed=seed, **FAST), **kw},
+    source_fn=splits(seg_records(24, 5, 1), seg_records(16, 5, 2)),
+  )
+  return ev.run(FakeEncoder(mode))
+
+
+def test_linear_segmentation_separable_features_reach_100_miou():
+  res = seg_eval()
+  assert res["lseg/miou"] == pytest.approx(100.0)
+  assert res["lseg/pixel_acc"] == pytest.approx(100.0)
+  assert res["lseg/num_examples"] == 16 and res["lseg/num_train"] == 24
+
+
+def test_linear_segmentation_noise_stays_at_chance():
+  res = seg_eval("noise")
+  assert res["lseg/miou"] < 2 * res["lseg/miou_chance"] < 50.0
+
+
+def test_linear_segmentation_ignore_index_is_not_scored():
+  # reduce_zero_label: stripe class 0 becomes 255 (ignored), classes 1..4 -> 0..3.
+  res = seg_eval(reduce_zero_label=True, num_classes=4)
+  assert res["lseg/miou"] == pytest.approx(100.0)
+  assert res["lseg/num_classes"] == 4
+
+
+def test_probe_is_deterministic_given_its_seed():
+  a, b, c = seg_eval("noise", seed=3), seg_eval("noise", seed=3), seg_eval("noise", seed=4)
+  assert a == b
+  assert a != c
+
+
+def test_train_probe_same_seed_same_params():
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(20, 4)).astype(np.float32)
+  y = (x[:, 0] > 0).astype(np.int32)
+  kw = dict(steps=20, lr=0.1, weight_decay=0.0, batch_size=5)
+  p1 = probes.train_probe(x, y, 2, probes.classification_loss, seed=1, **kw)
+  p2 = probes.train_probe(x, y, 2, probes.classification_loss, seed=1, **kw)
+  p3 = probes.train_probe(x, y, 2, probes.classification_loss, seed=2, **kw)
+  np.testing.assert_array_equal(np.asarray(p1["w"]), np.asarray(p2["w"]))
+  assert not np.array_equal(np.asarray(p1["w"]), np.asarray(p3["w"]))
+
+
+@pytest.mark.parametrize("gt_size", [SIZE, 48])  # 48: GT larger than the encoder input, scored at 48x48
+def test_linear_depth_linear_code_reaches_rmse_near_zero(gt_size):
+  ev = make_evaluator(
+    "ldepth",
+    dict(
+      type="linear_depth",
+      dataset="fake",
+      steps=600,
+      lr=0.05,
+      probe_batch_size=8,
+      batch_size=8,
+      image_size=SIZE,
+    ),
+    source_fn=splits(depth_records(24, 1, gt_size), depth_records(12, 2, gt_size)),
+  )
+  res = ev.run(FakeEncoder("code"))
+  assert res["ldepth/rmse"] < 0.05  # metres, depths 0.2 .. 5 m
+  assert res["ldepth/delta1"] == pytest.approx(100.0)
+  assert res["ldepth/num_examples"] == 12
+
+
+def test_linear_depth_noise_is_far_from_the_answer():
+  ev = make_evaluator(
+    "ldepth",
+    dict(type="linear_depth", dataset="fake", **FAST),
+    source_fn=splits(depth_records(24, 1), depth_records(12, 2)),
+  )
+  res = ev.run(FakeEncoder("noise"))
+  assert res["ldepth/rmse"] > 0.5
+
+
+def test_depth_metrics_known_values():
+  gt = np.array([[1.0, 2.0], [4.0, 0.0]], np.float32)  # 0 = invalid
+  pred = np.array([[1.0, 2.0], [2.0, 9.0]], np.float32)
+  m = probes.depth_metrics(pred, gt, 1e-3, 10.0)
+  assert m["rmse"] == pytest.approx(np.sqrt(4.0 / 3.0))
+  assert m["delta1"] == pytest.approx(2.0 / 3.0)
+
+
+def test_linear_classification_code_and_noise():
+  train, test = seg_records(40, 5, 1), seg_records(20, 5, 2)
+  for rec in train + test:  # one class per image: every stripe of class `label`
+    mask = np.full((SIZE, SIZE), rec["label"], np.uint8)
+    img = np.zeros((SIZE, SIZE, 3), np.uint8)
+    img[..., 0] = 10 * mask
+    rec["image"] = _png(img)
+  cfg = dict(type="linear_classification", dataset="fake", num_classes=5, **FAST)
+  good = make_evaluator("lcls", cfg, source_fn=splits(train, test)).run(FakeEncoder("code"))
+  assert good["lcls/top1"] == pytest.approx(100.0)
+  noise = make_evaluator("lcls", cfg, source_fn=splits(train, test)).run(FakeEncoder("noise"))
+  assert noise["lcls/top1"] <= noise["lcls/top1_chance"] + 25.0
+
+
+def test_read_example_depth_in_metres():
+  rec = depth_records(1, 0, 48)[0]
+  fields = eval_input.EvalFields(image_size=SIZE, resize="resize", depth=eval_input.DepthSpec())
+  ex = eval_input.read_example(rec, fields)
+  assert ex["depth"].shape == (SIZE, SIZE) and ex["depth"].dtype == np.float32
+  raw = np.asarray(Image.open(io.BytesIO(rec["depth"])))
+  assert ex["depth"][10, 10] == pytest.approx(raw[10, 10] / 1000.0)
+
+
+def test_registry_probes_are_opt_in_in_builtin_suites():
+  default = registry.builtin_evals("shapes")
+  assert not any(cfg["type"].startswith("linear_") for cfg in default.values())
+  probes_only = registry.builtin_evals("shapes", types=["linear_segmentation", "linear_classification"])
+  assert sorted(probes_only) == ["shapes_linear_classification", "shapes_linear_segmentation"]
+  for name, cfg in probes_only.items():
+    registry.make_evaluator(name, cfg)  # every key is known to the evaluator
