@@ -19,7 +19,7 @@ from tipsito.evals import registry
 
 PATCH = 8
 SIZE = 32
-D = 16
+D = 32
 FAST = dict(steps=300, lr=0.05, probe_batch_size=8, batch_size=8, image_size=SIZE)
 
 
@@ -55,7 +55,7 @@ def seg_records(n, num_classes, seed):
   """Images of vertical stripes one patch wide; label map value = stripe class (0 = background)."""
   rng = np.random.default_rng(seed)
   recs = []
-  for i in range(n):
+  for _ in range(n):
     cells = np.repeat(rng.integers(0, num_classes, size=(1, SIZE // PATCH)), SIZE // PATCH, axis=0)
     mask = np.kron(cells, np.ones((PATCH, PATCH), np.int64)).astype(np.uint8)
     img = np.zeros((SIZE, SIZE, 3), np.uint8)
