@@ -150,7 +150,7 @@ def test_linear_segmentation_on_voc_fixture(tmp_path):
 def test_linear_depth_on_nyuv2_fixture(tmp_path):
   make_nyuv2(str(tmp_path), n=(16, 4))
   cfg = dict(
-    type="linear_depth", dataset="nyuv2", data_dir=str(tmp_path), split="test", **{**FAST, "steps": 600}
+    type="linear_depth", dataset="nyuv2", data_dir=str(tmp_path), split="test", **FAST
   )
   res = make_evaluator("nyu", cfg).run(FakeEncoder("code"))
   assert res["nyu/num_examples"] == 4
