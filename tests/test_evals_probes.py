@@ -200,3 +200,50 @@ def test_registry_probes_are_opt_in_in_builtin_suites():
   assert sorted(probes_only) == ["shapes_linear_classification", "shapes_linear_segmentation"]
   for name, cfg in probes_only.items():
     registry.make_evaluator(name, cfg)  # every key is known to the evaluator
+
+
+def _paper_config(name, arg):
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  import pathlib  # pylint: disable=g-import-not-at-top
+
+  path = pathlib.Path(__file__).resolve().parent.parent / "configs" / name
+  spec = importlib.util.spec_from_file_location(f"cfg_{name[:-3]}", path)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod.get_config(arg)
+
+
+@pytest.mark.parametrize(
+  "name,arg,want",
+  [
+    (
+      "tipsv2_g14.py",
+      None,
+      {"segmentation", "linear_segmentation_voc2012", "linear_segmentation_ade20k", "linear_depth_nyuv2"},
+    ),
+    ("tipsv2_distill.py", "student=B", {"segmentation", "linear_segmentation_voc2012", "linear_depth_nyuv2"}),
+  ],
+)
+def test_paper_configs_evaluate_the_probes(name, arg, want):
+  c = _paper_config(name, arg)
+  assert want <= set(c.evals.keys())
+  for ev in want - {"segmentation"}:
+    make_evaluator(ev, c.evals[ev])  # every key is one the evaluator knows
+
+
+@pytest.mark.parametrize(
+  "change,match",
+  [
+    (dict(stepz=3), "unknown keys"),
+    (dict(steps=0), "steps must be >= 1"),
+    (dict(type="linear_segmentation"), "nyuv2 is a depth benchmark|'nyuv2' is a depth benchmark"),
+    (dict(split="validation"), "not a split of nyuv2"),
+  ],
+)
+def test_validation_refuses_a_bad_probe_config(change, match):
+  from tipsito.config import validation  # pylint: disable=g-import-not-at-top
+
+  c = _paper_config("tipsv2_distill.py", "student=B")
+  c.evals.linear_depth_nyuv2.update(change)
+  with pytest.raises(validation.ConfigError, match=r"config\.evals\.linear_depth_nyuv2: .*(" + match + ")"):
+    validation.validate(c, check_tokenizer=False)

@@ -32,9 +32,11 @@ The three probes:
   top1 (percent), top1_chance (percent of the most frequent eval class), num_examples, num_train.
 
 Data: a tipsito dataset (e.g. `shapes`, `scenes`: segmentation 0 = background, c + 1 = class c; depth
-uint16 millimetres) or a dense benchmark read from its published layout under `data_dir`
-(tipsito/data/dense_benchmarks.py: 'ade20k', 'voc2012', 'pascal_context', 'nyuv2'), whose class count,
-ignore rule and depth range are the benchmark's.
+uint16 millimetres) or a dense benchmark read from its published layout under `data_dir` (None =
+<tipsito data dir>/<name>; tipsito/data/dense_benchmarks.py: 'ade20k', 'voc2012', 'pascal_context',
+'nyuv2'), whose class count, ignore rule and depth range are the benchmark's. The frozen features of
+both splits are held in memory (float32; the train split's on the accelerator): cap them with
+`max_train_examples` / `max_examples` at large scale.
 
 Config keys (besides evaluator.COMMON_DEFAULTS): train_split ('train'), max_train_examples (None),
 steps (1000), lr (1e-3), weight_decay (1e-4), probe_batch_size (16), seed (0), resize ('resize');
@@ -46,6 +48,7 @@ or their count with reduce_zero_label), ignore_index (255), reduce_zero_label (F
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any, Callable, Iterator
 
 import jax
@@ -55,6 +58,7 @@ import optax
 
 from tipsito.data import dense_benchmarks
 from tipsito.data import eval_input
+from tipsito.data import sources
 from tipsito.evals import evaluator
 from tipsito.evals import metrics as metrics_lib
 from tipsito.evals import segmentation
@@ -205,6 +209,38 @@ def depth_metrics(pred: np.ndarray, gt: np.ndarray, min_depth: float, max_depth:
 # Evaluators
 # --------------------------------------------------------------------------------------------
 
+PROBE_KINDS = {"linear_segmentation": "segmentation", "linear_depth": "depth", "linear_classification": None}
+
+
+def check_config(cfg) -> None:
+  """Raises KeyError / ValueError for a probe eval config that cannot run (tipsito/config/validation.py
+  calls this at config time, before training starts): unknown keys, a schedule that trains nothing, a
+  dense benchmark of the other kind or an unknown split of it."""
+  cfg = evaluator.as_dict(cfg)
+  typ = cfg.get("type")
+  cls = {
+    c.TYPE: c for c in (LinearSegmentationEvaluator, LinearDepthEvaluator, LinearClassificationEvaluator)
+  }[typ]
+  known = set(evaluator.COMMON_DEFAULTS) | set(cls.DEFAULTS)
+  unknown = sorted(set(cfg) - known)
+  if unknown:
+    raise KeyError(f"unknown keys {unknown} for type {typ!r}; known: {sorted(known)}")
+  merged = {**evaluator.COMMON_DEFAULTS, **cls.DEFAULTS, **cfg}
+  for key in ("steps", "probe_batch_size"):
+    if int(merged[key]) < 1:
+      raise ValueError(f"{key} must be >= 1, got {merged[key]!r}")
+  if not float(merged["lr"]) > 0:
+    raise ValueError(f"lr must be > 0, got {merged['lr']!r}")
+  bench = dense_benchmarks.benchmark(merged.get("dataset"))
+  if bench is not None:
+    if PROBE_KINDS[typ] != bench.kind:
+      raise ValueError(f"dataset {bench.name!r} is a {bench.kind} benchmark; type {typ!r} cannot read it")
+    for key in ("split", "train_split"):
+      if merged[key] not in bench.splits:
+        raise ValueError(
+          f"{key} {merged[key]!r} is not a split of {bench.name}; known: {sorted(bench.splits)}"
+        )
+
 
 class _ProbeEvaluator(evaluator.Evaluator):
   """Shared by the three probes: sources (tipsito datasets or dense benchmarks), frozen features."""
@@ -221,7 +257,8 @@ class _ProbeEvaluator(evaluator.Evaluator):
       return super().source(split)
     split = split or self.cfg["split"]
     if split not in self._sources:
-      self._sources[split] = (dense_benchmarks.open_split(self.bench.name, split, self.cfg["data_dir"]), None)
+      root = self.cfg["data_dir"] or os.path.join(sources.default_data_dir(), self.bench.name)
+      self._sources[split] = (dense_benchmarks.open_split(self.bench.name, split, root), None)
     return self._sources[split][0]
 
   def probe_options(self) -> dict[str, Any]:
