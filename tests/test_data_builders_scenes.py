@@ -209,3 +209,31 @@ def test_conversion_refuses_options_scenes_does_not_have(tmp_path):
   with pytest.raises(ValueError, match="max_objects=99"):
     convert.convert("scenes", str(tmp_path), max_objects=99, verbose=False)
   assert not any(tmp_path.iterdir())
+
+
+def test_eval_suite_and_configs_read_scenes_with_its_tokenizer():
+  """The scenes suite has the four evals on held-out 'test' (kNN bank 'train'), prompts in the scenes
+  words, retrieval on the one-per-image detailed captions; configs/eval_scenes.py and the demo's
+  data=scenes use the scenes tokenizer and validate."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+
+  from tipsito.config import validation  # pylint: disable=g-import-not-at-top
+  from tipsito.evals import registry  # pylint: disable=g-import-not-at-top
+
+  suite = registry.builtin_evals("scenes", image_size=64)
+  assert {e["type"] for e in suite.values()} == {"zeroshot", "retrieval", "segmentation", "knn"}
+  assert all(e["split"] == "test" for e in suite.values()) and suite["scenes_knn"]["train_split"] == "train"
+  assert (
+    suite["scenes_zeroshot"]["templates"] == suite["scenes_segmentation"]["templates"] == scenes_gen.PROMPTS
+  )
+  assert suite["scenes_retrieval"]["caption_keys"] == ("caption_detailed",)
+  root = __import__("pathlib").Path(__file__).resolve().parent.parent / "configs"
+  for name, arg in (("eval_scenes.py", None), ("demo.py", "data=scenes,recipe=clip")):
+    spec = importlib.util.spec_from_file_location(f"cfg_scenes_{name[:-3]}", root / name)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    c = mod.get_config(arg)
+    assert c.tokenizer == SCENES_TOKENIZER
+    if name == "demo.py":
+      validation.validate(c, check_tokenizer=True)
+      assert c.data.name == "scenes" and c.evals.segmentation.templates == scenes_gen.PROMPTS
