@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from tipsito.data import sources
+from tipsito.data.builders import scenes_gen
 from tipsito.evals import knn
 from tipsito.evals import probes
 from tipsito.evals import retrieval
@@ -52,6 +53,16 @@ BUILTIN_SUITES: dict[str, dict[str, dict[str, Any]]] = {
     "knn": dict(split="test", train_split="train"),
     "linear_segmentation": dict(split="test", train_split="train"),
     "linear_classification": dict(split="test", train_split="train"),
+  },
+  # The multi-object testbed (tipsito/data/builders/scenes.py): zero-shot classifies the largest object;
+  # retrieval matches the detailed captions (one per image: the alt-texts repeat across images);
+  # segmentation prompts the background as the shapes suite does; prompts are the scenes ones, whose words
+  # the scenes tokenizer knows.
+  "scenes": {
+    "zeroshot": dict(split="test", templates=scenes_gen.PROMPTS),
+    "retrieval": dict(split="test", caption_keys=("caption_detailed",)),
+    "segmentation": dict(split="test", templates=scenes_gen.PROMPTS),
+    "knn": dict(split="test", train_split="train"),
   },
   "tuxpaint": {
     "zeroshot": dict(split="train"),
