@@ -396,6 +396,35 @@ class LinearDepthEvaluator(_ProbeEvaluator):
       fields = eval_input.dataclasses.replace(fields, depth=self.depth_spec())
     return fields
 
+  def source(self, split: str | None = None):
+    """The split's records with their depth field.
+
+    tipsito's record reader (tipsito/data/sources.py) parses only the fields training uses, so for a
+    tipsito dataset without the depth field in its records (e.g. `scenes`) the split is reopened through
+    TFDS with every field (images and maps as their encoded PNG bytes).
+    """
+    src = super().source(split)
+    info = getattr(src, "info", None)
+    if self.bench is None and getattr(info, "dataset_dir", None) and len(src):
+      if eval_input.get_field(src[0], self.cfg["depth_key"]) is None:
+        import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
+        if self.cfg["depth_key"] not in info.fields:
+          raise KeyError(
+            f"eval {self.name!r}: dataset {self.cfg['dataset']!r} has no depth field "
+            f"{self.cfg['depth_key']!r} (fields: {list(info.fields)}); set depth_key"
+          )
+        split = split or self.cfg["split"]
+        builder = tfds.builder_from_directory(info.dataset_dir)
+        images = [k for k, f in builder.info.features.items() if isinstance(f, tfds.features.Image)]
+        # Encoded bytes for every image feature: eval_input decodes them (TFDS' PIL path refuses uint16).
+        decoded = builder.as_data_source(
+          split=split, decoders={k: tfds.decode.SkipDecoding() for k in images}
+        )
+        self._sources[split] = (decoded, self._sources[split][1])
+        return decoded
+    return src
+
   def select(self, out) -> np.ndarray:
     """[patch, CLS] per patch."""
     return with_cls(out["patches"], self.cls_token(out))

@@ -63,6 +63,9 @@ BUILTIN_SUITES: dict[str, dict[str, dict[str, Any]]] = {
     "retrieval": dict(split="test", caption_keys=("caption_detailed",)),
     "segmentation": dict(split="test", templates=scenes_gen.PROMPTS),
     "knn": dict(split="test", train_split="train"),
+    "linear_segmentation": dict(split="test", train_split="train"),
+    "linear_depth": dict(split="test", train_split="train"),
+    "linear_classification": dict(split="test", train_split="train"),
   },
   "tuxpaint": {
     "zeroshot": dict(split="train"),
@@ -127,7 +130,7 @@ def builtin_evals(
       cls_index=cls_index,
     )
     cfg.update(spec)
-    if typ in ("knn", "linear_segmentation", "linear_classification") and max_examples is not None:
+    if (typ == "knn" or typ in OPT_IN_TYPES) and max_examples is not None:
       cfg["max_train_examples"] = min(int(spec.get("max_train_examples", 10**9)), 4 * int(max_examples))
     cfg.update(overrides)
     out[f"{base}_{typ}"] = cfg
