@@ -9,7 +9,8 @@ an export that ships its own tokenizer uses that one.
 
 Arg (big_vision style, comma-separated k=v): data_dir ('' = TFDS default; the dataset is built there
 when missing), image_size (64, the size scenes is built at), batch_size (32), max_examples (0 = all),
-num_pictures (4), cls_index (0), tokenizer ('' = the scenes tokenizer).
+num_pictures (4), cls_index (0), tokenizer ('' = the scenes tokenizer), probes (0; 1 adds the linear
+probes of tipsito/evals/probes.py: segmentation, depth and classification, trained on the train split).
   python -m tipsito.evaluate --config configs/eval_scenes.py:data_dir=workdirs/demo/data --checkpoint D
 """
 
@@ -29,6 +30,7 @@ _DEFAULTS = dict(
   num_pictures=4,
   cls_index=0,
   tokenizer="",
+  probes=0,
 )
 
 
@@ -38,8 +40,10 @@ def get_config(arg=None):
 
   a = args.parse_arg(arg, **_DEFAULTS)
   c = mlc.ConfigDict()
+  types = list(registry.BUILTIN_SUITES["scenes"]) if a["probes"] else None  # None: the suite without probes
   evals = registry.builtin_evals(
     "scenes",
+    types=types,
     data_dir=a["data_dir"] or None,
     image_size=a["image_size"],
     batch_size=a["batch_size"],

@@ -315,3 +315,46 @@ def test_probes_on_a_tiny_scenes_build(scenes_dir):
   assert res[f"{depth}/rmse"] < 0.9 * constant[f"{depth}/rmse"]
   assert res[f"{depth}/delta1"] > constant[f"{depth}/delta1"]
   assert res["scenes_linear_classification/top1"] > res["scenes_linear_classification/top1_chance"]
+
+
+def test_probes_standalone_cli_on_an_imported_tips_export(tmp_path):
+  """`python -m tipsito.evaluate` runs the probes on a real encoder (tiny official-format TIPS weights) and
+  writes their metrics into the eval JSON like every other eval."""
+  import json  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+
+  from tipsito.data import convert  # pylint: disable=g-import-not-at-top
+
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  tips = os.path.join(root, "tests", "data", "tips_model")
+  env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=root)
+  data = tmp_path / "data"
+  sizes = {"train": 16, "test": 8}
+  convert.convert("shapes", str(data), config_name="tiny", image_size=28, split_sizes=sizes, verbose=False)
+  export = tmp_path / "export"
+  cmd = [sys.executable, "-m", "tipsito.export", "--output", str(export)]
+  cmd += ["--tips_image_npz", f"{tips}/tiny_vit_mlp_vision.npz", "--tips_text_npz", f"{tips}/tiny_text.npz"]
+  subprocess.run(cmd, check=True, cwd=root, env=env, capture_output=True, timeout=300)
+  config = tmp_path / "probes_config.py"
+  config.write_text(
+    "import ml_collections as mlc\n"
+    "from tipsito.evals import registry\n"
+    "def get_config(arg=None):\n"
+    "  c = mlc.ConfigDict()\n"
+    f"  c.evals = registry.builtin_evals('shapes/tiny', types=list(registry.OPT_IN_TYPES), data_dir={str(data)!r},\n"
+    "                                   image_size=28, batch_size=8, steps=20, prepare=False)\n"
+    "  return c\n"
+  )
+  out_json = tmp_path / "results.json"
+  cmd = [sys.executable, "-m", "tipsito.evaluate", "--config", str(config), "--checkpoint", str(export)]
+  proc = subprocess.run(
+    cmd + ["--output", str(out_json)], cwd=root, env=env, capture_output=True, text=True, timeout=600
+  )
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  m = json.loads(out_json.read_text())["metrics"]
+  assert m["shapes_linear_segmentation/num_train"] == 16 and m["shapes_linear_segmentation/num_examples"] == 8
+  assert 0.0 <= m["shapes_linear_segmentation/miou"] <= 100.0
+  assert 0.0 <= m["shapes_linear_classification/top1"] <= 100.0
+  assert "shapes_linear_segmentation" in proc.stdout
