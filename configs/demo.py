@@ -49,19 +49,31 @@ probe of the same tiny towers on two-colour data, 800 steps; zero-shot shape acc
 
 from tipsito.config import args
 from tipsito.config import defaults
+from tipsito.data import tokenizer as tokenizer_lib
 from tipsito.models import presets
 from tipsito.objective import recipes
+
+SCENES_TOKENIZER = tokenizer_lib.ASSETS_DIR + "/scenes_sp.model"
 
 
 def get_config(arg=None):
   """Demo config; see the module docstring for args."""
   a = args.parse_arg(
-    arg, steps=800, batch=32, size=64, recipe="tipsito", evals=True, optim="adamw", pixels="clip"
+    arg,
+    steps=800,
+    batch=32,
+    size=64,
+    recipe="tipsito",
+    evals=True,
+    optim="adamw",
+    pixels="clip",
+    data="shapes",
   )
   # Every recipe that trains without a teacher on disk (distill needs one).
   args.check_choice("recipe", a.recipe, [n for n, r in recipes.RECIPES.items() if r.teacher != "frozen"])
   args.check_choice("optim", a.optim, ("adamw", "adafactor"))
   args.check_choice("pixels", a.pixels, ("clip", "tips"))
+  args.check_choice("data", a.data, ("shapes", "scenes"))
   c = defaults.base_config(a.recipe, "tiny/16", total_steps=a.steps, batch_size=a.batch)
   c.tokenizer = None  # the shipped demo SentencePiece model
   c.max_len = 32
@@ -134,6 +146,17 @@ def get_config(arg=None):
       )
     )
   c.ema.momentum = 0.99  # few steps: a faster teacher
+  if a.data == "scenes":
+    _scenes_data(c, a)
+  else:
+    _shapes_data(c, a)
+  c.ckpt.update(dict(every_steps=100, keep=2, async_save=True))
+  c.log_every_steps = 20
+  return c
+
+
+def _shapes_data(c, a):
+  """The `shapes` data and evals (one large red shape per image; see the module docstring)."""
   c.data = defaults.data_config(
     "shapes", build_if_missing=True, caption_keys=("caption_detailed",), label_key="label"
   )
@@ -146,12 +169,26 @@ def get_config(arg=None):
     object_sizes=("large",),
     colours=("red",),
   )
-  c.ckpt.update(dict(every_steps=100, keep=2, async_save=True))
-  c.log_every_steps = 20
   if a.evals:
     ev = dict(dataset="shapes", split="test", batch_size=50, image_size=a.size, every_steps=0)
     c.evals.zeroshot = dict(type="zeroshot", **ev)
     c.evals.retrieval = dict(type="retrieval", **ev)
     c.evals.segmentation = dict(type="segmentation", num_pictures=4, **ev)
     c.evals.knn = dict(type="knn", max_train_examples=1000, num_pictures=2, **ev)
-  return c
+
+
+def _scenes_data(c, a):
+  """The `scenes` testbed (tipsito/data/builders/scenes.py): 2-4 colour x pattern objects per image,
+  its own tokenizer, and its eval suite (tipsito/evals/registry.py) under the demo's eval names."""
+  from tipsito.evals import registry  # pylint: disable=g-import-not-at-top  (evals: only when evals run)
+
+  c.tokenizer = SCENES_TOKENIZER
+  c.data = defaults.data_config("scenes", build_if_missing=True, label_key="label")
+  c.data.build_options = dict(split_sizes={"train": 10000, "validation": 200, "test": 200}, image_size=a.size)
+  if a.evals:
+    suite = registry.builtin_evals("scenes", image_size=a.size, batch_size=50, num_pictures=4)
+    for ev in suite.values():
+      typ = ev["type"]
+      if typ == "knn":
+        ev.update(max_train_examples=1000, num_pictures=2)
+      c.evals[typ] = ev

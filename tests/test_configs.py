@@ -18,7 +18,7 @@ from tipsito.config.validation import ConfigError
 
 CONFIGS = pathlib.Path(__file__).resolve().parent.parent / "configs"
 PAPER = {
-  "demo.py": [None, "recipe=tipsv2", "recipe=clip"],
+  "demo.py": [None, "recipe=tipsv2", "recipe=clip", "data=scenes", "data=shapes", "data=scenes,recipe=clip"],
   "tipsv2_g14.py": [None, "variant=B/14", "variant=B/14,ema=full"],
   "tipsv2_g14_hires.py": [None, "init=/tmp/stage1"],
   "tipsv2_distill.py": ["student=B", "student=L", "student=So400m"],

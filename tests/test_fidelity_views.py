@@ -21,12 +21,12 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs"
 DATA = ROOT / "tests" / "data" / "tips_model"
 
-# Every training config in configs/ with every documented argument value (eval_shapes.py has no training
+# Every training config in configs/ with every documented argument value (eval_*.py have no training
 # crops). Each must validate and have whole-patch training crops.
 SHIPPED = {
   "demo.py": [None, "size=32", "size=48", "size=72", "size=96", "size=128"]
   + [f"recipe={r}" for r in ("clip", "siglip", "ito", "tips", "tipsv2", "tipsito")]
-  + ["optim=adafactor,pixels=tips", "evals=False"],
+  + ["optim=adafactor,pixels=tips", "evals=False", "data=scenes", "data=shapes", "data=scenes,size=96"],
   "tipsv2_g14.py": [f"variant={v}" for v in ("g/14", "So400m/14", "L/14", "B/14", "S/14")] + ["ema=full"],
   "tipsv2_g14_hires.py": [f"variant={v},init=/x" for v in ("g/14", "So400m/14", "L/14", "B/14", "S/14")],
   "tipsv2_distill.py": [f"student={s}" for s in ("B", "L", "So400m")],
@@ -51,7 +51,9 @@ def load(name, arg=None):
 
 
 def test_every_config_file_is_covered():
-  assert set(SHIPPED) | {"eval_shapes.py", "ablations.py"} == {p.name for p in CONFIGS.glob("*.py")}
+  assert set(SHIPPED) | {"eval_shapes.py", "eval_scenes.py", "ablations.py"} == {
+    p.name for p in CONFIGS.glob("*.py")
+  }
 
 
 def _training_crops(c):

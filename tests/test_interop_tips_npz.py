@@ -105,3 +105,24 @@ def test_from_refuses_what_is_not_an_export(tmp_path):
   (tmp_path / "w" / "config.json").write_text('{"recipe": "tips"}')
   with pytest.raises(export_format.NotAnExportError, match="training workdir.*Tipsv2Model folder"):
     sources.load_source(tmp_path / "w")
+
+
+def test_text_temperature_may_be_named_temperature(tips_dir, tmp_path):
+  """The upstream loader accepts `temperature` for `temperature_contrastive` (its commit d0f55cb); so does
+  the importer, and the exporter still writes the released name."""
+  with np.load(tips_dir / "tiny_text.npz", allow_pickle=False) as f:
+    flat = {k: f[k] for k in f.files}
+  want_cfg, want_params, want_temp = tips_import.import_tips_text(dict(flat))
+  renamed = dict(flat)
+  renamed["temperature"] = renamed.pop("temperature_contrastive")
+  np.savez(tmp_path / "text.npz", **renamed)
+  cfg, params, temp = tips_import.import_tips_text(tmp_path / "text.npz")
+  assert temp == want_temp and cfg == want_cfg
+  import jax  # pylint: disable=g-import-not-at-top
+
+  assert jax.tree.all(jax.tree.map(np.array_equal, params, want_params))
+  both = dict(flat, temperature=np.asarray(float(want_temp) * 2, np.float32))
+  with pytest.raises(tips_import.CheckpointFormatError, match="two different temperatures"):
+    tips_import.import_tips_text(both)
+  same = dict(flat, temperature=flat["temperature_contrastive"])
+  assert tips_import.import_tips_text(same)[2] == want_temp

@@ -1,7 +1,7 @@
 """`python -m tipsito.evaluate --config F --checkpoint DIR [--output JSON]`: run all configured evals.
 
 Why a standalone entry point: the numbers users compare (zero-shot, retrieval, zero-shot segmentation,
-kNN) must be computable on any encoder, not only during training: a tipsito export (`tipsito.load`,
+kNN, the linear probes of tipsito/evals/probes.py) must be computable on any encoder, not only during training: a tipsito export (`tipsito.load`,
 including imported official TIPS weights) or a training workdir/checkpoint (restored with the training
 code's own model builder and Orbax checkpointer). The evaluators are exactly the ones the
 training loop runs (`tipsito.evals`), so numbers agree between the two.

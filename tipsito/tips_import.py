@@ -51,6 +51,9 @@ _TEXT_MAP = {
   'text_encoder_norm/bias': 'norm/bias',
 }
 _TEMPERATURE_KEY = 'temperature_contrastive'
+# The names a text .npz may give its temperature: the released files use 'temperature_contrastive' (what
+# the exporter writes); the upstream loader also accepts 'temperature' (its commit d0f55cb).
+_TEMPERATURE_KEYS = (_TEMPERATURE_KEY, 'temperature')
 
 
 def _load_flat(path_or_dict) -> dict[str, np.ndarray]:
@@ -237,18 +240,30 @@ def import_tips_vision(image_npz) -> tuple[dict[str, Any], dict[str, Any]]:
   return cfg, params
 
 
+def _pop_temperature(flat: dict[str, Any]) -> np.ndarray:
+  """Removes and returns the 0-d temperature stored under either of `_TEMPERATURE_KEYS`."""
+  found = [k for k in _TEMPERATURE_KEYS if k in flat]
+  if not found:
+    raise CheckpointFormatError(
+      f'text checkpoint is missing its temperature: one of keys {list(_TEMPERATURE_KEYS)} (shape ())'
+    )
+  values = {k: np.asarray(flat.pop(k)) for k in found}
+  for k, v in values.items():
+    if v.shape != ():
+      raise CheckpointFormatError(f'text checkpoint key {k!r} has shape {v.shape}, expected ()')
+  if len(values) > 1 and len({float(v) for v in values.values()}) > 1:
+    raise CheckpointFormatError(
+      f'text checkpoint has two different temperatures: { ({k: float(v) for k, v in values.items()}) }'
+    )
+  return values[found[0]]
+
+
 def import_tips_text(text_npz) -> tuple[dict[str, Any], dict[str, Any], float]:
   """(TextEncoder kwargs, params, temperature) from an official text .npz."""
   import jax.numpy as jnp
 
   flat = _load_flat(text_npz)
-  if _TEMPERATURE_KEY not in flat:
-    raise CheckpointFormatError(f'text checkpoint is missing key {_TEMPERATURE_KEY!r} (expected shape ())')
-  temp = np.asarray(flat.pop(_TEMPERATURE_KEY))
-  if temp.shape != ():
-    raise CheckpointFormatError(
-      f'text checkpoint key {_TEMPERATURE_KEY!r} has shape {temp.shape}, expected ()'
-    )
+  temp = _pop_temperature(flat)
   cfg = infer_text_config(flat)
   expected = _expected_flat(TextEncoder(**cfg), jnp.zeros((1, 4), jnp.int32))
   params = _convert_strict(flat, expected, _TEXT_MAP, 'transformer/', 'text')

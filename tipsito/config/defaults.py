@@ -65,6 +65,7 @@ def _type_leaves(node: mlc.ConfigDict, parts: list[str], typ: type) -> None:
 # (converted with `python -m tipsito.data.convert`); field names follow the shared record schema.
 DATA_PRESETS = {
   "shapes": dict(name="shapes", caption_keys=("caption_detailed",)),
+  "scenes": dict(name="scenes", caption_keys=("caption", "caption_detailed")),
   "openclipart": dict(name="openclipart", caption_keys=("caption_short", "caption_detailed")),
   "webli": dict(name="webli", caption_keys=("caption_paligemma", "caption_gemini")),
   "cc3m": dict(name="cc3m", caption_keys=()),

@@ -32,6 +32,35 @@ ITO_CROP_SCALE = (0.5, 1.0)
 ITO_STEPS = dict(cc3m=12000, cc12m=48000, yfcc15m=60000, laion100m=366000, datacomp1b=160000)
 
 
+def linear_probe_evals(every_steps: int, *, datasets=("voc2012", "ade20k", "nyuv2")) -> dict[str, dict]:
+  """TIPSv2's image-only probe columns (Tables 1, 2, 4, 7-12: linear segmentation on PASCAL VOC / ADE20k,
+  linear depth on NYUv2) as `config.evals` entries (tipsito/evals/probes.py).
+
+  Each benchmark is read from its published layout under `data_dir` (None = <tipsito data dir>/<name>,
+  tipsito/data/dense_benchmarks.py). Scale: 224 px (a 16 x 16 grid at patch 14) and 2000 train images,
+  so the frozen features of a g/14 fit in a few GiB; the paper's probes use the full train splits.
+  """
+  kinds = dict(
+    voc2012=("linear_segmentation", "validation"),
+    ade20k=("linear_segmentation", "validation"),
+    nyuv2=("linear_depth", "test"),
+  )
+  out = {}
+  for name in datasets:
+    typ, split = kinds[name]
+    out[f"{typ}_{name}"] = dict(
+      type=typ,
+      dataset=name,
+      split=split,
+      train_split="train",
+      max_train_examples=2000,
+      every_steps=every_steps,
+      batch_size=64,
+      image_size=224,
+    )
+  return out
+
+
 def tipsv2(variant: str, *, ema: str, total_steps: int, batch_size: int) -> mlc.ConfigDict:
   """TIPSv2 stage 1 (configs/tipsv2_g14.py): ViT `variant`, 1 x 224 + 6 x 98 crops, mask 0.75, Adafactor."""
   args.check_choice("variant", variant, TIPSV2_VARIANTS)
@@ -87,6 +116,7 @@ def tipsv2(variant: str, *, ema: str, total_steps: int, batch_size: int) -> mlc.
     every_steps=10000,
     batch_size=64,
   )
+  c.evals.update(linear_probe_evals(10000))
   return c
 
 
@@ -104,6 +134,17 @@ def tipsv2_distill(student: str, *, teacher: str, total_steps: int, batch_size: 
   )
   c.optim.update(dict(lr=1e-3, warmup_steps=10000, momentum_dtype="bfloat16"))
   c.mesh.update(dict(data=1, fsdp=-1, model=1))
+  # What distillation is for (TIPSv2 Table 1): the student's dense patch-text alignment (zero-shot ADE150,
+  # as in tipsv2 above) and its dense image-only features (linear probes on PASCAL VOC and NYUv2).
+  c.evals.segmentation = dict(
+    type="segmentation",
+    benchmark="ade150",
+    dataset="ade20k",
+    split="validation",
+    every_steps=10000,
+    batch_size=64,
+  )
+  c.evals.update(linear_probe_evals(10000, datasets=("voc2012", "nyuv2")))
   return c
 
 

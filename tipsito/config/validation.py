@@ -20,6 +20,7 @@ from tipsito.config import mesh as mesh_lib
 from tipsito.config import run_file
 from tipsito.config import schema
 from tipsito.data import tokenizer as tok_lib
+from tipsito.evals import probes
 from tipsito.evals import segmentation
 from tipsito.objective import recipes as recipes_lib
 from tipsito.objective.terms import TERMS
@@ -327,13 +328,17 @@ def validate(
 
 
 def _check_evals(config: mlc.ConfigDict) -> None:
-  """Enabled segmentation evals: keys and values (benchmark, protocol, resize; tipsito/evals/segmentation.py)."""
+  """Enabled segmentation and probe evals: keys and values (tipsito/evals/segmentation.py: benchmark,
+  protocol, resize; tipsito/evals/probes.py `check_config`: keys, schedule, benchmark kind and splits)."""
   for name, ev in config.evals.items():
     ev = ev.to_dict() if hasattr(ev, "to_dict") else dict(ev)
-    if ev.get("type") != "segmentation" or ev.get("enabled", True) is False:
+    if ev.get("enabled", True) is False or ev.get("type") not in ("segmentation", *probes.PROBE_KINDS):
       continue
     try:
-      segmentation.resolve_config(ev)
+      if ev["type"] == "segmentation":
+        segmentation.resolve_config(ev)
+      else:
+        probes.check_config(ev)
     except (KeyError, ValueError) as e:
       raise ConfigError(f"config.evals.{name}: {e.args[0]}") from None
 

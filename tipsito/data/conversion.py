@@ -16,6 +16,7 @@ from typing import Sequence
 from tipsito import paths
 from tipsito.data import builders
 from tipsito.data.builders import _common
+from tipsito.data.builders import scenes_gen
 from tipsito.data.builders import shapes_gen
 
 NAMES = tuple(builders.BUILDERS)
@@ -168,7 +169,7 @@ def _builder_options(
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
   config = None
-  if name in ("shapes", "tuxpaint", "fashion_mnist", "openclipart"):
+  if name in ("shapes", "scenes", "tuxpaint", "fashion_mnist", "openclipart"):
     # Size knobs are builder overrides, not part of the config identity: the default config's
     # directory holds whatever sizes were asked for; --config_name keeps variants side by side.
     base = cls.BUILDER_CONFIGS[0]
@@ -192,6 +193,21 @@ def _builder_options(
       "object_sizes": object_sizes,
       "colours": colours,
     }
+  elif name == "scenes":
+    sizes = split_sizes or {}
+    unknown = set(sizes) - {"train", "validation", "test"}
+    if unknown:
+      raise ValueError(f"scenes: unknown splits {sorted(unknown)} (train, validation, test)")
+    if (object_sizes, colours) != (None, None):
+      raise ValueError("scenes: object_sizes / colours only apply to shapes (scenes has one class set)")
+    scenes_gen.check_options(max_objects=max_objects)
+    kwargs["overrides"] = {
+      "image_size": image_size,
+      "train_size": sizes.get("train"),
+      "validation_size": sizes.get("validation"),
+      "test_size": sizes.get("test"),
+      "max_objects": max_objects,
+    }
   elif name == "tuxpaint":
     if input_path:
       kwargs["stamps_dir"] = input_path
@@ -214,10 +230,12 @@ def _builder_options(
     kwargs["limit"] = limit
     if config_name:
       config = tfds.core.BuilderConfig(name=config_name)
-  if name != "shapes" and (max_objects, object_sizes, colours) != (None, None, None):
-    raise ValueError(f"{name}: max_objects / object_sizes / colours only apply to shapes")
-  if split_sizes and name != "shapes":
-    raise ValueError(f"{name}: --split_sizes only applies to shapes (use --limit)")
+  if name not in ("shapes", "scenes") and (max_objects, object_sizes, colours) != (None, None, None):
+    raise ValueError(
+      f"{name}: max_objects / object_sizes / colours only apply to shapes (max_objects: scenes)"
+    )
+  if split_sizes and name not in ("shapes", "scenes"):
+    raise ValueError(f"{name}: --split_sizes only applies to shapes and scenes (use --limit)")
   return config
 
 

@@ -9,6 +9,8 @@ Examples:
   python -m tipsito.data.convert shapes --data_dir /tmp/d --config_name tiny --image_size 32 \
       --split_sizes train=64,test=16
   python -m tipsito.data.convert shapes --data_dir /tmp/d --max_objects 2 --object_sizes medium,large
+  python -m tipsito.data.convert scenes --data_dir ~/tfds                     # 10000/200/200 at 64 px
+  python -m tipsito.data.convert scenes --data_dir /tmp/d --image_size 32 --split_sizes train=64,validation=8,test=8
   python -m tipsito.data.convert tuxpaint --data_dir ~/tfds --num_workers 4   # 785 stamps
   python -m tipsito.data.convert fashion_mnist --data_dir ~/tfds [--image_size 56] [--limit 1000]
   python -m tipsito.data.convert openclipart --data_dir ~/tfds [--image_size 256] [--limit 500]  # 8,121
@@ -16,7 +18,7 @@ Examples:
   python -m tipsito.data.convert webdataset --data_dir ~/tfds --input 'shards/*.tar' --num_shards 8
   python -m tipsito.data.convert webdataset --data_dir gs://b/tfds --input 'gs://b/shards/{00000..09999}.tar' \
       --beam_runner DirectRunner|DataflowRunner|... [--beam_options '...']   # tipsito/data/beam_convert.py
-Read back: tfds.data_source('shapes', data_dir=...) / 'tuxpaint' / 'openclipart' / 'fashion_mnist/default' /
+Read back: tfds.data_source('shapes', data_dir=...) / 'scenes' / 'tuxpaint' / 'openclipart' / 'fashion_mnist/default' /
 'table/mycaps', or tipsito.data.sources.open_source(config).
 """
 
@@ -53,12 +55,14 @@ def _parser() -> argparse.ArgumentParser:
     help="input file/dir/glob (table, webdataset; optional "
     "override of the Debian package dir for tuxpaint / fashion_mnist / openclipart)",
   )
-  p.add_argument("--split_sizes", help="shapes only: 'train=2000,test=200'")
-  p.add_argument("--max_objects", type=int, help="shapes only: 1..N objects per image (default 4)")
+  p.add_argument("--split_sizes", help="shapes, scenes: 'train=2000,test=200' (scenes also validation=N)")
+  p.add_argument("--max_objects", type=int, help="shapes: 1..N objects per image (default 4); scenes: 2..N")
   p.add_argument("--object_sizes", help="shapes only: comma subset of small,medium,large (default all)")
   p.add_argument("--colours", help="shapes only: comma subset of the fill colours (default all ten)")
   p.add_argument(
-    "--image_size", type=int, help="shapes: side; tuxpaint, openclipart: max side; fashion_mnist: upscale to"
+    "--image_size",
+    type=int,
+    help="shapes, scenes: side; tuxpaint, openclipart: max side; fashion_mnist: upscale to",
   )
   p.add_argument("--num_workers", type=int, help="conversion processes (default: cores - 1)")
   p.add_argument("--num_shards", type=int, help="array_record shards per split (default: by size)")

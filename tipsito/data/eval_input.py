@@ -245,6 +245,39 @@ class MaskSpec:
   ignore_index: int = 255
 
 
+@dataclasses.dataclass(frozen=True)
+class DepthSpec:
+  """Where a ground-truth depth map comes from: the record's field `key`, an integer PNG (or array)
+  whose value / `scale` is the depth in metres; 0 marks a pixel without depth.
+
+  Why a scale and not a fixed unit: NYUv2's common on-disk layout (`sync_depth_*.png`) and the `scenes`
+  testbed store uint16 millimetres (scale 1000); other datasets store other units.
+  """
+
+  key: str = 'depth'
+  scale: float = 1000.0
+
+
+def decode_depth(value, scale: float = 1000.0) -> np.ndarray:
+  """Encoded PNG bytes (16-bit or 8-bit, one channel) or an array -> float32 (H, W) depth in metres."""
+  if isinstance(value, (bytes, np.bytes_)):
+    with Image.open(io.BytesIO(bytes(value))) as img:
+      arr = np.asarray(img)
+  else:
+    arr = np.asarray(value)
+  if arr.ndim == 3:
+    arr = arr[..., 0]
+  return (arr.astype(np.float64) / float(scale)).astype(np.float32)
+
+
+def ground_truth_depth(record: Mapping, spec: DepthSpec) -> np.ndarray:
+  """The (H, W) float32 depth map of a record in metres (see `DepthSpec`)."""
+  raw = get_field(record, spec.key)
+  if raw is None:
+    raise KeyError(f'record has no depth field {spec.key!r} (keys: {sorted(record)})')
+  return decode_depth(raw, spec.scale)
+
+
 def ground_truth_mask(
   record: Mapping, alpha: np.ndarray | None, image_hw: tuple[int, int], spec: MaskSpec
 ) -> np.ndarray:
@@ -296,7 +329,8 @@ def resize_short_side(image: np.ndarray, size: int) -> np.ndarray:
 @dataclasses.dataclass(frozen=True)
 class EvalFields:
   """What one eval example holds: 'image' (S, S, 3) uint8 always; 'label' () int32 when `label_key`;
-  'segmentation' (S, S) uint8 when `mask`; 'captions' (list of str) when `captions`.
+  'segmentation' (S, S) uint8 when `mask`; 'depth' (S, S) float32 metres when `depth` (nearest
+  neighbour, like the label map); 'captions' (list of str) when `captions`.
 
   With `resize='short_side'` the image is (H', W', 3) with min(H', W') = S (`short_side_size`) and the
   label map keeps the record's own (H, W): such examples differ in shape, so they are read one by one
@@ -307,6 +341,7 @@ class EvalFields:
   image_key: str = 'image'
   label_key: str | None = None
   mask: MaskSpec | None = None
+  depth: DepthSpec | None = None
   captions: bool = False
   caption_keys: tuple[str, ...] | None = None
 
@@ -330,6 +365,14 @@ def read_example(record: Mapping, fields: EvalFields) -> dict:
   ex: dict[str, Any] = {'image': np.ascontiguousarray(image)}
   if mask is not None:
     ex['segmentation'] = np.ascontiguousarray(mask)
+  if fields.depth is not None:
+    if fields.resize == 'short_side':
+      raise ValueError("depth maps are read with the fixed-size resize modes ('resize', 'center_crop')")
+    depth = ground_truth_depth(record, fields.depth)
+    if depth.shape != (img.height, img.width):
+      raise ValueError(f'depth map {depth.shape} does not match its image {(img.height, img.width)}')
+    _, depth = T.fixed_resize(np.asarray(rgb), depth, fields.image_size, fields.resize)
+    ex['depth'] = np.ascontiguousarray(depth, np.float32)
   if fields.label_key:
     label = get_field(record, fields.label_key)
     if label is None:

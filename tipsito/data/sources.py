@@ -72,7 +72,7 @@ def _version_key(name: str):
   return tuple(int(p) for p in name.split("."))
 
 
-BUILT_IN_CONVERTERS = ("shapes", "tuxpaint", "fashion_mnist", "openclipart")
+BUILT_IN_CONVERTERS = ("shapes", "scenes", "tuxpaint", "fashion_mnist", "openclipart")
 
 
 def base_name(name: str | None) -> str:
@@ -86,7 +86,7 @@ FILE_CONVERTERS = ("table", "webdataset")
 def how_to_convert(name: str, data_dir: str) -> str:
   """What builds dataset `name` (its first path component) in `data_dir`: 'build it with `<command>`'.
 
-  Why: only shapes / tuxpaint / fashion_mnist / openclipart are converters of their own; every other
+  Why: only shapes / scenes / tuxpaint / fashion_mnist / openclipart are converters of their own; every other
   dataset (cc12m, webli, ...) is a caption table or webdataset tars converted under a config name of your
   choice.
   """

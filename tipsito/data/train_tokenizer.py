@@ -6,6 +6,11 @@ datasets: procedural `shapes` captions (all three fields), the Tux Paint stamp c
 synthetic captions (when the Debian package is installed), and the Fashion-MNIST templates, plus a
 few generic words of contrastive prompts ("a photo of a ..."). Text is lower-cased (as the
 Tokenizer does). Special ids: pad=0, unk=1, no BOS/EOS (contract).
+
+`--corpus scenes` trains the scene testbed's model instead (`SCENES_TOKENIZER`, 'scenes_sp.model' beside
+the demo model): the captions of `scenes` (all three fields) and its eval prompts only, with a small
+vocabulary, so that every class word is one whole piece and every caption fits a 32-token `max_len`
+(tests/test_data_builders_scenes.py checks both).
 """
 
 from __future__ import annotations
@@ -16,9 +21,13 @@ import sys
 import tempfile
 
 from tipsito.data.builders import fashion_mnist
+from tipsito.data.builders import scenes_gen
 from tipsito.data.builders import shapes_gen
 from tipsito.data.builders import tuxpaint
+from tipsito.data.tokenizer import ASSETS_DIR
 from tipsito.data.tokenizer import DEFAULT_TOKENIZER
+
+SCENES_TOKENIZER = os.path.join(ASSETS_DIR, "scenes_sp.model")
 
 _PROMPTS = [
   "a photo of a {}.",
@@ -60,13 +69,31 @@ def demo_corpus(num_shapes: int = 3000) -> list[str]:
   return [line.lower() for line in lines if line.strip()]
 
 
+def scenes_corpus(num_scenes: int = 3000) -> list[str]:
+  """Lower-cased captions of `scenes` train examples (all three fields) and the scenes eval prompts."""
+  lines = []
+  for i in range(num_scenes):
+    ex = scenes_gen.generate(i, split="train", image_size=32)
+    lines += [ex["alt_text"], ex["caption"], ex["caption_detailed"]]
+  for name in scenes_gen.CLASSES + ("background",):
+    lines += [p.format(name) for p in scenes_gen.PROMPTS]
+  return [line.lower() for line in lines if line.strip()]
+
+
 def train(
-  output: str = DEFAULT_TOKENIZER, vocab_size: int = 2000, num_shapes: int = 3000, model_type: str = "bpe"
+  output: str = DEFAULT_TOKENIZER,
+  vocab_size: int = 2000,
+  num_shapes: int = 3000,
+  model_type: str = "bpe",
+  corpus: str = "demo",
 ) -> str:
-  """Trains a (BPE by default: the small corpus caps unigram vocabularies at ~700) model on `demo_corpus()` and writes it to `output` (.model); returns the path."""
+  """Trains a (BPE by default: the small corpus caps unigram vocabularies at ~700) model on `demo_corpus()`
+  (or `scenes_corpus()` when corpus='scenes', `num_shapes` scenes) and writes it to `output`; returns the path."""
   import sentencepiece as spm  # pylint: disable=g-import-not-at-top
 
-  corpus = demo_corpus(num_shapes)
+  if corpus not in ("demo", "scenes"):
+    raise ValueError(f"--corpus {corpus!r}: valid values are 'demo' and 'scenes'")
+  corpus = demo_corpus(num_shapes) if corpus == "demo" else scenes_corpus(num_shapes)
   os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
   with tempfile.TemporaryDirectory() as tmp:
     txt = os.path.join(tmp, "corpus.txt")
@@ -95,13 +122,17 @@ def train(
 
 
 def main(argv=None) -> None:
-  """CLI: --output PATH --vocab_size N --num_shapes N."""
+  """CLI: --corpus demo|scenes --output PATH --vocab_size N --num_shapes N."""
   p = argparse.ArgumentParser(description=__doc__)
-  p.add_argument("--output", default=DEFAULT_TOKENIZER)
-  p.add_argument("--vocab_size", type=int, default=2000)
-  p.add_argument("--num_shapes", type=int, default=3000)
+  p.add_argument("--corpus", choices=("demo", "scenes"), default="demo")
+  p.add_argument("--output", help=f"default: {DEFAULT_TOKENIZER} (demo) or {SCENES_TOKENIZER} (scenes)")
+  p.add_argument("--vocab_size", type=int, help="default: 2000 (demo) or 128 (scenes)")
+  p.add_argument("--num_shapes", type=int, default=3000, help="examples of shapes (demo) or scenes")
   a = p.parse_args(argv)
-  path = train(a.output, a.vocab_size, a.num_shapes)
+  scenes = a.corpus == "scenes"
+  output = a.output or (SCENES_TOKENIZER if scenes else DEFAULT_TOKENIZER)
+  vocab_size = a.vocab_size or (128 if scenes else 2000)
+  path = train(output, vocab_size, a.num_shapes, corpus=a.corpus)
   print(f"wrote {path} ({os.path.getsize(path)} bytes)")
 
 

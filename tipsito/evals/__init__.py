@@ -1,4 +1,5 @@
-"""tipsito evaluations: zero-shot classification, retrieval, zero-shot segmentation, kNN, pictures.
+"""tipsito evaluations: zero-shot classification, retrieval, zero-shot segmentation, kNN, linear probes
+(segmentation, depth, classification), pictures.
 
 Why a package: the same evaluators run inside training (periodic hook, in-memory `Encoder`) and
 standalone (`python -m tipsito.evaluate`), so that a number means the same thing in both places.
@@ -12,7 +13,7 @@ Public API:
   run_evaluators(evaluators, encoder, step=, writer=, picture_dir=, only_due=, is_last=)  + write
   builtin_evals(dataset, ...) -> config.evals entries of a built-in dataset's standard suite
 Submodules: registry (config -> evaluator, built-in suites), evaluator (the base class), runner
-(summaries and pictures), zeroshot, retrieval, segmentation, knn (one protocol each), metrics,
+(summaries and pictures), zeroshot, retrieval, segmentation, knn, probes (one protocol each), metrics,
 templates, pictures. Eval data come from `tipsito.data.eval_input`.
 """
 

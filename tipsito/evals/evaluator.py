@@ -10,7 +10,8 @@ numbers are comparable across evals and across training/standalone runs:
 Subclasses (zeroshot.py, retrieval.py, segmentation.py, knn.py) hold only their metric logic.
 
 Config (`config.evals.<name>`, a ConfigDict or dict), keys common to all evaluators:
-  type: 'zeroshot' | 'retrieval' | 'segmentation' | 'knn'
+  type: 'zeroshot' | 'retrieval' | 'segmentation' | 'knn' | 'linear_segmentation' | 'linear_depth' |
+    'linear_classification' (probes.py)
   dataset: 'shapes' | 'tuxpaint' | 'fashion_mnist' | any TFDS name prepared under data_dir
   split ('test'), data_dir (None = TFDS default), every_steps (0 = only at the end of training),
   batch_size (32), image_size (224), cls_index (0: which CLS token feeds global evals),

@@ -12,7 +12,9 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from tipsito.data import sources
+from tipsito.data.builders import scenes_gen
 from tipsito.evals import knn
+from tipsito.evals import probes
 from tipsito.evals import retrieval
 from tipsito.evals import segmentation
 from tipsito.evals import zeroshot
@@ -24,11 +26,18 @@ EVALUATOR_TYPES: dict[str, type[Evaluator]] = {
   "retrieval": retrieval.RetrievalEvaluator,
   "segmentation": segmentation.SegmentationEvaluator,
   "knn": knn.KnnEvaluator,
+  "linear_segmentation": probes.LinearSegmentationEvaluator,
+  "linear_depth": probes.LinearDepthEvaluator,
+  "linear_classification": probes.LinearClassificationEvaluator,
 }
+
+# Types a suite lists but `builtin_evals` adds only when `types` names them: the probes train a linear
+# layer (seconds to minutes), so the demo configs' suites stay as they were unless a config asks.
+OPT_IN_TYPES = ("linear_segmentation", "linear_depth", "linear_classification")
 
 
 def make_evaluator(name: str, cfg, **kwargs) -> Evaluator:
-  """Builds the evaluator of `cfg.type` ('zeroshot'|'retrieval'|'segmentation'|'knn')."""
+  """Builds the evaluator of `cfg.type` (a key of EVALUATOR_TYPES)."""
   typ = as_dict(cfg).get("type")
   if typ not in EVALUATOR_TYPES:
     raise KeyError(f"eval {name!r}: unknown type {typ!r}; known: {sorted(EVALUATOR_TYPES)}")
@@ -42,6 +51,21 @@ BUILTIN_SUITES: dict[str, dict[str, dict[str, Any]]] = {
     "retrieval": dict(split="test"),
     "segmentation": dict(split="test"),
     "knn": dict(split="test", train_split="train"),
+    "linear_segmentation": dict(split="test", train_split="train"),
+    "linear_classification": dict(split="test", train_split="train"),
+  },
+  # The multi-object testbed (tipsito/data/builders/scenes.py): zero-shot classifies the largest object;
+  # retrieval matches the detailed captions (one per image: the alt-texts repeat across images);
+  # segmentation prompts the background as the shapes suite does; prompts are the scenes ones, whose words
+  # the scenes tokenizer knows.
+  "scenes": {
+    "zeroshot": dict(split="test", templates=scenes_gen.PROMPTS),
+    "retrieval": dict(split="test", caption_keys=("caption_detailed",)),
+    "segmentation": dict(split="test", templates=scenes_gen.PROMPTS),
+    "knn": dict(split="test", train_split="train"),
+    "linear_segmentation": dict(split="test", train_split="train"),
+    "linear_depth": dict(split="test", train_split="train"),
+    "linear_classification": dict(split="test", train_split="train"),
   },
   "tuxpaint": {
     "zeroshot": dict(split="train"),
@@ -83,7 +107,8 @@ def builtin_evals(
 
   Why here: training configs (periodic evals) and eval configs (standalone) share one definition, so
   the same name means the same protocol everywhere. `dataset` may name a config ('shapes/tiny');
-  `overrides` apply to every entry (e.g. tokenizer=...).
+  `overrides` apply to every entry (e.g. tokenizer=...). The probes (OPT_IN_TYPES) are included only
+  when `types` names them.
   """
   base = sources.base_name(dataset)
   if base not in BUILTIN_SUITES:
@@ -91,7 +116,7 @@ def builtin_evals(
   suite = BUILTIN_SUITES[base]
   out = {}
   for typ, spec in suite.items():
-    if types is not None and typ not in types:
+    if (types is None and typ in OPT_IN_TYPES) or (types is not None and typ not in types):
       continue
     cfg = dict(
       type=typ,
@@ -101,11 +126,11 @@ def builtin_evals(
       batch_size=batch_size,
       every_steps=every_steps,
       max_examples=max_examples,
-      num_pictures=num_pictures if typ == "segmentation" else 0,
+      num_pictures=num_pictures if typ in ("segmentation", "linear_segmentation") else 0,
       cls_index=cls_index,
     )
     cfg.update(spec)
-    if typ == "knn" and max_examples is not None:
+    if (typ == "knn" or typ in OPT_IN_TYPES) and max_examples is not None:
       cfg["max_train_examples"] = min(int(spec.get("max_train_examples", 10**9)), 4 * int(max_examples))
     cfg.update(overrides)
     out[f"{base}_{typ}"] = cfg

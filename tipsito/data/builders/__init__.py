@@ -1,4 +1,4 @@
-"""tipsito TFDS dataset builders (array_record): shapes, tuxpaint, fashion_mnist, openclipart, table,
+"""tipsito TFDS dataset builders (array_record): shapes, scenes, tuxpaint, fashion_mnist, openclipart, table,
 webdataset.
 
 Why lazy: importing a builder imports TFDS; multiprocessing workers and light tools import this
@@ -13,6 +13,7 @@ import importlib
 # so that builder is not registered; read it as 'fashion_mnist/default' or via tipsito.data.sources.
 BUILDERS = {
   "shapes": ("tipsito.data.builders.shapes", "Shapes"),
+  "scenes": ("tipsito.data.builders.scenes", "Scenes"),
   "tuxpaint": ("tipsito.data.builders.tuxpaint", "Tuxpaint"),
   "fashion_mnist": ("tipsito.data.builders.fashion_mnist", "FashionMnist"),
   "openclipart": ("tipsito.data.builders.openclipart", "Openclipart"),
