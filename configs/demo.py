@@ -49,8 +49,8 @@ probe of the same tiny towers on two-colour data, 800 steps; zero-shot shape acc
 
 from tipsito.config import args
 from tipsito.config import defaults
-from tipsito.models import presets
-from tipsito.objective import recipes
+from tipsito.config import presets
+from tipsito.config import recipes
 
 
 def get_config(arg=None):

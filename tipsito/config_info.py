@@ -17,7 +17,7 @@ from tipsito import models
 from tipsito.config import schema
 from tipsito.config import validation as config_validation
 from tipsito.data import pipeline
-from tipsito.objective import recipes
+from tipsito.config import recipes
 from tipsito.objective import terms as terms_lib
 from tipsito.train import sharding as sharding_lib
 from tipsito.train import step as step_lib

@@ -41,9 +41,9 @@ from tipsito import distributed  # noqa: E402
 from tipsito import models  # noqa: E402
 from tipsito.config import validation as config_validation  # noqa: E402
 from tipsito.data.synthetic import synthetic_batch  # noqa: E402
-from tipsito.models import presets  # noqa: E402
+from tipsito.config import presets  # noqa: E402
 from tipsito.models.kwargs import module_kwargs  # noqa: E402
-from tipsito.objective import recipes as recipes_lib  # noqa: E402
+from tipsito.config import recipes as recipes_lib  # noqa: E402
 from tipsito.train import observability  # noqa: E402
 from tipsito.train import sharding  # noqa: E402
 from tipsito.train import step as step_lib  # noqa: E402

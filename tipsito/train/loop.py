@@ -32,7 +32,8 @@ from absl import logging
 from clu import metric_writers
 
 from tipsito import distributed
-from tipsito import evals
+from tipsito.evals import registry as eval_registry
+from tipsito.evals import runner as eval_runner
 from tipsito import peer_loss
 from tipsito.config import validation as config_validation
 from tipsito import paths
@@ -222,7 +223,7 @@ def _build_run(
   observability.log_parameter_summary(setup.state_shapes.params)
   evaluators = {}
   if len(config.evals):
-    evaluators = evals.make_evaluators(config)
+    evaluators = eval_registry.make_evaluators(config)
   return _Run(
     config=config,
     workdir=workdir,
@@ -395,7 +396,7 @@ def _run_evals(run: _Run, state, step: int, *, is_last: bool) -> dict:
   if not due:
     return {}
   enc = exporting.training_encoder(run.setup, state.params)  # every process: evals shard over processes
-  return evals.run_evaluators(
+  return eval_runner.run_evaluators(
     due,
     enc,
     step=step,

@@ -21,7 +21,7 @@ from tipsito import models
 from tipsito import tips_import
 from tipsito.interop import hf_tipsv2
 from tipsito.models.kwargs import module_kwargs
-from tipsito.objective import recipes as recipes_lib
+from tipsito.config import recipes as recipes_lib
 from tipsito.train import checkpointing
 from tipsito.train import step as step_lib
 from tipsito.train import workdir as workdir_lib
