@@ -166,3 +166,28 @@ def test_schema_module_fields_are_the_modules_dataclass_fields():
       f"UNDECLARED_MODULE_FIELDS (missing: {sorted(fields - set(schema.module_fields(tree)))}, "
       f"not fields: {sorted(set(schema.module_fields(tree)) - fields)})"
     )
+
+
+# ------------------------------------------------------------------------------------------------------
+# Written once
+# ------------------------------------------------------------------------------------------------------
+
+
+def test_fashion_mnist_prompts_name_the_builders_labels():
+  from tipsito.data.builders import fashion_mnist  # pylint: disable=import-outside-toplevel
+  from tipsito.evals import templates  # pylint: disable=import-outside-toplevel
+
+  names = templates.class_names_for("fashion_mnist/full")
+  assert names == fashion_mnist.CLASS_NAMES and names[0] == "t-shirt" and names[-1] == "ankle boot"
+
+
+def test_every_export_format_has_one_writer():
+  from tipsito.interop import sources  # pylint: disable=import-outside-toplevel
+
+  assert sources.FORMATS == ("tipsito", "hf_tipsv2", "tips_npz", "hf_clip", "open_clip")
+  try:
+    sources.write(None, "/nonexistent", "onnx")
+  except ValueError as e:
+    assert "unknown --format 'onnx'" in str(e) and "open_clip" in str(e)
+  else:
+    raise AssertionError("an unknown format was accepted")

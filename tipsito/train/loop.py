@@ -13,7 +13,7 @@ Failure paths: whatever stops the run, `_Resources` closes the TensorBoard write
 (grain worker processes and their shared memory) and the checkpoint manager (pending saves, Orbax's
 threads and event loop) once, in that order, so the interpreter's shutdown has nothing left to tear
 down; the error then ends with a note saying which checkpoint the same command resumes from. In a
-multi-process run an error first waits for tipsito/peer_loss.py's verdict (a failed collective is how
+multi-process run an error first waits for tipsito/distributed/peer_loss.py's verdict (a failed collective is how
 a lost peer shows): a lost peer ends the process there with exit status 76 and one line.
 """
 
@@ -34,7 +34,7 @@ from clu import metric_writers
 from tipsito import distributed
 from tipsito.evals import registry as eval_registry
 from tipsito.evals import runner as eval_runner
-from tipsito import peer_loss
+from tipsito.distributed import peer_loss
 from tipsito.config import validation as config_validation
 from tipsito import paths
 from tipsito.data import pipeline
