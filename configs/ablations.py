@@ -40,7 +40,7 @@ import ml_collections as mlc
 from tipsito.config import args as args_lib
 from tipsito.config import defaults
 from tipsito.config import paper
-from tipsito.evals import registry
+from tipsito.evals import suites
 
 # The metrics most studies report (final evals of the trained encoders; see `_data_and_evals`).
 GLOBAL = ("zeroshot/top1", "retrieval/i2t_r1", "retrieval/t2i_r1", "knn/top1")
@@ -59,7 +59,7 @@ def _demo(**kw) -> mlc.ConfigDict:
 
 def _data_and_evals(c: mlc.ConfigDict, a: mlc.ConfigDict) -> mlc.ConfigDict:
   """The study data and its final evals, in one place. The evals are the dataset's built-in suite
-  (tipsito/evals/registry.py) named by type (`zeroshot`, ...), so that metric names stay the same whatever
+  (tipsito/evals/suites.py) named by type (`zeroshot`, ...), so that metric names stay the same whatever
   the data.
 
   `openclipart` (the studies' data): the 7,199 training drawings of Debian's openclipart packages, built
@@ -82,7 +82,7 @@ def _data_and_evals(c: mlc.ConfigDict, a: mlc.ConfigDict) -> mlc.ConfigDict:
   types = tuple(t for t in a.evals.split("+") if t)
   for t in types:
     args_lib.check_choice("evals", t, EVAL_TYPES)
-  suite = registry.builtin_evals(
+  suite = suites.builtin_evals(
     a.data,
     types=types,
     data_dir=a.data_dir or None,

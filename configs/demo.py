@@ -49,9 +49,10 @@ probe of the same tiny towers on two-colour data, 800 steps; zero-shot shape acc
 
 from tipsito.config import args
 from tipsito.config import defaults
+from tipsito.config import presets
+from tipsito.config import recipes
 from tipsito.data import tokenizer as tokenizer_lib
-from tipsito.models import presets
-from tipsito.objective import recipes
+from tipsito.evals import suites
 
 SCENES_TOKENIZER = tokenizer_lib.ASSETS_DIR + "/scenes_sp.model"
 
@@ -179,14 +180,13 @@ def _shapes_data(c, a):
 
 def _scenes_data(c, a):
   """The `scenes` testbed (tipsito/data/builders/scenes.py): 2-4 colour x pattern objects per image,
-  its own tokenizer, and its eval suite (tipsito/evals/registry.py) under the demo's eval names."""
-  from tipsito.evals import registry  # pylint: disable=g-import-not-at-top  (evals: only when evals run)
+  its own tokenizer, and its eval suite (tipsito/evals/suites.py) under the demo's eval names."""
 
   c.tokenizer = SCENES_TOKENIZER
   c.data = defaults.data_config("scenes", build_if_missing=True, label_key="label")
   c.data.build_options = dict(split_sizes={"train": 10000, "validation": 200, "test": 200}, image_size=a.size)
   if a.evals:
-    suite = registry.builtin_evals("scenes", image_size=a.size, batch_size=50, num_pictures=4)
+    suite = suites.builtin_evals("scenes", image_size=a.size, batch_size=50, num_pictures=4)
     for ev in suite.values():
       typ = ev["type"]
       if typ == "knn":

@@ -1,7 +1,7 @@
 """Standalone evaluation config: the built-in eval suite of the `scenes` testbed (all four evals).
 
 Why: `python -m tipsito.evaluate --config configs/eval_scenes.py --checkpoint EXPORT` scores a model on the
-multi-object testbed (tipsito/data/builders/scenes.py) with the suite `tipsito.evals.registry.builtin_evals`
+multi-object testbed (tipsito/data/builders/scenes.py) with the suite `tipsito.evals.suites.builtin_evals`
 defines, the same one training configs use (zero-shot on the largest object, retrieval of the detailed
 captions, zero-shot segmentation of the class map with a prompted background, kNN). The scenes tokenizer
 (tipsito/data/assets/scenes_sp.model) is the default, since the scenes prompts and captions are its words;
@@ -19,6 +19,7 @@ import ml_collections as mlc
 from tipsito.config import args
 from tipsito.config import defaults
 from tipsito.data import tokenizer as tokenizer_lib
+from tipsito.evals import suites
 
 SCENES_TOKENIZER = tokenizer_lib.ASSETS_DIR + "/scenes_sp.model"
 
@@ -36,12 +37,11 @@ _DEFAULTS = dict(
 
 def get_config(arg=None):
   """Eval-only config (see module docstring)."""
-  from tipsito.evals import registry  # pylint: disable=g-import-not-at-top
 
   a = args.parse_arg(arg, **_DEFAULTS)
   c = mlc.ConfigDict()
-  types = list(registry.BUILTIN_SUITES["scenes"]) if a["probes"] else None  # None: the suite without probes
-  evals = registry.builtin_evals(
+  types = list(suites.BUILTIN_SUITES["scenes"]) if a["probes"] else None  # None: the suite without probes
+  evals = suites.builtin_evals(
     "scenes",
     types=types,
     data_dir=a["data_dir"] or None,

@@ -2,7 +2,7 @@
 
 Why: `python -m tipsito.evaluate --config configs/eval_shapes.py --checkpoint EXPORT` needs only
 `config.evals` (and `config.tokenizer` for exports without one); the suites come from
-`tipsito.evals.registry.builtin_evals`, the same definition training configs use.
+`tipsito.evals.suites.builtin_evals`, the same definition training configs use.
 
 Arg (big_vision style, comma-separated k=v): datasets ('shapes'; '+'-joined, e.g.
 'shapes+tuxpaint+fashion_mnist'; a config name such as 'shapes/tiny' is allowed), data_dir ('' = TFDS
@@ -30,14 +30,14 @@ _DEFAULTS = dict(
 
 def get_config(arg=None):
   """Eval-only config (see module docstring)."""
-  from tipsito.evals import registry  # pylint: disable=g-import-not-at-top
+  from tipsito.evals import suites  # pylint: disable=g-import-not-at-top
 
   a = args.parse_arg(arg, **_DEFAULTS)
   c = mlc.ConfigDict()
   evals = {}
   for ds in a["datasets"].split("+"):
     evals.update(
-      registry.builtin_evals(
+      suites.builtin_evals(
         ds,
         data_dir=a["data_dir"] or None,
         image_size=a["image_size"],

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tipsito.config import defaults
-from tipsito.models import presets
+from tipsito.config import presets
 
 STEPS = (1, 2)
 

@@ -22,7 +22,7 @@ from tipsito import info
 from tipsito.config import defaults, schema
 from tipsito.config import validation
 from tipsito.config.validation import ConfigError
-from tipsito.objective import recipes
+from tipsito.config import recipes
 from tipsito.train import optim, resume_guard
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent

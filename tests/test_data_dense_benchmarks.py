@@ -14,7 +14,7 @@ from PIL import Image
 
 from tipsito.data import dense_benchmarks
 from tipsito.data import eval_input
-from tipsito.evals import make_evaluator
+from tipsito.evals.registry import make_evaluator
 
 from test_evals_probes import FakeEncoder  # pylint: disable=g-bad-import-order
 

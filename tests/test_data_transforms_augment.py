@@ -14,6 +14,7 @@ from PIL import Image
 
 from tipsito.data import masking
 from tipsito.data import pipeline
+from tipsito.data import grain_ops
 from tipsito.data import transforms as T
 
 SHAPES = [(400, 400), (300, 500), (500, 240), (64, 48)]
@@ -95,7 +96,7 @@ def test_color_jitter_and_view_params_in_spec():
 
 def test_ito_two_views_trace_shapes_and_determinism():
   img = T.open_image(_jpeg(300, 420))
-  tr = T.ITOTwoViews(size=224)
+  tr = grain_ops.ITOTwoViews(size=224)
   trace = []
   out = tr.random_map({'image': img}, np.random.default_rng(5), trace=trace)
   assert out['image'].shape == (224, 224, 3) and out['image'].dtype == np.uint8
@@ -107,7 +108,7 @@ def test_ito_two_views_trace_shapes_and_determinism():
 
 
 def test_multicrop_trace_scales_and_shapes():
-  mc = T.MultiCrop(global_size=64, local_size=28, num_local=6)
+  mc = grain_ops.MultiCrop(global_size=64, local_size=28, num_local=6)
   rng = np.random.default_rng(0)
   for i in range(40):
     trace = []
@@ -127,7 +128,7 @@ def test_jpeg_draft_used_only_when_crops_allow():
   rgb, f = T.load_rgb(T.open_image(big), max_reduce=1.0)
   assert f == 1.0 and rgb.size == (1600, 1600)
   # the view result stays valid when drafting (crop boxes rescaled)
-  out = T.MultiCrop(global_size=98, local_size=32, num_local=2).random_map(
+  out = grain_ops.MultiCrop(global_size=98, local_size=32, num_local=2).random_map(
     {'image': T.open_image(big)}, np.random.default_rng(0)
   )
   assert out['image'].shape == (98, 98, 3) and out['image'].std() > 0
@@ -200,7 +201,7 @@ def test_caption_choice_uniform_chi_square():
 
 def test_caption_fallbacks_and_bad_text():
   rng = np.random.default_rng(0)
-  cc = T.ChooseCaptions('alt_text', ('caption_a', 'caption_b'))
+  cc = grain_ops.ChooseCaptions('alt_text', ('caption_a', 'caption_b'))
   out = cc.random_map({'alt_text': b'alt', 'caption_a': b'', 'caption_b': b'\xff\xfe'}, rng)
   assert out['text'] == 'alt' and out['text2'] == 'alt'  # no usable synthetic -> alt-text
   out = cc.random_map({'alt_text': 'alt', 'caption_a': '  ', 'caption_b': 'syn'}, rng)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageEnhance
 
+from tipsito.data import grain_ops
 from tipsito.data import transforms as T
 
 
@@ -240,7 +241,7 @@ def test_bench_op_breakdown_reports_every_op():
   from tipsito.data import pipeline_bench  # pylint: disable=g-import-not-at-top
 
   src = pipeline_bench.synthetic_source(3, 'JPEG', 120)
-  bd = pipeline_bench.op_breakdown(src, T.ITOTwoViews(size=64), passes=3)
+  bd = pipeline_bench.op_breakdown(src, grain_ops.ITOTwoViews(size=64), passes=3)
   for op in ('open', 'decode', 'crop_resize', 'to_array', 'other', 'total'):
     assert op in bd
   assert bd['crop_resize'][2] == 2.0 and bd['decode'][2] == 1.0  # two views, one decode

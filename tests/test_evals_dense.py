@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tipsito.evals import make_evaluator
+from tipsito.evals.registry import make_evaluator
 from tipsito.evals import metrics
 from tipsito.evals import pictures
 from tipsito.evals import segmentation

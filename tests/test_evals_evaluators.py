@@ -17,11 +17,11 @@ import pytest
 from PIL import Image
 
 from tipsito.data import eval_input
-from tipsito.evals import make_evaluator
-from tipsito.evals import make_evaluators
 from tipsito.evals import pictures
+from tipsito.evals.registry import make_evaluator
+from tipsito.evals.registry import make_evaluators
 from tipsito.evals import registry
-from tipsito.evals import run_evaluators
+from tipsito.evals.runner import run_evaluators
 
 D = 64
 PATCH = 8

@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from tipsito.data import eval_input
-from tipsito.evals import make_evaluator
+from tipsito.evals.registry import make_evaluator
 from tipsito.evals import probes
 from tipsito.evals import registry
 

@@ -15,9 +15,9 @@ from tipsito.config import defaults
 from tipsito.config import validation
 from tipsito.data import eval_input
 from tipsito.evals import class_names
-from tipsito.evals import make_evaluator
-from tipsito.evals import make_evaluators
-from tipsito.evals import run_all
+from tipsito.evals.registry import make_evaluator
+from tipsito.evals.registry import make_evaluators
+from tipsito.evals.runner import run_all
 from tipsito.evals import segmentation
 from tipsito.evals import templates
 

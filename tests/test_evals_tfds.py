@@ -14,7 +14,7 @@ tfds = pytest.importorskip("tensorflow_datasets")
 tf = pytest.importorskip("tensorflow")
 
 from tipsito.data import eval_input  # noqa: E402
-from tipsito.evals import make_evaluator  # noqa: E402
+from tipsito.evals.registry import make_evaluator  # noqa: E402
 
 D = 8
 

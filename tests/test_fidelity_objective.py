@@ -165,7 +165,7 @@ def measured_contrastive_weights(setup, state, batch, weights):
   return out
 
 
-# The weights documented in tipsito/objective/recipes.py (tipsito recipe) and README "Recipes".
+# The weights documented in tipsito/config/recipes.py (tipsito recipe) and README "Recipes".
 TIPSITO_DOCUMENTED = {
   ("CLS1", "alt-text", 1): 0.25,
   ("CLS2", "synthetic", 1): 0.5,

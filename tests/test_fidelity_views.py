@@ -15,7 +15,7 @@ import pytest
 from tipsito.config import defaults
 from tipsito.config import validation as config_validation
 from tipsito.config.validation import ConfigError
-from tipsito.objective import recipes as recipes_lib
+from tipsito.config import recipes as recipes_lib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs"

@@ -171,10 +171,10 @@ SCRIPT = textwrap.dedent("""\
     exporting.export_from_workdir(W, f"{G}/export2")                          # export CLI path
     out["export2"] = bool(np.array_equal(np.asarray(tipsito.load(f"{G}/export2").embed_images(images)["cls"]), a))
 
-    from tipsito import evals                                              # evaluate the gs export
+    from tipsito.evals import registry as evals, runner                                              # evaluate the gs export
     ev = evals.make_evaluators({"evals": {"zs": dict(type="zeroshot", dataset="shapes", data_dir=data,
                                                      image_size=32, batch_size=8)}})
-    res = evals.run_evaluators(ev, enc_gs)
+    res = runner.run_evaluators(ev, enc_gs)
     out["eval"] = sorted(res)
 
     setup = step_lib.build(cfg(f"{G}/export"))                            # init_from a gs:// workdir

@@ -36,7 +36,27 @@ PENDING = {
   "library_imports_of_cli": {},
   # module -> function-local imports of tipsito modules without a reason on their line
   "unexplained_local_imports": {},
+  # (config module, module outside CONFIG_MAY_IMPORT it imports): the reason it still does
+  "config_imports": {
+    ("tipsito.config.validation", "tipsito.evals.segmentation"): "the segmentation eval check "
+    "(`resolve_config`) needs the evaluators' common defaults, the benchmarks' class lists and the eval "
+    "resize modes, which live in modules that import JAX; `validate` imports JAX through it",
+    ("tipsito.config.validation", "tipsito.evals.probes"): "the probe eval check (`probes.check_config`: "
+    "the probes' keys, benchmarks and splits) lives with the probes, which import JAX; like the "
+    "segmentation check, to move into a light module",
+  },
 }
+
+# The layer contract of tipsito/config/ (issue 34 item 1): a config is a leaf that builds and validates
+# without the model, data-pipeline or training code, so tipsito/config/*.py import, outside the config
+# package, only these modules, each of which imports no JAX, Flax, grain, Orbax or TensorFlow
+# (tests/test_light_imports.py builds every config with those absent).
+CONFIG_MAY_IMPORT = frozenset(
+  {"tipsito.choices", "tipsito.paths", "tipsito.data.sources", "tipsito.data.tokenizer"}
+)
+# Modules that import nothing but the standard library's `__future__` and `typing` (the names every layer
+# may share: tipsito/choices.py), so that importing them can never pull a layer in.
+LEAVES = frozenset({"tipsito.choices"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -311,6 +331,45 @@ def test_no_library_module_imports_a_cli_module():
   assert not pending - found, (
     f"fixed, remove from PENDING['library_imports_of_cli']: {sorted(pending - found)}"
   )
+
+
+def config_imports_outside(imps: Iterable[Import]) -> set[tuple[str, str]]:
+  """(config module, imported module) for every import from tipsito/config/ outside the contract."""
+  return {
+    (i.source, i.target)
+    for i in imps
+    if subpackage(i.source) == "config"
+    and subpackage(i.target) != "config"
+    and i.target not in CONFIG_MAY_IMPORT
+  }
+
+
+def test_config_imports_only_the_light_modules_of_its_contract():
+  found = config_imports_outside(all_imports())
+  pending = set(PENDING["config_imports"])
+  assert not found - pending, (
+    "tipsito/config/ imports modules outside CONFIG_MAY_IMPORT (a config must build without the model, "
+    "data or training code: move the names it needs into tipsito/choices.py or tipsito/config/):\n  "
+    + "\n  ".join(f"{s} imports {t}" for s, t in sorted(found - pending))
+  )
+  assert not pending - found, f"fixed, remove from PENDING['config_imports']: {sorted(pending - found)}"
+
+
+def leaf_imports(module: str, files: dict[str, pathlib.Path]) -> list[str]:
+  """The modules a leaf imports other than `__future__` and `typing` (anywhere in the file)."""
+  out = []
+  for node in ast.walk(ast.parse(files[module].read_text())):
+    if isinstance(node, ast.Import):
+      out += [a.name for a in node.names]
+    elif isinstance(node, ast.ImportFrom):
+      out.append("." * node.level + (node.module or ""))
+  return [m for m in out if m not in ("__future__", "typing")]
+
+
+def test_leaves_import_nothing():
+  files = module_files()
+  bad = {m: leaf_imports(m, files) for m in sorted(LEAVES) if leaf_imports(m, files)}
+  assert not bad, f"leaf modules (LEAVES) must import nothing: {bad}"
 
 
 def test_the_checks_see_a_circle(tmp_path):

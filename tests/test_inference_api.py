@@ -16,8 +16,8 @@ from tipsito import inference
 from tipsito import tips_import
 from tipsito.data import tokenizer as tok_lib
 from tipsito.data import transforms as T
-from tipsito.evals import make_evaluator
-from tipsito.models import presets
+from tipsito.evals.registry import make_evaluator
+from tipsito.config import presets
 
 NAMES = ["circle", "square", "triangle"]
 

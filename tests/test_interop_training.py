@@ -23,7 +23,7 @@ from tipsito.train import exporting  # noqa: E402
 from tipsito.config import defaults  # noqa: E402
 from tipsito.interop import hf_tipsv2  # noqa: E402
 from tipsito.interop import sources  # noqa: E402
-from tipsito.models import presets  # noqa: E402
+from tipsito.config import presets  # noqa: E402
 from tipsito.train import assembly  # noqa: E402
 from tipsito.train import checkpointing  # noqa: E402
 from tipsito.train import loop  # noqa: E402

@@ -7,7 +7,7 @@ holds that mapping (`IMAGE_MAP`, `TEXT_MAP`, `BLOCK_MAP`, `TOP_MAP`: tipsito pat
 forward written from OpenCLIP's equations (OpenCLIP `VisionTransformer.forward`, `CLIP.encode_text`,
 `text_global_pool(..., 'argmax')`; Hugging Face `CLIPVisionTransformer` / `CLIPTextTransformer`), fed
 only the mapped state dicts. It must equal the Flax towers (tipsito/models/vit.py, text.py) built with
-tipsito/models/presets.py's 'openclip' structure, as the CLIP-style recipes do
+tipsito/config/presets.py's 'openclip' structure, as the CLIP-style recipes do
 (tipsito/config/defaults.py). The TIPS towers are covered by tests/test_models_conformance.py.
 """
 
@@ -21,7 +21,8 @@ import pytest
 from flax import traverse_util
 
 from tipsito.data import tokenizer as tok_lib
-from tipsito.models import TextEncoder, VisionTransformer, presets, text_config, vit_config
+from tipsito.config import presets
+from tipsito.models import TextEncoder, VisionTransformer, text_config, vit_config
 from tipsito.models import vit as vit_lib
 
 # ------------------------------------------------------------------------------------------------
@@ -595,7 +596,7 @@ def test_id_only_evals_tokenize_with_the_text_flavour(tok, flavour):
   """Evals of an export without a tokenizer tokenize with the configured model in the export's text
   flavour (SOT/EOT for 'clip'), as training did."""
   import types
-  from tipsito.evals import make_evaluator
+  from tipsito.evals.registry import make_evaluator
 
   n = tok.vocab_size
   enc = types.SimpleNamespace(

@@ -254,7 +254,7 @@ def test_width_and_depth_scale_both_towers_of_every_arm(tmp_path):
 def test_optim_and_pixels_args_set_every_arm_but_the_optimizer_studys(tmp_path):
   """`optim=adafactor,pixels=tips` reruns a study on the paper's optimizer and pixel statistics; the
   `optimizer` study, which varies both itself, refuses them."""
-  from tipsito.models import presets
+  from tipsito.config import presets
   from tipsito.studies import arms
 
   mod = _ablations()

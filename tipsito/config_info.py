@@ -13,11 +13,10 @@ from typing import Any, Optional
 import jax
 import numpy as np
 
-from tipsito import models
 from tipsito.config import schema
 from tipsito.config import validation as config_validation
 from tipsito.data import pipeline
-from tipsito.objective import recipes
+from tipsito.config import recipes
 from tipsito.objective import terms as terms_lib
 from tipsito.train import sharding as sharding_lib
 from tipsito.train import step as step_lib
@@ -34,16 +33,6 @@ def _bytes(tree) -> int:
   return int(sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree)))
 
 
-def _stub_teacher(config):
-  """For inspecting distill configs without the teacher on disk: a g/14 TIPS teacher of shapes only."""
-  cfg = models.vit_config("g/14", num_cls_tokens=2)
-  mod = models.VisionTransformer(**cfg)
-  shapes = jax.eval_shape(
-    lambda: mod.init(jax.random.PRNGKey(0), np.zeros((1, 224, 224, 3), np.uint8))["params"]
-  )
-  return teacher_lib.Teacher(mod, cfg, shapes)
-
-
 def _setup(config, mesh, ema_mode: Optional[str] = None):
   import ml_collections as mlc  # pylint: disable=import-outside-toplevel
 
@@ -55,7 +44,7 @@ def _setup(config, mesh, ema_mode: Optional[str] = None):
     try:
       teacher = teacher_lib.load_teacher(c)
     except Exception:  # pylint: disable=broad-except  # teacher not on this machine: shapes only.
-      teacher = _stub_teacher(c)
+      teacher = teacher_lib.abstract_teacher(c)
   return step_lib.build(c, mesh, teacher=teacher)
 
 

@@ -31,7 +31,8 @@ from absl import flags
 from absl import logging
 
 from tipsito import distributed
-from tipsito import evals as evals_lib
+from tipsito.evals import registry as eval_registry
+from tipsito.evals import runner as eval_runner
 from tipsito import paths
 from tipsito.evals import pictures as pictures_lib
 
@@ -182,10 +183,10 @@ def evaluate(
   if kind == "train":
     wd, _ = workdir_and_step(checkpoint)
     data_dir = os.fspath(wd / "data") if (wd / "data").is_dir() else None
-  evaluators = evals_lib.make_evaluators(_evals_config(config, only, max_examples, data_dir))
+  evaluators = eval_registry.make_evaluators(_evals_config(config, only, max_examples, data_dir))
   if not evaluators:
     raise ValueError("config.evals is empty: nothing to evaluate")
-  results, pics = evals_lib.run_all(evaluators, encoder, log=logging.info)
+  results, pics = eval_runner.run_all(evaluators, encoder, log=logging.info)
   if pictures_dir is None and output:
     pictures_dir = os.path.join(os.path.dirname(os.path.abspath(output)), "pictures")
   import jax  # pylint: disable=g-import-not-at-top

@@ -12,7 +12,7 @@ Export layout (FORMAT_VERSION 1):
   DIR/params/       Orbax (StandardCheckpointer) tree {'image','text'[,'image_proj']}
   DIR/tokenizer.model  copy of the SentencePiece model, when one was given.
 The tower kwargs state the structure in full (TIPS or OpenCLIP: `activation`, `ln_eps`, `patch_bias`,
-`cls_posemb`, `pre_norm`; text `flavour`, `activation`, `ln_eps`; tipsito/models/presets.py), so
+`cls_posemb`, `pre_norm`; text `flavour`, `activation`, `ln_eps`; tipsito/config/presets.py), so
 `tipsito.load` rebuilds the same towers; the text `flavour` also selects the tokenization ('clip':
 SOT/EOT on top of the SentencePiece ids, tipsito/data/tokenizer.py), as in training. Keys missing from
 an older config.json take the module defaults (the TIPS structure).

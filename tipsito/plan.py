@@ -38,15 +38,13 @@ import ml_collections as mlc  # noqa: E402
 import numpy as np  # noqa: E402
 
 from tipsito import distributed  # noqa: E402
-from tipsito import models  # noqa: E402
 from tipsito.config import validation as config_validation  # noqa: E402
 from tipsito.data.synthetic import synthetic_batch  # noqa: E402
-from tipsito.models import presets  # noqa: E402
-from tipsito.models.kwargs import module_kwargs  # noqa: E402
-from tipsito.objective import recipes as recipes_lib  # noqa: E402
+from tipsito.config import recipes as recipes_lib  # noqa: E402
 from tipsito.train import observability  # noqa: E402
 from tipsito.train import sharding  # noqa: E402
 from tipsito.train import step as step_lib  # noqa: E402
+from tipsito.train import teacher as teacher_lib  # noqa: E402
 
 GiB = 2**30
 # HBM per chip by topology prefix (the name JAX's topology API takes: "<generation>:<shape>").
@@ -126,24 +124,6 @@ def topology_mesh(mesh_cfg, devices: list) -> jax.sharding.Mesh:
   return sharding.make_mesh(mesh_cfg, devices)
 
 
-def _teacher(config, variant: str):
-  """An abstract distillation teacher (the `variant` preset, e.g. g/14; no weights are read)."""
-  img = presets.vit_config(
-    variant,
-    num_cls_tokens=2,
-    posemb_grid=32,
-    use_mask_token=False,
-    dtype=str(config.model.image.dtype),
-    scan=bool(config.model.image.scan),
-  )
-  module = models.VisionTransformer(**module_kwargs(img))
-  s = int(config.input.global_size)
-  params = jax.eval_shape(
-    lambda k: module.init(k, jnp.zeros((1, s, s, 3), jnp.uint8)), jax.random.PRNGKey(0)
-  )["params"]
-  return step_lib.Teacher(module, img, params)
-
-
 def abstract_batch(config, mesh) -> dict:
   """ShapeDtypeStructs of the global batch (every field the recipe needs), sharded like training."""
   one = synthetic_batch(config, batch_size=1)
@@ -194,7 +174,9 @@ def plan_train(config, devices: list, *, topology: str = "", teacher_variant: st
   config_validation.validate(config, num_devices=len(devices), check_tokenizer=False)
   mesh = topology_mesh(config.mesh, devices)
   teacher = (
-    _teacher(config, teacher_variant) if recipes_lib.get_recipe(config.recipe).teacher == "frozen" else None
+    teacher_lib.abstract_teacher(config, teacher_variant)
+    if recipes_lib.get_recipe(config.recipe).teacher == "frozen"
+    else None
   )
   setup = step_lib.build(config, mesh, teacher=teacher)
   state = _abstract(setup.state_shapes, setup.state_shardings)

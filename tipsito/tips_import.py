@@ -18,7 +18,7 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
-from tipsito.models import presets
+from tipsito.config import presets
 from tipsito.models.text import TextEncoder
 from tipsito.models.vit import VisionTransformer
 

@@ -15,7 +15,7 @@ from ml_collections import config_dict
 
 from tipsito.config import args
 from tipsito.config import schema
-from tipsito.objective import recipes
+from tipsito.config import recipes
 
 
 # Keys whose value may be None, with the type a command-line value is parsed as (declared in
@@ -98,7 +98,7 @@ def base_config(
 
   Every key and its default is declared in tipsito/config/schema.py; the recipe-dependent defaults (loss
   weights, views, CLS count, EMA mode, mask ratio, optimizer, pixel statistics) come from the recipe
-  table (tipsito/objective/recipes.py), the tower sizes from the variant presets. Everything is
+  table (tipsito/config/recipes.py), the tower sizes from the variant presets. Everything is
   overridable afterwards.
   """
   ctx = schema.Ctx(

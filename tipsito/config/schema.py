@@ -9,7 +9,7 @@ guard's safe/unsafe classification (`tipsito.train.resume_guard.SAFE_KEYS`) and
 
 A default is a value, or a function of the `Ctx` (recipe, image/text variant, total steps, batch size)
 for the keys whose default depends on the recipe (the values come from the recipe table,
-tipsito/objective/recipes.py), on the optimizer or on the variant preset (tipsito/models/presets.py).
+tipsito/config/recipes.py), on the optimizer or on the variant preset (tipsito/config/presets.py).
 """
 
 from __future__ import annotations
@@ -18,15 +18,11 @@ import dataclasses
 import math
 from typing import Any, Callable, Iterable, Optional
 
-from tipsito.data.masking import MASK_TYPES
-from tipsito.data.pipeline import AUGMENTS, VIEWS
-from tipsito.losses.self_distill import DINO_REDUCTIONS, TEACHER_METHODS
-from tipsito.models import presets
-from tipsito.models.layers import ACTIVATIONS, REMAT_POLICIES
-from tipsito.models.text import FLAVOURS
-from tipsito.objective import recipes as recipes_lib
-from tipsito.objective.recipes import EMA_MODES
-from tipsito.objective.terms import TERMS, VIEW_WEIGHTINGS
+from tipsito.choices import ACTIVATIONS, AUGMENTS, DINO_REDUCTIONS, FLAVOURS, MASK_TYPES, REMAT_POLICIES
+from tipsito.choices import TEACHER_METHODS, TERM_NAMES, VIEW_WEIGHTINGS, VIEWS
+from tipsito.config import presets
+from tipsito.config import recipes as recipes_lib
+from tipsito.config.recipes import EMA_MODES
 
 # Enumerations no other module names as a constant (the modules reading these keys branch on the values).
 DTYPES = ("float32", "bfloat16", "float16")
@@ -255,7 +251,7 @@ KEYS: tuple[Key, ...] = (
     "recipe",
     str,
     lambda ctx: ctx.recipe.name,
-    "training recipe (tipsito/objective/recipes.py)",
+    "training recipe (tipsito/config/recipes.py)",
     choices=lambda: tuple(recipes_lib.RECIPES),
   ),
   K("tokenizer", str, None, "SentencePiece model path; None = the shipped demo model", optional=True),
@@ -498,7 +494,7 @@ KEYS: tuple[Key, ...] = (
       range=ge(0),
       when=(lambda t: lambda r: t in r.loss)(term),
     )
-    for term in TERMS
+    for term in TERM_NAMES
   ),
   # --- loss options ---
   K("loss_opts.student_temp", float, 0.1, "DINO / iBOT student softmax temperature", range=gt(0)),
@@ -819,6 +815,27 @@ KEYS: tuple[Key, ...] = (
 
 BY_PATH: dict[str, Key] = {k.path: k for k in KEYS}
 TREE_BY_PATH: dict[str, Tree] = {t.path: t for t in TREES}
+
+# The tower modules whose kwargs the `model.*` trees hold, and their fields that no key above declares
+# (the code sets them, a config may override them). `module_fields(tree)` is what validation accepts
+# under a tree without importing Flax; tests/test_light_imports.py checks that it equals the module's
+# dataclass fields, so a new module field is declared here or as a key.
+MODULE_TREES = {
+  "model.image": "VisionTransformer",
+  "model.text": "TextEncoder",
+  "model.heads": "DINOHead",
+  "model.fusion": "FusionTransformer",
+}
+UNDECLARED_MODULE_FIELDS = {
+  "model.heads": ("dtype", "param_dtype"),
+  "model.fusion": ("dtype", "max_text_len", "mlp_ratio", "param_dtype"),
+}
+
+
+def module_fields(tree: str) -> tuple[str, ...]:
+  """The fields of the module behind `tree` ('model.image', ...): its declared keys and the others."""
+  declared = [k.path[len(tree) + 1 :] for k in KEYS if k.path.startswith(tree + ".")]
+  return tuple(sorted(set(declared) | set(UNDECLARED_MODULE_FIELDS.get(tree, ()))))
 
 
 def keys_for(recipe: recipes_lib.Recipe) -> tuple[Key, ...]:

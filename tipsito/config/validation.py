@@ -10,20 +10,18 @@ the allowed module kwargs are the dataclass fields of the modules; the rules tha
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Iterable
 
 import ml_collections as mlc
 
-from tipsito import models
 from tipsito.config import mesh as mesh_lib
 from tipsito.config import run_file
 from tipsito.config import schema
 from tipsito.data import tokenizer as tok_lib
 from tipsito.evals import probes
 from tipsito.evals import segmentation
-from tipsito.objective import recipes as recipes_lib
-from tipsito.objective.terms import TERMS
+from tipsito.config import recipes as recipes_lib
+from tipsito.choices import TERM_FIELDS
 
 # Enumerations no other module names as a constant (declared with the schema).
 DTYPES = schema.DTYPES
@@ -260,10 +258,6 @@ def _check_keys(key: str, got: Any, allowed: Iterable[str]) -> None:
       )
 
 
-def _module_fields(cls) -> list[str]:
-  return [f.name for f in dataclasses.fields(cls) if f.name not in ("parent", "name")]
-
-
 def check_text_vocab(config: mlc.ConfigDict) -> None:
   """`config.tokenizer` must load, and its vocabulary must equal `config.model.text.vocab_size` (when that
   is not None, which means: take the size from the tokenizer).
@@ -346,10 +340,8 @@ def _check_evals(config: mlc.ConfigDict) -> None:
 def _check_model(config: mlc.ConfigDict, recipe) -> None:
   """Module kwargs are the modules' dataclass fields; geometry and the projection rule."""
   m = config.model
-  _check_keys("model.image", m.image, _module_fields(models.VisionTransformer))
-  _check_keys("model.text", m.text, _module_fields(models.TextEncoder))
-  _check_keys("model.heads", m.heads, _module_fields(models.DINOHead))
-  _check_keys("model.fusion", m.fusion, _module_fields(models.FusionTransformer))
+  for tree in schema.MODULE_TREES:
+    _check_keys(tree, _lookup(config, tree), schema.module_fields(tree))
   _check_geometry(config, recipe)
   if "image_proj" in recipe.parts and not m.embed_dim:
     raise ConfigError(
@@ -399,7 +391,7 @@ def _check_loss(config: mlc.ConfigDict, recipe) -> dict[str, float]:
 def _check_input(config: mlc.ConfigDict, recipe, weights: dict[str, float]) -> None:
   """The inputs the weighted loss terms need, and the distillation teacher."""
   inp = config.input
-  second_view = sorted(t for t in weights if "image2" in TERMS[t].fields)
+  second_view = sorted(t for t in weights if "image2" in TERM_FIELDS[t])
   if second_view and "two_views" not in inp.views:
     raise ConfigError(
       f"config.input.views={inp.views!r}: loss terms {second_view} "

@@ -13,9 +13,9 @@ import math
 
 import numpy as np
 
-__all__ = ['num_masked', 'grid_size', 'random_mask', 'block_mask', 'make_mask', 'MASK_TYPES']
+from tipsito.choices import MASK_TYPES
 
-MASK_TYPES = ('random', 'block')
+__all__ = ['num_masked', 'grid_size', 'random_mask', 'block_mask', 'make_mask', 'MASK_TYPES']
 
 
 def grid_size(image_size: int, patch_size: int) -> int:

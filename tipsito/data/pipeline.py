@@ -36,9 +36,11 @@ import grain.python as grain
 from grain import experimental as grain_exp
 import numpy as np
 
+from tipsito.choices import AUGMENTS, VIEWS
 from tipsito.data import masking
 from tipsito.data import sources
 from tipsito.data import tokenizer as tok_lib
+from tipsito.data import grain_ops
 from tipsito.data import transforms as T
 
 __all__ = [
@@ -51,8 +53,6 @@ __all__ = [
   'AUGMENTS',
 ]
 
-VIEWS = ('single', 'two_views', 'multicrop', 'multicrop_two_views')
-AUGMENTS = ('ito', 'tips', 'none')
 _REASON_INDEX = {r: i for i, r in enumerate(T.SKIP_REASONS)}
 _SKIP = '_skip'  # key of the skip marker returned by the per-example function
 _SKIPS = '_skips'  # per-batch per-reason skip counts (popped by the accounting iterator)
@@ -189,7 +189,7 @@ class ExampleSpec:
     """The grain RandomMapTransform producing the image fields for these views/augment."""
     two = 'two_views' in self.views
     if 'multicrop' in self.views:
-      return T.MultiCrop(
+      return grain_ops.MultiCrop(
         self.global_size,
         self.local_size,
         self.num_local,
@@ -204,7 +204,7 @@ class ExampleSpec:
       )
     if self.augment == 'none':
       return None  # the deterministic resize evaluations use (see TrainExampleFn)
-    return T.ITOTwoViews(
+    return grain_ops.ITOTwoViews(
       self.global_size,
       self.global_scale,
       self.ratio,
@@ -270,7 +270,7 @@ class TrainExampleFn:
     self.source, self.spec, self.tokenizer = source, spec, tokenizer
     self.seed = int(seed)
     self.views = spec.view_transform()
-    self.captions = T.ChooseCaptions(spec.alt_text_key, spec.caption_keys)
+    self.captions = grain_ops.ChooseCaptions(spec.alt_text_key, spec.caption_keys)
 
   def __call__(self, item) -> dict:
     return self._guard(self._process, int(item[0]), int(item[1]))

@@ -26,6 +26,7 @@ import numpy as np
 from tipsito.data import pipeline
 from tipsito.data import tokenizer as tok_lib
 from tipsito.data.synthetic import synthetic_source
+from tipsito.data import grain_ops
 from tipsito.data import transforms as T
 
 __all__ = ['synthetic_source', 'run_data_bench', 'main']
@@ -204,8 +205,8 @@ def run_data_bench(
     'source_px': size,
     'num_images': num_images,
   }
-  ito = T.ITOTwoViews(size=224)
-  tips = T.MultiCrop(global_size=224, local_size=98, num_local=6)
+  ito = grain_ops.ITOTwoViews(size=224)
+  tips = grain_ops.MultiCrop(global_size=224, local_size=98, num_local=6)
   sources = {fmt: synthetic_source(num_images, fmt, size) for fmt in formats}
   for fmt, src in sources.items():
     for name, tr in (('ito_two_view', ito), ('tipsv2_1p6', tips)):

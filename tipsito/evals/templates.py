@@ -164,46 +164,36 @@ TEMPLATE_SETS: dict[str, tuple[str, ...]] = {
   "identity": ("{}",),
 }
 
-# Class names for datasets whose builders store only integer labels; builders that carry ClassLabel names
-# win over these (see `class_names_for`).
-FASHION_MNIST_CLASSES = (
-  "t-shirt",
-  "trouser",
-  "pullover",
-  "dress",
-  "coat",
-  "sandal",
-  "shirt",
-  "sneaker",
-  "bag",
-  "ankle boot",
-)
-CLASS_NAMES: dict[str, tuple[str, ...]] = {
-  "fashion_mnist": FASHION_MNIST_CLASSES,
-}
-
 
 def class_names_for(dataset: str | None) -> tuple[str, ...] | None:
   """Curated class names of a built-in dataset (better prompts than raw folder names), or None.
 
   tuxpaint's and openclipart's ClassLabel names are folder names ('naturalforces', 'signs_and_symbols');
   their builders also define the words their captions use ('force of nature', 'sign or symbol'), which
-  are what a prompt should say.
+  are what a prompt should say. Fashion-MNIST's are its builder's `CLASS_NAMES` (the one list of its
+  labels, tipsito/data/builders/fashion_mnist.py), which also hold for a copy built elsewhere that
+  stores integer labels only.
   """
   base = sources.base_name(dataset)
-  if base in _WORD_BUILDERS:
-    try:
+  try:
+    if base in _WORD_BUILDERS:
       mod = importlib.import_module(_WORD_BUILDERS[base])
       return tuple(mod.CATEGORY_WORDS[c] for c in mod.CATEGORIES)
-    except Exception:  # pylint: disable=broad-except
-      return None
-  return CLASS_NAMES.get(base)
+    if base in _CLASS_NAME_BUILDERS:
+      return tuple(importlib.import_module(_CLASS_NAME_BUILDERS[base]).CLASS_NAMES)
+  except Exception:  # pylint: disable=broad-except
+    return None
+  return None
 
 
 # Builders whose CATEGORY_WORDS (per ClassLabel name in CATEGORIES) are the class names.
 _WORD_BUILDERS = {
   "tuxpaint": "tipsito.data.builders.tuxpaint",
   "openclipart": "tipsito.data.builders.openclipart",
+}
+# Builders whose CLASS_NAMES (in label order) are the class names.
+_CLASS_NAME_BUILDERS = {
+  "fashion_mnist": "tipsito.data.builders.fashion_mnist",
 }
 
 

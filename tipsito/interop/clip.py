@@ -114,7 +114,7 @@ def check_clip_style(
   if missing:
     raise NotRepresentableError(
       f'--format {fmt}: the image tower is not OpenCLIP-shaped ({", ".join(missing)} differ from '
-      "tipsito/models/presets.py IMAGE_STRUCTURE['openclip']). " + tips_hint + '.'
+      "tipsito/config/presets.py IMAGE_STRUCTURE['openclip']). " + tips_hint + '.'
     )
   if image_config.get('ffn', 'mlp') != 'mlp':
     raise NotRepresentableError(

@@ -12,7 +12,7 @@ folders with transformers 5.14 and 5.24; tests/test_interop_hf_tipsv2.py runs th
   * the second CLS token is HF's register token (`register_tokens`, inserted after CLS *without* a
     position embedding, as tipsito adds none to either CLS token); `pos_embed` has a row for CLS, written
     as zeros; layer scale exists there and is written as ones; SwiGLU's hidden size comes from
-    `mlp_ratio` with the same rounding as tipsito (tipsito/models/presets.py: swiglu_hidden_dim).
+    `mlp_ratio` with the same rounding as tipsito (tipsito/config/presets.py: swiglu_hidden_dim).
   * `config.json` makes HF compute what tipsito computes: tanh GELU (`gelu_pytorch_tanh`; HF's default is
     exact GELU) and LayerNorm eps 1e-6 in both towers (HF's text default is 1e-5). On the tiny conformance
     model exact GELU moves the official patch outputs by 4.8e-4 and eps 1e-5 the text embeddings by 4e-6.
@@ -46,7 +46,7 @@ from tipsito import paths
 from tipsito import tips_import
 from tipsito.interop.tips_npz import NotRepresentableError, _flat, check_tips_style
 from tipsito.models import layer_stack
-from tipsito.models import presets
+from tipsito.config import presets
 from tipsito.models.text import TextEncoder
 from tipsito.models.vit import VisionTransformer
 

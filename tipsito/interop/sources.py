@@ -24,8 +24,6 @@ from tipsito.interop import clip
 from tipsito.interop import hf_tipsv2
 from tipsito.interop import tips_npz
 
-FORMATS = ('tipsito', 'hf_tipsv2', 'tips_npz', 'hf_clip', 'open_clip')
-
 
 @dataclasses.dataclass
 class Model:
@@ -95,51 +93,62 @@ def load_source(path) -> Model:
   )
 
 
+def _write_tipsito(model: Model, output) -> str:
+  return export_format.write_export(
+    output,
+    image_config=model.image_config,
+    text_config=model.text_config,
+    params=model.params,
+    temperature=model.temperature,
+    tokenizer_path=model.tokenizer_path,
+    image_proj='image_proj' in model.params,
+    extra=model.extra,
+  )
+
+
+def _write_hf_tipsv2(model: Model, output) -> str:
+  return hf_tipsv2.write_hf_tipsv2(output, **_towers(model), image_size=model.image_size)
+
+
+def _write_tips_npz(model: Model, output) -> str:
+  return tips_npz.write_tips_npz(output, **_towers(model))
+
+
+def _write_hf_clip(model: Model, output) -> str:
+  return clip.write_hf_clip(output, **_towers(model), extra=model.extra)
+
+
+def _write_open_clip(model: Model, output) -> str:
+  return clip.write_open_clip(output, **_towers(model), extra=model.extra)
+
+
+def _towers(model: Model) -> dict:
+  """The keyword arguments every writer takes: both towers' configs and params, T, the tokenizer."""
+  return dict(
+    image_config=model.image_config,
+    text_config=model.text_config,
+    params=model.params,
+    temperature=model.temperature,
+    tokenizer_path=model.tokenizer_path,
+  )
+
+
+# `--format` -> its writer: one entry per format, in the order `--help` lists them.
+WRITERS = {
+  'tipsito': _write_tipsito,
+  'hf_tipsv2': _write_hf_tipsv2,
+  'tips_npz': _write_tips_npz,
+  'hf_clip': _write_hf_clip,
+  'open_clip': _write_open_clip,
+}
+FORMATS = tuple(WRITERS)
+
+
 def write(model: Model, output, fmt: str) -> str:
   """Writes `model` in format `fmt` (FORMATS) to `output`; returns the output path."""
-  if fmt == 'tipsito':
-    return export_format.write_export(
-      output,
-      image_config=model.image_config,
-      text_config=model.text_config,
-      params=model.params,
-      temperature=model.temperature,
-      tokenizer_path=model.tokenizer_path,
-      image_proj='image_proj' in model.params,
-      extra=model.extra,
-    )
-  if fmt == 'tips_npz':
-    return tips_npz.write_tips_npz(
-      output,
-      image_config=model.image_config,
-      text_config=model.text_config,
-      params=model.params,
-      temperature=model.temperature,
-      tokenizer_path=model.tokenizer_path,
-    )
-  if fmt == 'hf_tipsv2':
-    return hf_tipsv2.write_hf_tipsv2(
-      output,
-      image_config=model.image_config,
-      text_config=model.text_config,
-      params=model.params,
-      temperature=model.temperature,
-      tokenizer_path=model.tokenizer_path,
-      image_size=model.image_size,
-    )
-  if fmt in ('hf_clip', 'open_clip'):
-    kw = dict(
-      image_config=model.image_config,
-      text_config=model.text_config,
-      params=model.params,
-      temperature=model.temperature,
-      tokenizer_path=model.tokenizer_path,
-      extra=model.extra,
-    )
-    if fmt == 'hf_clip':
-      return clip.write_hf_clip(output, **kw)
-    return clip.write_open_clip(output, **kw)
-  raise ValueError(f'unknown --format {fmt!r}; valid: {list(FORMATS)}')
+  if fmt not in WRITERS:
+    raise ValueError(f'unknown --format {fmt!r}; valid: {list(FORMATS)}')
+  return WRITERS[fmt](model, output)
 
 
 def export_tips_npz(image_npz: str, text_npz: str, output: str, tokenizer: Optional[str] = None) -> str:

@@ -32,11 +32,8 @@ from typing import Optional, Union
 import jax
 import jax.numpy as jnp
 
-# How the teacher's outputs become targets (`config.loss_opts.teacher_method`).
-TEACHER_METHODS = ("centering", "sinkhorn")
-# How the DINO cross-entropies of the (student crop, teacher crop) pairs are combined
-# (`config.loss_opts.dino_reduction`): see `dino_loss_from_probs`.
-DINO_REDUCTIONS = ("mean", "sum")
+from tipsito.choices import DINO_REDUCTIONS, TEACHER_METHODS  # noqa: F401 (re-exported)
+
 
 Array = jax.Array
 

@@ -4,7 +4,7 @@ namespace."""
 
 from tipsito.models.fusion import FusionTransformer
 from tipsito.models.heads import DINOHead
-from tipsito.models.presets import TEXT_PRESETS, VIT_PRESETS, text_config, vit_config
+from tipsito.config.presets import TEXT_PRESETS, VIT_PRESETS, text_config, vit_config
 from tipsito.models.text import TextEncoder
 from tipsito.models.vit import VisionTransformer
 

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from tipsito.models.activation_sharding import constrain_batch
-from tipsito.models import presets
+from tipsito.config import presets
 
 Dtype = Any
 LN_EPS = presets.TIPS_LN_EPS

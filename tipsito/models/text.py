@@ -29,10 +29,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tipsito.choices import FLAVOURS
 from tipsito.models import layers
 
-# Text tower flavours (`config.model.text.flavour`): TIPS' masked mean pooling or CLIP's last token.
-FLAVOURS = ('tips', 'clip')
 
 Dtype = Any
 

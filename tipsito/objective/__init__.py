@@ -8,7 +8,7 @@ Layout: `recipes.py` (what a recipe is; the registry), `model.py` (`TrainModel`,
 
 from tipsito.objective.compute import compute_losses, init_centers
 from tipsito.objective.context import LossContext, masks_student_view
-from tipsito.objective.recipes import EMA_MODES, RECIPES, Recipe, get_recipe
+from tipsito.config.recipes import EMA_MODES, RECIPES, Recipe, get_recipe
 from tipsito.objective.terms import TERMS
 
 __all__ = [

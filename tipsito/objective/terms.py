@@ -2,7 +2,7 @@
 
 Each term reads the step's `Features` (tipsito/objective/features.py) and the current centres, and
 returns its loss, its metrics and its centre update. Weights are `config.loss.<term>` (0 turns a term
-off), options `config.loss_opts`; a recipe (tipsito/objective/recipes.py) names the terms it allows
+off), options `config.loss_opts`; a recipe (tipsito/config/recipes.py) names the terms it allows
 and their default weights. Adding a term is one function here, one `TERMS` entry and a weight in a recipe.
 
   clip        InfoNCE, view 1. One CLS: (CLS, 'text'). Two CLS (TIPS): (CLS1,'text') and (CLS2,'text2'),
@@ -35,6 +35,8 @@ from typing import Callable, NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
+from tipsito.choices import CLIP, CLIP_VIEW2, DINO, FEATURE, FUSION, IBOT, KOLEO, SIGLIP
+from tipsito.choices import VIEW_WEIGHTINGS  # noqa: F401 (re-exported)
 from tipsito.losses import contrastive as _con
 from tipsito.losses import self_distill as _sd
 from tipsito.objective.context import LossContext
@@ -51,15 +53,6 @@ from tipsito.objective.features import (
 )
 from tipsito.objective.model import TrainModel
 from tipsito.objective import collapse
-
-CLIP = "clip"
-SIGLIP = "siglip"
-CLIP_VIEW2 = "clip_view2"
-FUSION = "fusion"
-KOLEO = "koleo"
-DINO = "dino"
-IBOT = "ibot"
-FEATURE = "feature"
 
 
 class TermOutput(NamedTuple):
@@ -82,7 +75,6 @@ class Pair(NamedTuple):
 CLS1_ALT_V1 = Pair(CLIP, "CLS1", "alt-text", 1)
 CLS2_SYN_V1 = Pair(CLIP, "CLS2", "synthetic", 1)
 CLS1_ALT_V2 = Pair(CLIP_VIEW2, "CLS1", "alt-text", 2)
-VIEW_WEIGHTINGS = ("mean", "sum")
 
 
 def contrastive_pair_weights(ctx: LossContext, two_cls: bool) -> dict[Pair, float]:

@@ -23,7 +23,7 @@ from jax.sharding import Mesh
 from tipsito import distributed
 from tipsito import paths
 from tipsito.interop import hf_tipsv2
-from tipsito.objective import recipes as recipes_lib
+from tipsito.config import recipes as recipes_lib
 from tipsito.train import checkpointing
 from tipsito.train import sharding as sharding_lib
 from tipsito.train import step as step_lib

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import logging
+import functools
 import os
 import re
 import signal
@@ -39,8 +40,6 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-import grain
-import grain.checkpoint as grain_checkpoint
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
@@ -93,25 +92,34 @@ class NoReadableCheckpoint(RuntimeError):
 as_path = paths.as_path  # epath.Path of a local path (made absolute) or a URL such as gs://bucket/dir
 
 
-class _DataStateItem(grain.DatasetIterator):
-  """A frozen data-iterator state in the shape grain's Orbax handler expects (a DatasetIterator).
+@functools.cache
+def _data_state_item() -> type:
+  """The class `_DataStateItem` below. Why built on first use: grain is imported only where a data-iterator
+  state is saved or restored, so the step and the step benchmark run without grain installed
+  (tests/test_light_imports.py)."""
+  import grain  # pylint: disable=import-outside-toplevel  # only a data-iterator state needs grain
 
-  Why a snapshot instead of the live iterator: the loop already read the state at the step boundary;
-  the handler serialises `get_state()` as JSON, and on restore hands us the state through `set_state()`.
-  """
+  class _DataStateItem(grain.DatasetIterator):
+    """A frozen data-iterator state in the shape grain's Orbax handler expects (a DatasetIterator).
 
-  def __init__(self, state: Any = None):
-    super().__init__()
-    self.state = state
+    Why a snapshot instead of the live iterator: the loop already read the state at the step boundary;
+    the handler serialises `get_state()` as JSON, and on restore hands us the state through `set_state()`.
+    """
 
-  def __next__(self):
-    raise StopIteration
+    def __init__(self, state: Any = None):
+      super().__init__()
+      self.state = state
 
-  def get_state(self):
-    return self.state
+    def __next__(self):
+      raise StopIteration
 
-  def set_state(self, state):
-    self.state = state
+    def get_state(self):
+      return self.state
+
+    def set_state(self, state):
+      self.state = state
+
+  return _DataStateItem
 
 
 class Checkpointer:
@@ -186,7 +194,9 @@ class Checkpointer:
     """Saves (async when configured) on every process. Returns whether a save was started."""
     items = {"state": ocp.args.StandardSave(state)}
     if data_state is not None:
-      items[DATA_ITEM] = grain_checkpoint.CheckpointSave(_DataStateItem(_json_copy(data_state)))
+      import grain.checkpoint as grain_checkpoint  # pylint: disable=import-outside-toplevel  # see _data_state_item
+
+      items[DATA_ITEM] = grain_checkpoint.CheckpointSave(_data_state_item()(_json_copy(data_state)))
     return self.manager.save(step, args=ocp.args.Composite(**items), force=force)
 
   def _step_path(self, step: int) -> epath.Path:
@@ -216,7 +226,9 @@ class Checkpointer:
       mine = self._step_path(step) / DATA_ITEM / f"process_{jax.process_index()}-of-{saved}.json"
       if not mine.exists():
         raise FileNotFoundError(f"{mine} is missing (this process's data-iterator state)")
-      return {DATA_ITEM: grain_checkpoint.CheckpointRestore(_DataStateItem())}
+      import grain.checkpoint as grain_checkpoint  # pylint: disable=import-outside-toplevel  # see _data_state_item
+
+      return {DATA_ITEM: grain_checkpoint.CheckpointRestore(_data_state_item()())}
     legacy = f"data_{jax.process_index()}"  # checkpoints written before per-host data states
     if (self._step_path(step) / legacy).exists():
       return {legacy: ocp.args.JsonRestore()}

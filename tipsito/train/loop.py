@@ -13,7 +13,7 @@ Failure paths: whatever stops the run, `_Resources` closes the TensorBoard write
 (grain worker processes and their shared memory) and the checkpoint manager (pending saves, Orbax's
 threads and event loop) once, in that order, so the interpreter's shutdown has nothing left to tear
 down; the error then ends with a note saying which checkpoint the same command resumes from. In a
-multi-process run an error first waits for tipsito/peer_loss.py's verdict (a failed collective is how
+multi-process run an error first waits for tipsito/distributed/peer_loss.py's verdict (a failed collective is how
 a lost peer shows): a lost peer ends the process there with exit status 76 and one line.
 """
 
@@ -32,8 +32,9 @@ from absl import logging
 from clu import metric_writers
 
 from tipsito import distributed
-from tipsito import evals
-from tipsito import peer_loss
+from tipsito.evals import registry as eval_registry
+from tipsito.evals import runner as eval_runner
+from tipsito.distributed import peer_loss
 from tipsito.config import validation as config_validation
 from tipsito import paths
 from tipsito.data import pipeline
@@ -222,7 +223,7 @@ def _build_run(
   observability.log_parameter_summary(setup.state_shapes.params)
   evaluators = {}
   if len(config.evals):
-    evaluators = evals.make_evaluators(config)
+    evaluators = eval_registry.make_evaluators(config)
   return _Run(
     config=config,
     workdir=workdir,
@@ -395,7 +396,7 @@ def _run_evals(run: _Run, state, step: int, *, is_last: bool) -> dict:
   if not due:
     return {}
   enc = exporting.training_encoder(run.setup, state.params)  # every process: evals shard over processes
-  return evals.run_evaluators(
+  return eval_runner.run_evaluators(
     due,
     enc,
     step=step,

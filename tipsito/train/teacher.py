@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+import jax
+import jax.numpy as jnp
 from absl import logging
 from jax.sharding import Mesh
 
@@ -21,13 +23,40 @@ from tipsito import models
 from tipsito import tips_import
 from tipsito.interop import hf_tipsv2
 from tipsito.models.kwargs import module_kwargs
-from tipsito.objective import recipes as recipes_lib
+from tipsito.config import presets
+from tipsito.config import recipes as recipes_lib
 from tipsito.train import checkpointing
 from tipsito.train import step as step_lib
 from tipsito.train import workdir as workdir_lib
 from tipsito.train.step import Teacher, check_teacher_heads, frozen_tree
 
-__all__ = ["Teacher", "load_teacher", "check_teacher_heads", "frozen_tree"]
+__all__ = ["Teacher", "abstract_teacher", "load_teacher", "check_teacher_heads", "frozen_tree"]
+
+
+def abstract_teacher(config, variant: str = "g/14") -> Teacher:
+  """A distillation teacher described by its shapes and config, without weights: the image tower of
+  the `variant` preset (TIPSv2's teachers are g/14) as `load_teacher` builds a teacher (two CLS tokens,
+  no mask token, the official release's 32 x 32 position grid, the student's dtype and scan), its params
+  `jax.ShapeDtypeStruct`s from `jax.eval_shape` at the student's global crop.
+
+  Why one: the planner (tipsito/plan.py), `python -m tipsito.info` (tipsito/config_info.py) and anything
+  else that needs only the shapes of a distillation run (the state layout, the memory of the compiled
+  step) describe the teacher the same way, and none of them reads a teacher from disk.
+  """
+  image_cfg = presets.vit_config(
+    variant,
+    num_cls_tokens=2,
+    posemb_grid=32,
+    use_mask_token=False,
+    dtype=str(config.model.image.dtype),
+    scan=bool(config.model.image.scan),
+  )
+  module = models.VisionTransformer(**module_kwargs(image_cfg))
+  s = int(config.input.global_size)
+  params = jax.eval_shape(
+    lambda k: module.init(k, jnp.zeros((1, s, s, 3), jnp.uint8)), jax.random.PRNGKey(0)
+  )["params"]
+  return Teacher(module, image_cfg, params, source=f"abstract {variant} teacher (shapes only, no weights)")
 
 
 def load_teacher(config, mesh: Optional[Mesh] = None) -> Teacher:

@@ -6,7 +6,7 @@ import sys
 import ml_collections as mlc
 from ml_collections import config_dict
 from tipsito.config import defaults
-from tipsito.objective import recipes
+from tipsito.config import recipes
 
 
 def leaves(c, prefix=""):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from tipsito.objective.terms import CLIP, CLIP_VIEW2, DINO, FEATURE, FUSION, IBOT, KOLEO, SIGLIP
+from tipsito.choices import CLIP, CLIP_VIEW2, DINO, FEATURE, FUSION, IBOT, KOLEO, SIGLIP
 
 EMA_MODES = ("head", "full", "none")
 

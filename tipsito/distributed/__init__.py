@@ -16,8 +16,10 @@ environment variable, no GPU device node); otherwise JAX chooses as usual. An ex
 (or an earlier `jax.config.update("jax_platforms", ...)`) always wins. Only `tipsito.plan` uses libtpu on
 such a machine (compile-only topologies, tipsito/plan.py).
 
-Peer loss: with several processes, `initialize` starts tipsito/peer_loss.py's watch, so that a process
-that disappears is named by the others, which exit with status 76.
+Peer loss: with several processes, `initialize` starts the watch of tipsito/distributed/peer_loss.py, so
+that a process that disappears is named by the others, which exit with status 76. Why a subpackage: the
+watch is part of joining a multi-process job and nothing else; the training loop only registers its
+clean-ups with it.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Optional
 
 from absl import flags
 
-from tipsito import peer_loss
+from tipsito.distributed import peer_loss
 
 FLAGS = flags.FLAGS
 FLAG_NAMES = ("distributed", "coordinator_address", "num_processes", "process_id")
@@ -162,7 +164,7 @@ def initialize(
 
 
 def _start_peer_watch() -> None:
-  """tipsito/peer_loss.py's watch of the other processes, over JAX's distributed client."""
+  """tipsito/distributed/peer_loss.py's watch of the other processes, over JAX's distributed client."""
   try:  # the joined job as JAX recorded it (asking jax.process_count() would start the backend now)
     from jax._src import distributed as jax_distributed  # pylint: disable=import-outside-toplevel
 

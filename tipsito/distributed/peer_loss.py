@@ -21,7 +21,7 @@ first writes `DONE`, so that its peers never take a finished process for a lost 
 The training loop also asks (`wait_for_verdict`) when a multi-process run stops on an error, before it
 reports it: a collective that failed because a peer died ends the same way; with every peer alive the
 error is reported after a couple of heartbeats.
-Single-process runs start nothing here. Started by tipsito/distributed.py `initialize`.
+Single-process runs start nothing here. Started by tipsito/distributed/__init__.py `initialize`.
 """
 
 from __future__ import annotations
