@@ -19,10 +19,15 @@ to all its real keys here, where 'xla' averages the values uniformly.
 
 from __future__ import annotations
 
+import functools
+import math
 from typing import Optional
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from tipsito.models.activation_sharding import BATCH_AXES
 
 LANES = 128  # the kernel's block sizes must be multiples of this (splash_attention_kernel.NUM_LANES)
 _BLOCKS = (512, 256, 128)  # the largest that divides the padded length is used
@@ -61,15 +66,35 @@ def splash_attention(
   `key_valid` (B,T) bool or None; `is_causal` adds the causal mask (the 'clip' text tower). `interpret`
   runs the kernel in Pallas interpret mode (any backend, slow: for tests).
   """
+  b, t, _, _ = q.shape
+  valid = jnp.ones((b, t), bool) if key_valid is None else key_valid
+  # A row with no valid key attends to all its real keys (see the module docstring).
+  valid = jnp.where(jnp.any(valid, axis=1, keepdims=True), valid, True)
+  q = q * jnp.asarray(scale, q.dtype)
+  local = functools.partial(_local_splash, is_causal=is_causal, interpret=interpret)
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return local(q, k, v, valid)
+  # Inside a sharded train step the kernel runs per device (a Mosaic kernel is not partitioned by GSPMD):
+  # the batch split over the batch axes, the heads over 'model', as the einsum core would be.
+  split = [a for a in BATCH_AXES if a in mesh.axis_names and mesh.shape[a] > 1]
+  batch = tuple(split) if split and b % math.prod(mesh.shape[a] for a in split) == 0 else None
+  model = mesh.shape.get('model', 1)
+  heads = 'model' if model > 1 and q.shape[2] % model == 0 else None
+  spec = P(batch, None, heads, None)
+  return jax.shard_map(
+    local, mesh=mesh, in_specs=(spec, spec, spec, P(batch, None)), out_specs=spec, check_vma=False
+  )(q, k, v, valid)
+
+
+def _local_splash(q, k, v, valid, *, is_causal: bool, interpret: bool):
+  """The kernel on (B,T,H,d) q (already scaled), k, v and (B,T) key validity on one device."""
   from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as kernel_lib
   from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as mask_lib
 
   b, t, h, _ = q.shape
   padded = -(-t // LANES) * LANES
   pad = padded - t
-  valid = jnp.ones((b, t), bool) if key_valid is None else key_valid
-  # A row with no valid key attends to all its real keys (see the module docstring).
-  valid = jnp.where(jnp.any(valid, axis=1, keepdims=True), valid, True)
   segment_kv = jnp.pad(valid, ((0, 0), (0, pad))).astype(jnp.int32)
   segments = kernel_lib.SegmentIds(q=jnp.ones((b, padded), jnp.int32), kv=segment_kv)
 
@@ -94,6 +119,5 @@ def splash_attention(
     q_seq_shards=1,
     interpret=interpret,
   )
-  qs = heads_first(q * jnp.asarray(scale, q.dtype))
-  y = jax.vmap(kernel)(qs, heads_first(k), heads_first(v), segment_ids=segments)
+  y = jax.vmap(kernel)(heads_first(q), heads_first(k), heads_first(v), segment_ids=segments)
   return y.transpose(0, 2, 1, 3)[:, :t]
