@@ -3,6 +3,8 @@
 # machine (no TPU needed; pip install -e ".[tpu-plan]") and prints one markdown row per config.
 #   bash launch/plan_paper_configs.sh [ROW ...]      (default: every row; full logs in workdirs/plan/)
 # Rows compile one after another (minutes each on 2 CPU cores); pass row names to run a subset.
+# PLAN_ATTENTION=xla,splash compiles each row once per attention core (rows named "ROW [xla]", "ROW [splash]";
+# workdirs/plan/ROW.txt also says what splash saves per chip).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p workdirs/plan
@@ -28,7 +30,7 @@ python -c "from tipsito import plan; print(plan.TABLE_HEADER)"
 for row in "${@:-${ORDER[@]}}"; do
   read -r cfg rest <<<"${ROWS[$row]:?unknown row $row; rows: ${ORDER[*]}}"
   # shellcheck disable=SC2086  # $rest and $SCAN are flag lists
-  python -m tipsito.plan --config "$cfg" $rest $SCAN --noevals --table_row "$row" \
+  python -m tipsito.plan --config "$cfg" $rest $SCAN --noevals --table_row "$row" ${PLAN_ATTENTION:+--attention "$PLAN_ATTENTION"} \
     >"workdirs/plan/$row.txt" 2>"workdirs/plan/$row.log"
-  grep "^| $row " "workdirs/plan/$row.txt" || true  # one row per K with --microbatches
+  grep -E "^\| $row( \[[a-z]+\])? \|" "workdirs/plan/$row.txt" || true  # one row per K (and attention)
 done

@@ -50,6 +50,9 @@ DINO_REDUCTIONS = ("mean", "sum")
 
 # `config.model.*.activation`: the keys of `ACTIVATIONS` in tipsito/models/layers.py.
 ACTIVATIONS = ("gelu", "gelu_exact", "quick_gelu", "relu")
+# `config.model.{image,text,fusion}.attention`: the attention cores of tipsito/models/layers.py
+# (`attention_core`): plain XLA, cuDNN flash attention (GPU), the Pallas TPU splash kernel.
+ATTENTIONS = ("xla", "cudnn", "splash")
 # `config.model.*.remat_policy`: the keys of `REMAT_POLICIES` in tipsito/models/layers.py.
 REMAT_POLICIES = (
   "none",

@@ -10,6 +10,9 @@ batch, temporaries, the total against the chip's HBM, FLOPs per step, the cost m
 accumulation, `input.microbatches`) when nothing smaller fits, and prints the fastest configuration that
 fits with `--headroom`, as `--config.k=v` overrides to paste. `--microbatches K` also compiles K = 1 and
 reports both (memory, FLOPs, estimated time per chip).
+`--attention xla,splash` compiles the step once per attention core of the towers and the fusion module
+(tipsito/models/layers.py ATTENTIONS; splash is the Pallas TPU kernel, tipsito/models/splash.py) and prints
+what each saves in temporaries and total bytes per chip against the first.
 
 Why: whether ViT-g/14 at batch 8192 fits 512 v5p chips, what head-only EMA saves in bytes per chip, and
 whether the sharding rules partition as intended must be known before renting the pod. JAX compiles for
@@ -399,6 +402,32 @@ def apply_overrides(config, overrides: dict[str, Any]):
   return c
 
 
+ATTENTION_TOWERS = ("image", "text", "fusion")
+
+
+def attention_overrides(attention: Optional[str]) -> dict[str, str]:
+  """The overrides that give every tower (and the fusion module) the attention core `attention`
+  (tipsito/models/layers.py ATTENTIONS); None: none (the config's own)."""
+  return {} if attention is None else {f"model.{t}.attention": attention for t in ATTENTION_TOWERS}
+
+
+def attention_savings(reports: Sequence[dict]) -> str:
+  """One line per report after the first with the same micro-batches: its temporaries and total per chip
+  against the first attention core's (what splash saves over xla)."""
+  lines = []
+  for r in reports[1:]:
+    ref = next((x for x in reports if x.get("microbatches") == r.get("microbatches")), None)
+    if ref is None or ref is r:
+      continue
+    dt, dtot = r["temp_bytes"] - ref["temp_bytes"], r["total_bytes"] - ref["total_bytes"]
+    lines.append(
+      f"attention {r['attention']} vs {ref['attention']} (K={r.get('microbatches', 1)}): temporaries "
+      f"{r['temp_bytes'] / GiB:.3f} vs {ref['temp_bytes'] / GiB:.3f} GiB ({dt / GiB:+.3f}), total per chip "
+      f"{r['total_bytes'] / GiB:.3f} vs {ref['total_bytes'] / GiB:.3f} GiB ({dtot / GiB:+.3f})"
+    )
+  return "\n".join(lines)
+
+
 def format_overrides(overrides: dict[str, Any]) -> str:
   """`--config.k=v` flags in the order given (pasteable after `--config F`)."""
   return " ".join(f"--config.{k}={v}" for k, v in overrides.items())
@@ -596,6 +625,12 @@ def _define_flags() -> None:
   )
   flags.DEFINE_string("teacher_variant", "g/14", "Distillation recipes: the teacher's image preset.")
   flags.DEFINE_string("table_row", None, "Also print the train step as one README table row named so.")
+  flags.DEFINE_list(
+    "attention",
+    [],
+    "Plan the train step once per attention core (model.{image,text,fusion}.attention), e.g. xla,splash, "
+    "and print what each saves against the first (default: the config's).",
+  )
 
 
 def main(argv: Sequence[str]) -> None:
@@ -647,22 +682,28 @@ def main(argv: Sequence[str]) -> None:
   if ks[0] > 1:
     ks = [1] + ks  # K = 1 first: what the micro-batches save and cost
   reports = [
-    plan_train(
-      apply_overrides(config, {"input.microbatches": k}),
-      devices,
-      topology=topo,
-      teacher_variant=f.teacher_variant,
+    dict(
+      plan_train(
+        apply_overrides(config, {"input.microbatches": k, **attention_overrides(a)}),
+        devices,
+        topology=topo,
+        teacher_variant=f.teacher_variant,
+      ),
+      attention=a or str(config.model.image.get("attention", "xla")),
     )
+    for a in f.attention or [None]
     for k in ks
   ]
   if f.evals:
     reports += plan_evals(config, devices, topology=topo)
   for r in reports:
     print(format_report(r))
+  if len(f.attention) > 1:
+    print(attention_savings([r for r in reports if r["what"] == "train_step"]))
   if f.table_row:
     for r in reports:
       if r["what"] == "train_step":
-        print(table_row(f.table_row, r))
+        print(table_row(f.table_row + (f" [{r['attention']}]" if f.attention else ""), r))
   if f.json:
     print(json.dumps({"plan": reports}, default=str))
   sys.stdout.flush()

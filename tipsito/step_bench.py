@@ -6,15 +6,20 @@ measured, not guessed: the same config is built per recipe in one process, on sy
 needed), and step time, throughput, FLOPs (XLA cost analysis), FLOP utilisation against an optional
 `--peak_tflops`, and peak device memory (where the platform reports it) are printed as a table plus one
 JSON line. Ratios between recipes come from the same run, so machine load affects them alike.
+`--attention xla,cudnn --remat false,true` multiply the rows; `--batch_candidates 256,128,64` runs each row
+at the largest batch whose compiled memory fits the device; `--jsonl F` appends the rows to F and
+`--markdown F` prints them as a table with each recipe's time and FLOPs per image against CLIP's
+(launch/gpu_bench.sh drives all of this on one GPU).
 The batch is `tipsito.data.synthetic.synthetic_batch` (the planner, tipsito/plan.py, and the tests use it too).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 import time
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import jax
 import numpy as np
@@ -31,6 +36,7 @@ from tipsito.train import sharding
 from tipsito.train import step as step_lib
 
 FLAGS = flags.FLAGS
+_BOOLS = {"true": True, "false": False, "1": True, "0": False}
 
 
 def _define_flags() -> None:
@@ -55,11 +61,38 @@ def _define_flags() -> None:
     "Peak TFLOP/s of all devices (for utilisation); 0 = "
     "config.peak_tflops or the platform table (tipsito/train/observability.py).",
   )
+  flags.DEFINE_list(
+    "attention",
+    [],
+    "Attention cores to compare (model.{image,text,fusion}.attention: xla, cudnn, splash); default: the "
+    "config's.",
+  )
+  flags.DEFINE_list(
+    "remat", [], "Remat settings to compare for both towers (false,true); default: the config's."
+  )
+  flags.DEFINE_list(
+    "batch_candidates",
+    [],
+    "Global batches to try, largest first (e.g. 256,128,64): each entry uses the largest whose compiled "
+    "memory fits the device (overrides --batch).",
+  )
+  flags.DEFINE_string("jsonl", None, "Also append every row as one JSON line to this file.")
+  flags.DEFINE_string(
+    "markdown",
+    None,
+    "Print the markdown table of the rows in this JSON-lines file (written by --jsonl) and exit.",
+  )
   distributed.define_flags()  # --distributed: one process per host, the step runs on the global mesh
 
 
-def bench_one(config, *, steps: int = 5, peak_tflops: float = 0.0) -> dict[str, Any]:
-  """Builds `config`, compiles its step, times `steps` steps on a synthetic batch."""
+def bench_one(
+  config, *, steps: int = 5, peak_tflops: float = 0.0, max_bytes: Optional[int] = None
+) -> dict[str, Any]:
+  """Builds `config`, compiles its step, times `steps` steps on a synthetic batch.
+
+  With `max_bytes`, a step whose compiled memory (arguments + temporaries + outputs) exceeds it is not run:
+  the row says `fits: False` (how `run_bench` finds the largest batch that fits without an OOM).
+  """
   config_validation.validate(config, num_devices=jax.device_count(), check_tokenizer=False)  # synthetic ids
   setup = assembly.build(config)
   state = setup.init_state()
@@ -79,6 +112,20 @@ def bench_one(config, *, steps: int = 5, peak_tflops: float = 0.0) -> dict[str, 
     peak, _ = observability.peak_tflops_per_device(float(config.peak_tflops))
     peak_tflops = peak * jax.device_count() if peak else 0.0
   mem = _compiled_memory(compiled)
+  b = int(config.input.batch_size)
+  out = {
+    "recipe": config.recipe,
+    "image": _tower_desc(config.model.image),
+    "attention": str(config.model.image.get("attention", "xla")),
+    "remat": bool(config.model.image.remat),
+    "ema": config.ema.mode,
+    "batch": b,
+    "microbatches": step_lib.microbatches(config),
+    "compile_s": round(compile_s, 2),
+  }
+  out.update(mem)
+  if max_bytes and mem.get("mem_total_GiB", 0.0) * 2**30 > max_bytes:
+    return dict(out, fits=False)
   state, m = compiled(state, batch, frozen)
   jax.block_until_ready(m)
   times = []
@@ -88,18 +135,12 @@ def bench_one(config, *, steps: int = 5, peak_tflops: float = 0.0) -> dict[str, 
     jax.block_until_ready(m)
     times.append(time.perf_counter() - t)
   step_s = float(np.median(times))
-  b = int(config.input.batch_size)
-  out = {
-    "recipe": config.recipe,
-    "ema": config.ema.mode,
-    "batch": b,
-    "microbatches": step_lib.microbatches(config),
-    "compile_s": round(compile_s, 2),
-    "step_s": round(step_s, 4),
-    "images_per_s": round(b / step_s, 1),
-    "step_tflop": None if flops is None else float(f"{flops / 1e12:.4g}"),
-  }
-  out.update(mem)
+  out.update(
+    fits=True,
+    step_s=round(step_s, 4),
+    images_per_s=round(b / step_s, 1),
+    step_tflop=None if flops is None else float(f"{flops / 1e12:.4g}"),
+  )
   if flops and peak_tflops:
     out["flop_utilisation"] = round(flops / step_s / (peak_tflops * 1e12), 4)
   try:
@@ -124,9 +165,28 @@ def _compiled_memory(compiled) -> dict[str, float]:
       "mem_args_GiB": round(ma.argument_size_in_bytes / 2**30, 4),
       "mem_out_GiB": round(ma.output_size_in_bytes / 2**30, 4),
       "mem_temp_GiB": round(ma.temp_size_in_bytes / 2**30, 4),
+      "mem_total_GiB": round(
+        (ma.argument_size_in_bytes + ma.output_size_in_bytes + ma.temp_size_in_bytes - ma.alias_size_in_bytes)
+        / 2**30,
+        4,
+      ),
     }
   except Exception:  # pylint: disable=broad-except  # not every backend implements it
     return {}
+
+
+def _tower_desc(img) -> str:
+  """'p16 w768 d12' for an image tower config (patch, width, depth)."""
+  return f"p{img.patch_size} w{img.width} d{img.depth}"
+
+
+def device_memory_limit() -> Optional[int]:
+  """Bytes one device can hold (`memory_stats()['bytes_limit']`), None where the platform does not say
+  (XLA:CPU)."""
+  try:
+    return int((jax.devices()[0].memory_stats() or {})["bytes_limit"])
+  except Exception:  # pylint: disable=broad-except
+    return None
 
 
 def run_bench(
@@ -138,9 +198,13 @@ def run_bench(
   batch: int = 0,
   peak_tflops: float = 0.0,
   microbatches: Sequence[int] = (),
+  attentions: Sequence[str] = (),
+  remats: Sequence[bool] = (),
+  batch_candidates: Sequence[int] = (),
 ) -> list[dict]:
-  """Benchmarks the config for each requested recipe x EMA mode x micro-batch count; adds ratios to the
-  first entry."""
+  """Benchmarks the config for each requested recipe x EMA mode x attention x remat x micro-batch count;
+  adds ratios to the first entry. With `batch_candidates` (largest first), each entry runs at the first
+  batch whose compiled memory fits the device (the last candidate is run regardless)."""
   import ml_collections as mlc  # pylint: disable=import-outside-toplevel
 
   rows = []
@@ -167,11 +231,17 @@ def run_bench(
         c.ema.mode = e
       if batch:
         c.input.batch_size = batch
-      for k in microbatches or [None]:
+      for att, remat, k in itertools.product(attentions or [None], remats or [None], microbatches or [None]):
         ck = mlc.ConfigDict(c.to_dict())
         if k is not None:
           ck.input.microbatches = int(k)
-        rows.append(bench_one(ck, steps=steps, peak_tflops=peak_tflops))
+        for t in ("image", "text", "fusion"):
+          if att is not None and t in ck.model:
+            ck.model[t].attention = att
+          if remat is not None and t in ("image", "text"):
+            ck.model[t].remat = bool(remat)
+        rows.append(_bench_fitting(ck, batch_candidates, steps=steps, peak_tflops=peak_tflops))
+  rows = [r for r in rows if r.get("fits", True)]
   if rows:
     base = rows[0]["step_s"]
     base_flop = rows[0].get("step_tflop")
@@ -182,9 +252,79 @@ def run_bench(
   return rows
 
 
+def _bench_fitting(config, batch_candidates: Sequence[int], **kw) -> dict:
+  """`bench_one` at the largest of `batch_candidates` whose compiled memory fits (the config's batch when
+  none are given); the last candidate runs even if the compiler's count says it does not fit."""
+  if not batch_candidates:
+    return bench_one(config, **kw)
+  limit = device_memory_limit()
+  for i, b in enumerate(batch_candidates):
+    config.input.batch_size = int(b)
+    row = bench_one(config, max_bytes=None if i == len(batch_candidates) - 1 else limit, **kw)
+    if row.get("fits", True):
+      return row
+  return row
+
+
+MARKDOWN_COLUMNS = (
+  "recipe | image | attention | remat | batch | step (s) | images/s | TFLOP/step | FLOP util. | "
+  "compiled memory (GiB) | time/image vs clip | FLOPs/image vs clip"
+)
+
+
+def markdown_table(rows: Sequence[dict]) -> str:
+  """The rows (`--jsonl` lines) as a markdown table; the last two columns compare each row's time and
+  FLOPs per image with the clip row of the same attention and remat (the recipe's cost over CLIP, next to
+  what its FLOPs predict)."""
+
+  def per_image(r, k):
+    return r[k] / r["batch"] if r.get(k) else None
+
+  def ratio(a, b):
+    return "-" if a is None or not b else f"{a / b:.2f}"
+
+  lines = ["| " + MARKDOWN_COLUMNS + " |", "|" + "---|" * len(MARKDOWN_COLUMNS.split("|"))]
+  for r in rows:
+    clip = next(
+      (
+        c
+        for c in rows
+        if c["recipe"] == "clip" and (c["attention"], c["remat"]) == (r["attention"], r["remat"])
+      ),
+      None,
+    )
+    util = r.get("flop_utilisation")
+    cells = [
+      r["recipe"],
+      r.get("image", ""),
+      r["attention"],
+      "on" if r["remat"] else "off",
+      r["batch"],
+      f"{r['step_s']:.4f}",
+      f"{r['images_per_s']:.1f}",
+      "-" if r.get("step_tflop") is None else f"{r['step_tflop']:.3f}",
+      "-" if util is None else f"{100 * util:.1f}%",
+      "-" if r.get("mem_total_GiB") is None else f"{r['mem_total_GiB']:.2f}",
+      ratio(per_image(r, "step_s"), clip and per_image(clip, "step_s")),
+      ratio(per_image(r, "step_tflop"), clip and per_image(clip, "step_tflop")),
+    ]
+    lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+  return "\n".join(lines)
+
+
+def _flag_bool(name: str, value: str) -> bool:
+  if value.lower() not in _BOOLS:
+    raise app.UsageError(f"--{name}: {value!r} is not one of true, false")
+  return _BOOLS[value.lower()]
+
+
 def main(argv: Sequence[str]) -> None:
   """Prints a table and one JSON line."""
   del argv
+  if FLAGS.markdown:
+    with open(FLAGS.markdown) as f:
+      print(markdown_table([json.loads(line) for line in f if line.strip()]))
+    return
   distributed.configure_jax()
   if FLAGS.config is None:
     raise app.UsageError("--config is required")
@@ -200,7 +340,14 @@ def main(argv: Sequence[str]) -> None:
     batch=FLAGS.batch,
     peak_tflops=FLAGS.peak_tflops,
     microbatches=[int(k) for k in FLAGS.microbatches],
+    attentions=FLAGS.attention,
+    remats=[_flag_bool("remat", v) for v in FLAGS.remat],
+    batch_candidates=[int(b) for b in FLAGS.batch_candidates],
   )
+  if FLAGS.jsonl:
+    with open(FLAGS.jsonl, "a") as f:
+      for r in rows:
+        f.write(json.dumps(r) + "\n")
   keys = list(dict.fromkeys(k for r in rows for k in r))
   print(" | ".join(keys))
   for r in rows:

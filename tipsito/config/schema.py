@@ -18,7 +18,15 @@ import dataclasses
 import math
 from typing import Any, Callable, Iterable, Optional
 
-from tipsito.choices import ACTIVATIONS, AUGMENTS, DINO_REDUCTIONS, FLAVOURS, MASK_TYPES, REMAT_POLICIES
+from tipsito.choices import (
+  ACTIVATIONS,
+  ATTENTIONS,
+  AUGMENTS,
+  DINO_REDUCTIONS,
+  FLAVOURS,
+  MASK_TYPES,
+  REMAT_POLICIES,
+)
 from tipsito.choices import TEACHER_METHODS, TERM_NAMES, VIEW_WEIGHTINGS, VIEWS
 from tipsito.config import presets
 from tipsito.config import recipes as recipes_lib
@@ -423,6 +431,14 @@ KEYS: tuple[Key, ...] = (
     "run the blocks as one nn.scan (params stacked under 'blocks')",
     choices=BOOLS,
   ),
+  K(
+    "model.image.attention",
+    str,
+    "xla",
+    "attention core of the image tower: xla (einsum), cudnn (GPU, bf16/fp16), splash (Pallas TPU kernel)",
+    choices=ATTENTIONS,
+    safe=True,
+  ),
   # text tower (TextEncoder kwargs)
   K("model.text.width", int, _text_preset("width"), "text tower width (variant preset)", range=_POS_INT),
   K("model.text.depth", int, _text_preset("depth"), "text tower blocks (variant preset)", range=_POS_INT),
@@ -476,6 +492,14 @@ KEYS: tuple[Key, ...] = (
     choices=tuple(REMAT_POLICIES),
   ),
   K("model.text.scan", bool, False, "run the blocks as one nn.scan", choices=BOOLS),
+  K(
+    "model.text.attention",
+    str,
+    "xla",
+    "attention core of the text tower: xla (einsum), cudnn (GPU, bf16/fp16), splash (Pallas TPU kernel)",
+    choices=ATTENTIONS,
+    safe=True,
+  ),
   # heads and fusion
   K("model.heads.num_prototypes", int, 32768, "DINO / iBOT prototypes K", range=_POS_INT),
   K("model.heads.hidden_dim", int, 2048, "head MLP hidden width", range=_POS_INT),
@@ -484,6 +508,14 @@ KEYS: tuple[Key, ...] = (
   K("model.fusion.width", int, 512, "ITO fusion Transformer width", range=_POS_INT),
   K("model.fusion.depth", int, 2, "ITO fusion Transformer blocks", range=_POS_INT),
   K("model.fusion.num_heads", int, 8, "ITO fusion Transformer heads", range=_POS_INT),
+  K(
+    "model.fusion.attention",
+    str,
+    "xla",
+    "attention core of the ITO fusion module: xla (einsum), cudnn (GPU, bf16/fp16), splash (Pallas TPU kernel)",
+    choices=ATTENTIONS,
+    safe=True,
+  ),
   # --- loss weights: one key per term the recipe allows ---
   *(
     K(

@@ -343,6 +343,7 @@ def _check_model(config: mlc.ConfigDict, recipe) -> None:
   for tree in schema.MODULE_TREES:
     _check_keys(tree, _lookup(config, tree), schema.module_fields(tree))
   _check_geometry(config, recipe)
+  _check_attention(m)
   if "image_proj" in recipe.parts and not m.embed_dim:
     raise ConfigError(
       f"config.model.embed_dim must be a positive int for recipe {recipe.name!r} (it has an image projection)"
@@ -353,6 +354,18 @@ def _check_model(config: mlc.ConfigDict, recipe) -> None:
         f"config.model.embed_dim must be None for recipe {recipe.name!r} and "
         f"model.text.width ({m.text.width}) must equal model.image.width "
         f"({m.image.width}) (TIPS: shared width, no projection)"
+      )
+
+
+def _check_attention(m: mlc.ConfigDict) -> None:
+  """cuDNN flash attention runs in bfloat16 / float16 only (jax.nn.dot_product_attention); the fusion
+  module runs in its own dtype or, unset, the image tower's (tipsito/train/step.py build_model)."""
+  for tower, sub in (("image", m.image), ("text", m.text), ("fusion", m.fusion)):
+    dtype = sub.get("dtype", None) or (m.image.dtype if tower == "fusion" else "float32")
+    if sub.get("attention", "xla") == "cudnn" and dtype not in ("bfloat16", "float16"):
+      raise ConfigError(
+        f"config.model.{tower}.attention='cudnn' needs model.{tower}.dtype 'bfloat16' or 'float16' "
+        f"(got {dtype!r}); set the dtype or use attention 'xla'"
       )
 
 

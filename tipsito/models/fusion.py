@@ -58,6 +58,7 @@ class FusionTransformer(nn.Module):
   num_heads: int = 8
   mlp_ratio: int = 4
   max_text_len: int = 64
+  attention: str = 'xla'  # attention core: layers.ATTENTIONS
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
@@ -94,6 +95,7 @@ class FusionTransformer(nn.Module):
         mlp_dim=self.mlp_ratio * self.width,
         ffn='mlp',
         activation='gelu',
+        attention=self.attention,
         name=f'block_{i}',
         **kw,
       )(x, mask)

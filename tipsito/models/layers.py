@@ -8,9 +8,11 @@ naming uniform, which the TIPS importer relies on (tipsito/tips_import.py).
 Conventions: LayerNorm eps 1e-6 (the official TIPS release; the OpenCLIP-style CLIP/ITO towers pass
 1e-5, PyTorch's LayerNorm default that OpenCLIP and Hugging Face CLIP use); attention uses separate query/key/value
 DenseGeneral projections with bias (kernel (D,H,D/H)) and an output projection
-(kernel (H,D/H,D)), like flax MultiHeadDotProductAttention, but the core goes
-through `jax.nn.dot_product_attention` so that fused kernels are used where the
-platform has them.
+(kernel (H,D/H,D)), like flax MultiHeadDotProductAttention. The attention core is chosen by the
+towers' `attention` field (ATTENTIONS): 'xla' is `jax.nn.dot_product_attention` without an
+implementation, which in JAX 0.10 is the plain einsum-softmax-einsum on every backend (no fused kernel);
+'cudnn' is the same call with implementation='cudnn' (cuDNN flash attention, GPU, bf16/fp16); 'splash'
+is the Pallas TPU splash-attention kernel (tipsito/models/splash.py).
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ import jax
 import jax.numpy as jnp
 
 from tipsito.models.activation_sharding import constrain_batch
+from tipsito.choices import ATTENTIONS
 from tipsito.config import presets
+from tipsito.models import splash
 
 Dtype = Any
 LN_EPS = presets.TIPS_LN_EPS
@@ -69,17 +73,62 @@ def drop_path(x: jax.Array, rate: float, rng: jax.Array) -> jax.Array:
   return jnp.where(mask, x / keep, jnp.zeros_like(x))
 
 
+# Attention cores by config name (`model.image.attention`, `model.text.attention`,
+# `model.fusion.attention`). 'splash_interpret' runs the splash kernel in Pallas interpret mode: the CPU
+# check of the kernel in tests/test_models_attention.py, far too slow to train with, so not a config value.
+_HALF_DTYPES = (jnp.bfloat16, jnp.float16)
+
+
+def attention_core(q, k, v, mask, is_causal: bool, implementation: str) -> jax.Array:
+  """softmax(q k^T / sqrt(d) + mask) v for (B,T,H,d) q/k/v with the `implementation` asked for.
+
+  `mask` is None or a boolean key mask (B,1,1,T) (the text tower's padding, the fusion module's text
+  padding); 'xla' also takes any mask broadcastable to (B,H,T,T). Errors are raised at trace time, so a
+  wrong choice fails before anything is compiled.
+  """
+  scale = 1.0 / (q.shape[-1] ** 0.5)
+  if implementation == 'xla':
+    return jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
+  if implementation == 'cudnn':
+    if jax.default_backend() != 'gpu':
+      raise ValueError(
+        f"attention 'cudnn' needs an NVIDIA GPU, this process runs on {jax.default_backend()!r}; "
+        "set model.image.attention / model.text.attention / model.fusion.attention to 'xla'"
+      )
+    if q.dtype not in _HALF_DTYPES:
+      raise ValueError(
+        f"attention 'cudnn' needs bfloat16 or float16 activations, got {q.dtype}; "
+        "set the tower's dtype to 'bfloat16' or its attention to 'xla'"
+      )
+    return jax.nn.dot_product_attention(
+      q, k, v, mask=mask, is_causal=is_causal, scale=scale, implementation='cudnn'
+    )
+  if implementation in ('splash', 'splash_interpret'):
+    return splash.splash_attention(
+      q,
+      k,
+      v,
+      splash.key_valid_from_mask(mask, q.shape[:2]),
+      is_causal,
+      scale,
+      interpret=implementation == 'splash_interpret',
+    )
+  raise ValueError(f'attention {implementation!r} unknown; valid values: {list(ATTENTIONS)}')
+
+
 class Attention(nn.Module):
   """Multi-head self-attention with q/k/v/out projections (all with bias).
 
   `values_only=True` returns `out(value(x))` without any token mixing: the
   MaskCLIP "value trick" used for zero-shot segmentation (TIPS paper).
+  `attention` picks the core (ATTENTIONS); the parameters are the same for all.
   """
 
   num_heads: int
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
   kernel_init: Callable = nn.initializers.xavier_uniform()
+  attention: str = 'xla'
 
   @nn.compact
   def __call__(
@@ -113,8 +162,7 @@ class Attention(nn.Module):
       return out(v)
     q = proj('query')(x)
     k = proj('key')(x)
-    y = jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=is_causal, scale=1.0 / (hd**0.5))
-    return out(y)
+    return out(attention_core(q, k, v, mask, is_causal, self.attention))
 
 
 class Mlp(nn.Module):
@@ -209,6 +257,7 @@ class Block(nn.Module):
   is_causal: bool = False
   dropout: float = 0.0
   drop_path: float = 0.0
+  attention: str = 'xla'  # ATTENTIONS
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
@@ -228,7 +277,7 @@ class Block(nn.Module):
     eps = self.ln_eps
     return (
       layer_norm('norm1', eps=eps, **kw),
-      Attention(self.num_heads, name='attn', **kw),
+      Attention(self.num_heads, attention=self.attention, name='attn', **kw),
       layer_norm('norm2', eps=eps, **kw),
       ffn,
     )

@@ -76,6 +76,7 @@ class TextEncoder(nn.Module):
   remat: bool = False
   remat_policy: str = 'nothing_saveable'  # layers.REMAT_POLICIES
   scan: bool = False  # blocks as one nn.scan, params stacked under 'blocks'
+  attention: str = 'xla'  # attention core: layers.ATTENTIONS
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
@@ -128,6 +129,7 @@ class TextEncoder(nn.Module):
       mask_ffn=mask_ffn,
       is_causal=is_causal,
       dropout=self.dropout,
+      attention=self.attention,
       **kw,
     )
     if self.scan:

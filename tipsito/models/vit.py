@@ -91,6 +91,7 @@ class VisionTransformer(nn.Module):
   remat: bool = False
   remat_policy: str = 'nothing_saveable'  # layers.REMAT_POLICIES
   scan: bool = False  # blocks as one nn.scan, params stacked under 'blocks'
+  attention: str = 'xla'  # attention core: layers.ATTENTIONS
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
   pixel_mean: Sequence[float] = (0.0, 0.0, 0.0)
@@ -201,6 +202,7 @@ class VisionTransformer(nn.Module):
       activation=self.activation,
       ln_eps=self.ln_eps,
       dropout=self.dropout,
+      attention=self.attention,
       **kw,
     )
     rates = [self.stochastic_depth * i / max(self.depth - 1, 1) for i in range(self.depth)]

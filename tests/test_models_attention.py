@@ -1,0 +1,130 @@
+"""The towers' attention cores (tipsito/models/layers.py ATTENTIONS, tipsito/models/splash.py).
+
+'splash' is the Pallas TPU kernel; here it runs in Pallas interpret mode ('splash_interpret') on CPU and
+must equal 'xla' in the forward pass and in the gradients, with the masks the towers use: the text
+tower's key padding (with and without the causal mask of the 'clip' flavour) and the fusion module's
+text padding. Lengths that are not multiples of 128 exercise the padding to the kernel's blocks.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tipsito.config import defaults
+from tipsito.config import validation
+from tipsito.config.validation import ConfigError
+from tipsito.models import fusion
+from tipsito.models import layers
+from tipsito.models import splash
+from tipsito.models import text
+
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+def _qkv(b=2, t=70, h=2, d=64, seed=0):
+  r = np.random.RandomState(seed)
+  return [jnp.asarray(r.randn(b, t, h, d), jnp.float32) for _ in range(3)]
+
+
+def _key_mask(b, t):
+  """Rows with 50 and 10 valid keys, then padding: (B,1,1,T)."""
+  valid = np.ones((b, t), bool)
+  valid[0, 50:] = False
+  valid[1, 10:] = False
+  return jnp.asarray(valid)[:, None, None, :]
+
+
+@pytest.mark.parametrize('is_causal', [False, True])
+@pytest.mark.parametrize('masked', [False, True])
+def test_splash_core_equals_xla_forward_and_gradients(is_causal, masked):
+  q, k, v = _qkv()
+  mask = _key_mask(2, 70) if masked else None
+
+  def loss(impl):
+    return lambda q, k, v: jnp.sum(jnp.sin(layers.attention_core(q, k, v, mask, is_causal, impl)))
+
+  want = layers.attention_core(q, k, v, mask, is_causal, 'xla')
+  got = layers.attention_core(q, k, v, mask, is_causal, 'splash_interpret')
+  np.testing.assert_allclose(got, want, **TOL)
+  g_want = jax.grad(loss('xla'), argnums=(0, 1, 2))(q, k, v)
+  g_got = jax.grad(loss('splash_interpret'), argnums=(0, 1, 2))(q, k, v)
+  for a, b in zip(g_got, g_want):
+    np.testing.assert_allclose(a, b, **TOL)
+
+
+def test_splash_pads_to_the_kernel_blocks():
+  assert [-(-t // splash.LANES) * splash.LANES for t in (64, 197, 1025)] == [128, 256, 1152]
+  assert [splash.block_size(n) for n in (128, 256, 1152, 1024)] == [128, 256, 128, 512]
+
+
+def _ids():
+  """Two captions of 5 and 2 tokens in a length-9 row (pad id 0 after them)."""
+  ids = np.zeros((2, 9), np.int32)
+  ids[0, :5] = [5, 7, 9, 11, 30]
+  ids[1, :2] = [4, 30]
+  return jnp.asarray(ids)
+
+
+@pytest.mark.parametrize('flavour', ['tips', 'clip'])
+def test_text_tower_splash_equals_xla(flavour):
+  """The text tower's padding mask ('tips': keys only; 'clip': causal and keys) reaches the kernel."""
+  kw = dict(flavour=flavour, vocab_size=32, max_len=16, width=64, depth=1, num_heads=1, mlp_dim=64, out_dim=8)
+  ids = _ids()
+  params = text.TextEncoder(**kw).init(jax.random.PRNGKey(0), ids)
+
+  def run(impl):
+    def f(p):
+      out = text.TextEncoder(attention=impl, **kw).apply(p, ids)
+      return jnp.sum(out['pooled'] ** 2), out['pooled']
+
+    return jax.value_and_grad(f, has_aux=True)(params)
+
+  (_, want), g_want = run('xla')
+  (_, got), g_got = run('splash_interpret')
+  np.testing.assert_allclose(got, want, **TOL)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, **TOL), g_got, g_want)
+
+
+def test_fusion_module_splash_equals_xla():
+  """The fusion module masks the caption's padding as keys of the [image; text] sequence."""
+  kw = dict(width=64, depth=1, num_heads=1, mlp_ratio=1, max_text_len=9)
+  r = np.random.RandomState(1)
+  cls, patches = jnp.asarray(r.randn(2, 16), jnp.float32), jnp.asarray(r.randn(2, 3, 3, 16), jnp.float32)
+  tokens = jnp.asarray(r.randn(2, 9, 16), jnp.float32)
+  valid = _ids() != 0
+  params = fusion.FusionTransformer(**kw).init(jax.random.PRNGKey(0), cls, patches, tokens, valid)
+
+  def run(impl):
+    def f(p, tokens):
+      out = fusion.FusionTransformer(attention=impl, **kw).apply(p, cls, patches, tokens, valid)
+      return jnp.sum(out[:, :4]), out
+
+    return jax.value_and_grad(f, argnums=(0, 1), has_aux=True)(params, tokens)
+
+  (_, want), g_want = run('xla')
+  (_, got), g_got = run('splash_interpret')
+  np.testing.assert_allclose(got, want, **TOL)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, **TOL), g_got, g_want)
+  # The padded caption tokens get no gradient: they are masked as keys.
+  assert not np.any(np.asarray(g_got[1])[1, 2:])
+
+
+def test_cudnn_off_gpu_is_a_clear_error_at_trace_time():
+  q, k, v = _qkv(t=8)
+  with pytest.raises(ValueError, match="'cudnn' needs an NVIDIA GPU.*'xla'"):
+    jax.eval_shape(lambda q, k, v: layers.attention_core(q, k, v, None, False, 'cudnn'), q, k, v)
+  with pytest.raises(ValueError, match='unknown; valid values'):
+    layers.attention_core(q, k, v, None, False, 'flash')
+
+
+def test_config_rejects_cudnn_in_float32_and_names_the_key():
+  cfg = defaults.tiny_config('clip')
+  cfg.model.text.attention = 'cudnn'
+  with pytest.raises(ConfigError, match=r"model\.text\.attention='cudnn' needs model\.text\.dtype"):
+    validation.validate(cfg)
+  cfg.model.text.dtype = 'bfloat16'
+  validation.validate(cfg)
+  cfg.model.fusion.attention = 'flash'
+  with pytest.raises(ConfigError, match='model.fusion.attention'):
+    validation.validate(cfg)
