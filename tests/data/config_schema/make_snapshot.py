@@ -37,7 +37,7 @@ for r in recipes.RECIPES:
   snap[f"tiny_config/{r}"] = leaves(defaults.tiny_config(r))
 for r in ("clip", "siglip", "ito", "tips", "tipsv2", "tipsito"):
   for extra in ("", ",optim=adafactor,pixels=tips"):
-    arg = f"recipe={r}{extra}"
+    arg = f"recipe={r}{extra},data=shapes"
     mod = importlib.import_module("configs.demo")
     snap[f"configs/demo.py:{arg}"] = leaves(mod.get_config(arg))
 for name in (
