@@ -179,7 +179,7 @@ def test_tipsito_effective_contrastive_weights_are_the_documented_ones():
   c = tiny("tipsito")
   setup, state, batch = build(c)
   contrastive = {k: v for k, v in setup.ctx.weights.items() if k in ("clip", "clip_view2")}
-  assert contrastive == {"clip": 1.0, "clip_view2": 0.5}  # the recipe's weights
+  assert contrastive == {"clip": 1.0, "clip_view2": 1.0}  # the recipe's weights
   got = measured_contrastive_weights(setup, state, batch, contrastive)
   assert got == pytest.approx(TIPSITO_DOCUMENTED, abs=1e-6)
   assert sum(got.values()) == pytest.approx(1.0)

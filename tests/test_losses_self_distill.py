@@ -324,3 +324,75 @@ def test_module_exports():
   for name in self_distill.__all__:
     assert getattr(losses, name) is getattr(self_distill, name)
     assert getattr(self_distill, name).__doc__
+
+
+# --- masked / visible cross-entropy (TIPSv2 Fig. 2) and the 'separate' iBOT++ norm (ours) -----------
+
+
+def _patch_case(seed=0, b=3, n=8, k=5):
+  """Random (student logits, teacher probs, mask) with unequal masked counts per image (one image with
+  nothing masked), and the per-token cross-entropy written out in numpy."""
+  rs = np.random.RandomState(seed)
+  s = rs.normal(size=(b, n, k)).astype(np.float32)
+  t = rs.normal(size=(b, n, k)).astype(np.float32)
+  p = np.exp(t) / np.exp(t).sum(-1, keepdims=True)
+  mask = rs.rand(b, n) < 0.6
+  mask[0] = False
+  mask[1, :2] = True
+  z = s / 0.1
+  lsm = z - z.max(-1, keepdims=True)
+  lsm = lsm - np.log(np.exp(lsm).sum(-1, keepdims=True))
+  ce = -(p * lsm).sum(-1)
+  return s, p, mask, ce
+
+
+def test_masked_visible_cross_entropy_is_the_token_mean_of_each_set():
+  s, p, mask, ce = _patch_case()
+  out = self_distill.ibot_masked_visible_cross_entropy(s, p, mask, 0.1)
+  np.testing.assert_allclose(out["masked"][0], ce[mask].mean(), rtol=1e-5)
+  np.testing.assert_allclose(out["visible"][0], ce[~mask].mean(), rtol=1e-5)
+  assert float(out["masked"][1]) == mask.sum() and float(out["visible"][1]) == (~mask).sum()
+  # No mask: every token is visible and there is no masked entry.
+  out = self_distill.ibot_masked_visible_cross_entropy(s, p, None, 0.1)
+  assert set(out) == {"visible"}
+  np.testing.assert_allclose(out["visible"][0], ce.mean(), rtol=1e-5)
+  # The metric carries no gradient.
+  g = jax.grad(lambda x: self_distill.ibot_masked_visible_cross_entropy(x, p, mask, 0.1)["visible"][0])(s)
+  assert not np.any(np.asarray(g))
+
+
+def test_masked_cross_entropy_equals_ibot_when_every_image_masks_as_many_tokens():
+  s, p, _, _ = _patch_case()
+  mask = np.zeros(s.shape[:2], bool)
+  mask[:, ::2] = True
+  out = self_distill.ibot_masked_visible_cross_entropy(s, p, mask, 0.1)
+  ibot = self_distill.ibot_loss_from_probs(s, p, mask, 0.1, False)
+  np.testing.assert_allclose(out["masked"][0], ibot, rtol=1e-6)
+
+
+@pytest.mark.parametrize("w_v", [1.0, 0.25, 0.0])
+def test_separate_norm_is_the_masked_mean_plus_weighted_visible_mean(w_v):
+  s, p, mask, ce = _patch_case(seed=1)
+  got = self_distill.ibot_loss_from_probs(s, p, mask, 0.1, True, token_norm="separate", visible_weight=w_v)
+  per_image = [
+    (ce[i][mask[i]].mean() if mask[i].any() else 0.0)
+    + w_v * (ce[i][~mask[i]].mean() if (~mask[i]).any() else 0.0)
+    for i in range(len(ce))
+  ]
+  np.testing.assert_allclose(got, np.mean(per_image), rtol=1e-5)
+  if w_v == 0.0:  # only the masked tokens: iBOT (images with nothing masked count 0)
+    np.testing.assert_allclose(got, self_distill.ibot_loss_from_probs(s, p, mask, 0.1, False), rtol=1e-6)
+  # Its gradient flows through every token it weighs.
+  g = jax.grad(
+    lambda x: self_distill.ibot_loss_from_probs(
+      x, p, mask, 0.1, True, token_norm="separate", visible_weight=w_v
+    )
+  )(jnp.asarray(s))
+  visible_grad = np.abs(np.asarray(g)).sum(-1)[~mask]
+  assert np.all(visible_grad > 0) if w_v else not np.any(visible_grad)
+
+
+def test_separate_norm_is_an_ibotpp_option():
+  s, p, mask, _ = _patch_case()
+  with pytest.raises(ValueError, match="'separate' is an iBOT\\+\\+ option"):
+    self_distill.ibot_loss_from_probs(s, p, mask, 0.1, False, token_norm="separate")

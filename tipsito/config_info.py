@@ -294,7 +294,12 @@ def effective_weights(config, ctx) -> list[dict[str, Any]]:
     elif name == terms_lib.SIGLIP:
       row("siglip CLS1 x alt-text, view 1", w[name])
     elif name == terms_lib.FUSION:
-      row(f"fusion (view 1 CLS{ctx.fusion_cls + 1} + alt-text) x (view 2 + alt-text)", w[name])
+      a = terms_lib.alignment_weight(ctx, two_cls)
+      row(
+        f"fusion (view 1 CLS{ctx.fusion_cls + 1} + alt-text) x (view 2 + alt-text)",
+        w[name] * a,
+        f"loss.fusion={w[name]:g} = ITO's lambda x alt-text alignment {a:g}",
+      )
     elif name == terms_lib.KOLEO:
       row("koleo CLS1, view 1", w[name])
     elif name == terms_lib.DINO:

@@ -147,15 +147,19 @@ TIPSV2_RECIPE = Recipe(
 # Contrastive weights: TIPSv2's L_CLIP is the mean over its two captions (TIPSv2 A.9), and ITO's L_align,
 # which is what the second view adds, is the mean over the two views of the one caption (ITO). tipsito
 # uses L_CLIP = 1/2 L_align(CLS1, alt-text) + 1/2 InfoNCE(CLS2, synthetic), i.e. with view_weighting
-# 'mean' (tipsito/objective/terms.py: contrastive_pair_weights) the effective weights are
+# 'mean' (tipsito/objective/terms.py: contrastive_pair_weights; clip_view2 is the same InfoNCE as clip's
+# CLS1 x alt-text, on view 2, hence the same weight 1) the effective weights are
 #   CLS1 x alt-text, view 1: 1/4;  CLS1 x alt-text, view 2: 1/4;  CLS2 x synthetic, view 1: 1/2
-# (total 1, TIPSv2's; `python -m tipsito.info` prints them). view_weighting='sum' gives the weights as
-# written, 1/2 + 1/2 for CLS1 x alt-text and 1/2 for CLS2 (total 1.5), tipsito's behaviour before.
+# (total 1, TIPSv2's; `python -m tipsito.info` prints them); with one CLS token 1/2 + 1/2 (ITO's L_align).
+# view_weighting='sum' gives 1/2 + 1/2 for CLS1 x alt-text and 1/2 for CLS2 (total 1.5), tipsito's
+# behaviour before. Fusion: `loss.fusion` = 2 is ITO's lambda relative to the alt-text alignment
+# (terms.py: fusion_term), i.e. weight 2 x (1/4 + 1/4) = 1 with 'mean' and two CLS, fusion : alignment = 2
+# as in ITO (the weight 2 before was a ratio of 4; `loss.fusion=4` gives it back).
 TIPSITO_RECIPE = Recipe(
   name="tipsito",
   doc="tipsito: TIPSv2 + ITO second view + fusion loss.",
   parts=_TIPS_PARTS + ("fusion",),
-  loss={CLIP: 1.0, CLIP_VIEW2: 0.5, FUSION: 2.0, DINO: 1.0, IBOT: 2.0, KOLEO: 0.0},
+  loss={CLIP: 1.0, CLIP_VIEW2: 1.0, FUSION: 2.0, DINO: 1.0, IBOT: 2.0, KOLEO: 0.0},
   views="multicrop_two_views",
   num_cls=2,
   ema_mode="head",

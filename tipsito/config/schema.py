@@ -41,7 +41,7 @@ SCHEDULES = ("cosine", "linear", "constant")
 # `config.init_teacher`: what a run started with `config.init_from` does with the init run's teacher.
 INIT_TEACHER = ("continue", "reset")
 EMA_SCHEDULES = ("constant", "cosine")
-TOKEN_NORMS = ("masked", "patches")
+TOKEN_NORMS = ("masked", "patches", "separate")
 FFNS = ("mlp", "swiglu")
 CONTRASTIVE_VIEWS = ("unmasked", "masked")
 BOOLS = (False, True)
@@ -547,8 +547,15 @@ KEYS: tuple[Key, ...] = (
     "loss_opts.ibot_token_norm",
     str,
     "masked",
-    "iBOT normalisation: over masked tokens or all patches",
+    "iBOT normalisation: over masked tokens, all patches, or masked and visible apart (ours)",
     choices=TOKEN_NORMS,
+  ),
+  K(
+    "loss_opts.ibot_visible_weight",
+    float,
+    1.0,
+    "visible tokens' weight with ibot_token_norm='separate' (ours)",
+    range=ge(0),
   ),
   K(
     "loss_opts.teacher_method",

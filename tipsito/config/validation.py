@@ -383,6 +383,13 @@ def _check_loss(config: mlc.ConfigDict, recipe) -> dict[str, float]:
   _choice(
     "loss_opts.fusion_cls", config.loss_opts.fusion_cls, tuple(range(config.model.image.num_cls_tokens))
   )
+  _check_ibot_options(config.loss_opts)
+  if "fusion" in weights and not {"clip", "clip_view2"} & set(weights):
+    raise ConfigError(
+      f"config.loss.fusion={weights['fusion']} is ITO's lambda, relative to the alt-text alignment "
+      "(config.loss.clip and config.loss.clip_view2), which is off; turn one of them on or set "
+      "config.loss.fusion=0 (tipsito/objective/terms.py: fusion_term)"
+    )
   if config.distill.init_image and recipe.teacher != "frozen":
     raise ConfigError(
       f"config.distill.init_image=True is for recipe 'distill' only (recipe "
@@ -399,6 +406,21 @@ def _check_loss(config: mlc.ConfigDict, recipe) -> dict[str, float]:
       "frozen); valid values: ['head', 'none']"
     )
   return weights
+
+
+def _check_ibot_options(lo: mlc.ConfigDict) -> None:
+  """`ibot_token_norm='separate'` normalises masked and visible tokens apart, so it needs the visible
+  tokens in the loss (iBOT++); `ibot_visible_weight` is read by that norm only."""
+  if lo.ibot_token_norm == "separate" and not lo.ibot_all_patches:
+    raise ConfigError(
+      "config.loss_opts.ibot_token_norm='separate' is an iBOT++ option (masked and visible tokens "
+      "normalised apart): set config.loss_opts.ibot_all_patches=True or another ibot_token_norm"
+    )
+  if float(lo.ibot_visible_weight) != 1.0 and lo.ibot_token_norm != "separate":
+    raise ConfigError(
+      f"config.loss_opts.ibot_visible_weight={lo.ibot_visible_weight} is read only with "
+      f"config.loss_opts.ibot_token_norm='separate' (it is {lo.ibot_token_norm!r}); set both or neither"
+    )
 
 
 def _check_input(config: mlc.ConfigDict, recipe, weights: dict[str, float]) -> None:

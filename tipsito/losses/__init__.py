@@ -13,7 +13,9 @@ from tipsito.losses.self_distill import dino_loss
 from tipsito.losses.self_distill import dino_loss_from_probs
 from tipsito.losses.self_distill import ibot_loss
 from tipsito.losses.self_distill import ibot_loss_from_probs
+from tipsito.losses.self_distill import ibot_masked_visible_cross_entropy
 from tipsito.losses.self_distill import ibot_teacher_probs
+from tipsito.losses.self_distill import ibot_token_cross_entropy
 from tipsito.losses.self_distill import koleo_loss
 from tipsito.losses.self_distill import koleo_neighbors
 from tipsito.losses.self_distill import sinkhorn_knopp
@@ -37,6 +39,8 @@ __all__ = [
   "ibot_teacher_probs",
   "ibot_loss",
   "ibot_loss_from_probs",
+  "ibot_token_cross_entropy",
+  "ibot_masked_visible_cross_entropy",
   "update_patch_center",
   "koleo_loss",
   "koleo_neighbors",

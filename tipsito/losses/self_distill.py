@@ -47,6 +47,8 @@ __all__ = [
   "ibot_teacher_probs",
   "ibot_loss",
   "ibot_loss_from_probs",
+  "ibot_token_cross_entropy",
+  "ibot_masked_visible_cross_entropy",
   "update_patch_center",
   "koleo_loss",
   "koleo_neighbors",
@@ -400,6 +402,18 @@ def ibot_teacher_probs(
   return sinkhorn_knopp(t, teacher_temp, n_iters, valid=tok)
 
 
+def ibot_token_cross_entropy(student_patch_logits: Array, teacher_patch_probs: Array, student_temp) -> Array:
+  """(B, N) per-token cross-entropy ``ce[b, n] = -sum_k p[b, n, k] log_softmax(s[b, n] / tau_s)[k]``.
+
+  Why: the one quantity every iBOT variant averages (`ibot_loss_from_probs`) and the masked / visible
+  mechanism metrics report (`ibot_masked_visible_cross_entropy`)."""
+  s = _f32(student_patch_logits)
+  p = _sg32(teacher_patch_probs)
+  if s.ndim != 3 or s.shape != p.shape:
+    raise ValueError(f"student {s.shape} and teacher {p.shape} must both be (B, N, K)")
+  return -jnp.sum(p * jax.nn.log_softmax(s / student_temp, axis=-1), axis=-1)
+
+
 def ibot_loss_from_probs(
   student_patch_logits: Array,
   teacher_patch_probs: Array,
@@ -408,46 +422,98 @@ def ibot_loss_from_probs(
   all_patches: Union[bool, Array],
   *,
   token_norm: str = "masked",
+  visible_weight: float = 1.0,
   valid: Optional[Array] = None,
 ) -> Array:
   """iBOT (masked tokens) / iBOT++ (all tokens) cross-entropy from given teacher probabilities.
 
   Why: the patch-level distillation term; separated from the targets so a frozen distillation teacher
-  can supply them. Per token ``ce[b, n] = -sum_k p[b, n, k] log_softmax(s[b, n] / tau_s)[k]``, token
-  set W_b = masked tokens of image b (all_patches=False) or all N tokens (all_patches=True):
+  can supply them. Per token ``ce[b, n]`` of `ibot_token_cross_entropy`, token set W_b = masked tokens
+  of image b (all_patches=False) or all N tokens (all_patches=True); M_b / V_b = the masked / visible
+  tokens of image b (V_b = all N when `mask` is None):
 
       token_norm='masked' (dinov2): L = (1/B) sum_b (1 / max(|W_b|, 1)) sum_{n in W_b} ce[b, n]
       token_norm='patches':         L = (1/B) sum_b (1 / N)             sum_{n in W_b} ce[b, n]
+      token_norm='separate' (ours, iBOT++ only):
+          L = (1/B) sum_b [ (1/max(|M_b|, 1)) sum_{n in M_b} ce[b, n]
+                            + w_v (1/max(|V_b|, 1)) sum_{n in V_b} ce[b, n] ]     (w_v = visible_weight)
 
   B counts every (valid) image, including images without any masked token (dinov2 forward_masked).
-  With all_patches=True both norms give iBOT++ = mean_b mean_n ce[b, n]. With token_norm='patches'
-  the masked and visible parts add up: iBOT++ = iBOT + (1/(B N)) sum_{visible} ce.
+  With all_patches=True 'masked' and 'patches' both give iBOT++ = mean_b mean_n ce[b, n], in which the
+  visible tokens weigh |V_b| / |M_b| (1/3 at mask ratio 0.75) of the masked ones. 'separate' is not in
+  TIPSv2: it is our option for the `ibot` study (issue 33), where the masked and the visible means carry
+  1 and w_v whatever the mask ratio; at w_v = 1 it is iBOT's loss plus the same loss on the visible
+  tokens. With token_norm='patches' the masked and visible parts add up: iBOT++ = iBOT + (1/(B N))
+  sum_{visible} ce.
 
   Args:
     student_patch_logits: (B, N, K).
     teacher_patch_probs: (B, N, K) targets (stop_gradient applied).
     mask: (B, N) bool, True = masked; may be None when all_patches is True.
     student_temp: tau_s.
-    all_patches: False = iBOT, True = iBOT++ (Python or traced bool).
-    token_norm: 'masked' or 'patches' (static), see above.
+    all_patches: False = iBOT, True = iBOT++ (Python or traced bool; must be True for 'separate').
+    token_norm: 'masked', 'patches' or 'separate' (static), see above.
+    visible_weight: w_v of token_norm='separate' (ignored otherwise).
     valid: optional bool (B,) for padded batches.
   """
-  s = _f32(student_patch_logits)
-  p = _sg32(teacher_patch_probs)
-  if s.ndim != 3 or s.shape != p.shape:
-    raise ValueError(f"student {s.shape} and teacher {p.shape} must both be (B, N, K)")
-  b, n, _ = s.shape
-  tok = _token_weights(mask, all_patches, (b, n), valid).astype(s.dtype)
-  ce = -jnp.sum(p * jax.nn.log_softmax(s / student_temp, axis=-1), axis=-1)  # (B, N)
+  ce = ibot_token_cross_entropy(student_patch_logits, teacher_patch_probs, student_temp)  # (B, N)
+  b, n = ce.shape
+  w = _batch_weights(valid, b, ce.dtype)
+  if token_norm == "separate":
+    if isinstance(all_patches, jax.core.Tracer) or not bool(all_patches):
+      raise ValueError("token_norm='separate' is an iBOT++ option: all_patches must be True")
+    masked = _token_weights(mask, False, (b, n), valid).astype(ce.dtype)
+    visible = _token_weights(None, True, (b, n), valid).astype(ce.dtype) - masked
+    per_image = jnp.sum(ce * masked, axis=-1) / jnp.maximum(jnp.sum(masked, axis=-1), 1.0)
+    per_image += visible_weight * jnp.sum(ce * visible, axis=-1) / jnp.maximum(jnp.sum(visible, axis=-1), 1.0)
+    return jnp.sum(per_image * w) / jnp.maximum(jnp.sum(w), 1.0)
+  tok = _token_weights(mask, all_patches, (b, n), valid).astype(ce.dtype)
   if token_norm == "masked":
     denom = jnp.maximum(jnp.sum(tok, axis=-1), 1.0)
   elif token_norm == "patches":
     denom = float(n)
   else:
-    raise ValueError(f"token_norm must be 'masked' or 'patches', got {token_norm!r}")
+    raise ValueError(f"token_norm must be 'masked', 'patches' or 'separate', got {token_norm!r}")
   per_image = jnp.sum(ce * tok, axis=-1) / denom
-  w = _batch_weights(valid, b, s.dtype)
   return jnp.sum(per_image * w) / jnp.maximum(jnp.sum(w), 1.0)
+
+
+def ibot_masked_visible_cross_entropy(
+  student_patch_logits: Array, teacher_patch_probs: Array, mask: Optional[Array], student_temp
+) -> dict[str, tuple[Array, Array]]:
+  """The mechanism of TIPSv2 Fig. 2: the patch cross-entropy on masked and on visible tokens, apart.
+
+  Why: TIPSv2 §3.3 explains iBOT++ by the visible tokens, which iBOT leaves unsupervised ("the
+  representations of visible patches remain poor in iBOT but improve in iBOT++", Fig. 2). Logging both
+  means for every patch loss, whatever tokens the loss itself uses, lets a run check that claim. With
+  ``ce[b, n]`` of `ibot_token_cross_entropy` against the targets the loss uses (the teacher's centred
+  and sharpened, or Sinkhorn, probabilities on the unmasked image) and M / V the masked / visible tokens
+  of the whole batch (V = every token when `mask` is None):
+
+      ce_masked  = sum_{(b,n) in M} ce[b, n] / |M|        (0 when |M| = 0)
+      ce_visible = sum_{(b,n) in V} ce[b, n] / |V|        (0 when |V| = 0)
+
+  Token means, not image means, so that a batch split into micro-batches combines exactly (each mean
+  weighted by its count; tipsito/objective/accumulate.py). When every image masks the same number of
+  tokens (the input pipeline's masks) ce_masked equals the iBOT loss (token_norm 'masked'). No gradient.
+
+  Returns:
+    {'masked': (ce_masked, |M|), 'visible': (ce_visible, |V|)}; 'masked' only when `mask` is not None.
+  """
+  # The barrier keeps XLA from sharing this cross-entropy with the loss's: shared, it changed how the
+  # loss's sum was fused and its last bit (tests/fingerprint_recipes.py, plain iBOT).
+  s, p = jax.lax.optimization_barrier(
+    jax.lax.stop_gradient((_f32(student_patch_logits), _f32(teacher_patch_probs)))
+  )
+  ce = ibot_token_cross_entropy(s, p, student_temp)
+  b, n = ce.shape
+  masked = _token_weights(mask, False, (b, n), None).astype(ce.dtype)
+  sets = {"visible": 1.0 - masked} if mask is None else {"masked": masked, "visible": 1.0 - masked}
+  out = {}
+  for name, tok in sets.items():
+    count = jnp.sum(tok)
+    out[name] = (jnp.sum(ce * tok) / jnp.maximum(count, 1.0), count)
+  return out
 
 
 def ibot_loss(
@@ -462,6 +528,7 @@ def ibot_loss(
   method: str = "centering",
   n_iters: int = 3,
   token_norm: str = "masked",
+  visible_weight: float = 1.0,
   valid: Optional[Array] = None,
 ) -> Array:
   """iBOT (all_patches=False) or iBOT++ (all_patches=True, TIPSv2 eq. 3) patch distillation loss.
@@ -485,14 +552,22 @@ def ibot_loss(
     student_temp, teacher_temp: tau_s and tau_t.
     all_patches: iBOT++ switch (Python or traced bool).
     method: 'centering' or 'sinkhorn'; n_iters: Sinkhorn iterations.
-    token_norm: 'masked' (dinov2) or 'patches' (static).
+    token_norm: 'masked' (dinov2), 'patches' or 'separate' (ours; static).
+    visible_weight: the visible tokens' weight of token_norm='separate'.
     valid: optional bool (B,) for padded batches.
   """
   probs = ibot_teacher_probs(
     teacher_patch_logits, mask, center, teacher_temp, all_patches, method=method, n_iters=n_iters, valid=valid
   )
   return ibot_loss_from_probs(
-    student_patch_logits, probs, mask, student_temp, all_patches, token_norm=token_norm, valid=valid
+    student_patch_logits,
+    probs,
+    mask,
+    student_temp,
+    all_patches,
+    token_norm=token_norm,
+    visible_weight=visible_weight,
+    valid=valid,
   )
 
 

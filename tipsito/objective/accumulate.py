@@ -94,24 +94,36 @@ def _small(enc: dict) -> dict:
   return out
 
 
-def _combine(ctx: LossContext, centers: dict, losses: dict, metrics: dict, means: dict, weights: dict):
+def _average(x, w):
+  """The mean of K micro-batch values x (K, ...) weighted by their counts w (K,); the plain mean when
+  every count is 0."""
+  total = jnp.sum(w)
+  wx = jnp.tensordot(w, x, axes=1)
+  return jnp.where(total > 0, wx / jnp.where(total > 0, total, 1.0), jnp.mean(x, 0))
+
+
+def _combine(
+  ctx: LossContext,
+  centers: dict,
+  losses: dict,
+  metrics: dict,
+  means: dict,
+  weights: dict,
+  metric_weights: dict,
+):
   """The per-example terms' (losses, metrics, new centres) on the whole batch from their K micro-batch
   values (leading axis K): losses by the mean; metrics and centre means weighted by the terms' batch
-  weights; then the centre EMA of `update_center` once (unchanged when no token of the batch counts)."""
+  weights, a metric with a count of its own (`TermOutput.metric_weights`) by that count; then the centre
+  EMA of `update_center` once (unchanged when no token of the batch counts)."""
   out_losses = {n: jnp.mean(v) for n, v in losses.items()}
   out_metrics, out_centers = {}, {}
   for n, w in weights.items():
-    total = jnp.sum(w)
-
-    def average(x, w=w, total=total):
-      wx = jnp.tensordot(w, x, axes=1)
-      return jnp.where(total > 0, wx / jnp.where(total > 0, total, 1.0), jnp.mean(x, 0))
-
-    out_metrics.update({name: average(v) for name, v in metrics[n].items()})
+    own = metric_weights[n]
+    out_metrics.update({name: _average(v, own.get(name, w)) for name, v in metrics[n].items()})
     for c, mean_k in means[n].items():
       # `update_center` of one row (the weighted mean): its EMA, applied once.
-      new = self_distill.update_center(centers[c], average(mean_k)[None], ctx.center_momentum)
-      out_centers[c] = jnp.where(total > 0, new, centers[c])
+      new = self_distill.update_center(centers[c], _average(mean_k, w)[None], ctx.center_momentum)
+      out_centers[c] = jnp.where(jnp.sum(w) > 0, new, centers[c])
   return out_losses, out_metrics, out_centers
 
 
@@ -199,7 +211,7 @@ def loss_and_grads(
       enc = tower_passes(p, mb, i, needs, local_teacher)
       shared = [x for x, f in zip(jax.tree.leaves(coupled_inputs(p, enc, mb, i)), is_f) if f]
       if not local:
-        return (shared, jnp.float32(0.0)), ({}, {}, {}, {})
+        return (shared, jnp.float32(0.0)), ({}, {}, {}, {}, {})
       f = features_from_encodings(local_ctx, needs, p, ema, frozen, enc, mb, step, jax.random.fold_in(rng, i))
       outs = {n: t.fn(local_ctx, f, centers) for n, t in local.items()}
       share = sum(ctx.weights[n] * o.loss for n, o in outs.items()) / k
@@ -208,6 +220,7 @@ def loss_and_grads(
         {n: o.metrics for n, o in outs.items()},
         {n: o.centers for n, o in outs.items()},
         {n: t.batch_weight(ctx, f) for n, t in local.items()},
+        {n: o.metric_weights for n, o in outs.items()},
       )
       return (shared, share), aux
 

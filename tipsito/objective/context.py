@@ -40,7 +40,8 @@ class LossContext:
     weights: term -> float, zero weights removed (the active terms).
     masks_student_view: see `masks_student_view`.
     student_temp ... fusion_cls, dino_reduction, view_weighting: `config.loss_opts` of the same names
-      (dino_reduction: 'mean' | 'sum' of the DINO cross-entropies over the student crops, see `dino_term`
+      (ibot_token_norm, ibot_visible_weight: see `ibot_loss_from_probs` in tipsito/losses/self_distill.py;
+      dino_reduction: 'mean' | 'sum' of the DINO cross-entropies over the student crops, see `dino_term`
       in tipsito/objective/terms.py; view_weighting: 'mean' | 'sum' of the alt-text InfoNCE over ITO's
       two views, see `contrastive_pair_weights` there).
     dino_global_crop: `config.distill.dino_global_crop`: distillation also uses the student's global crop
@@ -61,6 +62,7 @@ class LossContext:
   center_momentum: float
   ibot_all_patches: bool
   ibot_token_norm: str
+  ibot_visible_weight: float
   teacher_method: str
   contrastive_view: str
   logit_scale_max: Optional[float]

@@ -13,13 +13,15 @@ and their default weights. Adding a term is one function here, one `TERMS` entry
   siglip      sigmoid loss (CLS, 'text') with learned scale and bias.
   clip_view2  InfoNCE of the second ITO view 'image2' (CLS1) with 'text' (ITO's L_align second half),
               halved with `view_weighting='mean'`.
-  fusion      ITO NT-Xent between fusion(view 1, 'text') and fusion(view 2, 'text'), same scale s.
+  fusion      ITO NT-Xent between fusion(view 1, 'text') and fusion(view 2, 'text'), same scale s; its
+              weight `config.loss.fusion` is ITO's lambda relative to the alt-text alignment (`fusion_term`).
   koleo       KoLeo regulariser on the student CLS1 of view 1 (off by default).
   dino        DINO CE: student = dino_head(CLS1 of the local crops, or of view 1 if there are none),
               teacher = teacher dino_head(CLS1 of the teacher features on the unmasked 'image');
               `loss_opts.dino_reduction` 'mean' (default) or 'sum' over the student crops.
   ibot        iBOT (`loss_opts.ibot_all_patches=False`) or iBOT++ (True) on the patch tokens of the
-              student's masked view vs the teacher's unmasked ones.
+              student's masked view vs the teacher's unmasked ones; logs the cross-entropy on masked and
+              on visible tokens apart (`ibot/ce_masked`, `ibot/ce_visible`, TIPSv2 Fig. 2).
   feature     distillation only: 1 - cos between the projected student and the frozen teacher tokens
               (CLS and patches), a direct feature-matching term (off by default).
 
@@ -56,11 +58,14 @@ from tipsito.objective import collapse
 
 
 class TermOutput(NamedTuple):
-  """A term's loss (logged as `loss/<term>`), extra metrics, and new centres ({name: (K,)})."""
+  """A term's loss (logged as `loss/<term>`), extra metrics, new centres ({name: (K,)}), and
+  `metric_weights` ({metric name: count}) for the metrics that are means over another count than the
+  term's `Term.batch_weight` (exact accumulation weights each such metric by its own count)."""
 
   loss: jax.Array
   metrics: dict = {}
   centers: dict = {}
+  metric_weights: dict = {}
 
 
 class Pair(NamedTuple):
@@ -83,12 +88,16 @@ def contrastive_pair_weights(ctx: LossContext, two_cls: bool) -> dict[Pair, floa
 
   Why these numbers (TIPSv2 A.9: "L_CLIP is the averaged result of contrastive losses from the two
   captions"; ITO: L_align contrasts both views with the one caption, averaged over the views):
-    clip, two CLS:   (CLS1, alt-text) and (CLS2, synthetic) 1/2 each; one CLS: (CLS, alt-text) 1.
+    per caption:     two CLS: (CLS1, alt-text) and (CLS2, synthetic) 1/2 each; one CLS: (CLS1, alt-text) 1.
+                     The alt-text InfoNCE of view 2 (`clip_view2`) gets the same 1/2 or 1 as that of
+                     view 1 (`clip`): it is the same InfoNCE on ITO's other view, so at equal term weights
+                     (the tipsito recipe: clip = clip_view2 = 1) the two views weigh the same with one or
+                     two CLS tokens.
     view_weighting 'mean', with both `clip` and `clip_view2` on: the alt-text InfoNCE is ITO's L_align,
-                     the mean over view 1 and view 2, so (CLS1, alt-text) of view 1 in `clip` and of view 2
-                     in `clip_view2` are each halved. tipsito's weights (clip 1, clip_view2 1/2) then give
-                     CLS1 x alt-text 1/4 + 1/4 and CLS2 x synthetic 1/2: TIPSv2's L_CLIP, with its alt-text
-                     half spread over ITO's two views, total 1 as in TIPSv2.
+                     the mean over view 1 and view 2, so (CLS1, alt-text) of each view is halved again.
+                     tipsito's weights (clip = clip_view2 = 1) then give, with two CLS, CLS1 x alt-text
+                     1/4 + 1/4 and CLS2 x synthetic 1/2 (TIPSv2's L_CLIP with its alt-text half spread
+                     over ITO's two views, total 1); with one CLS, 1/2 + 1/2 (ITO's L_align, total 1).
     view_weighting 'sum': every InfoNCE at its term's weight as written (the `ito` recipe, whose weights
                      0.5 + 0.5 already are L_align's mean; the tipsito behaviour before the option, CLS1
                      x alt-text 1/2 + 1/2 and CLS2 x synthetic 1/2, total 1.5).
@@ -97,10 +106,22 @@ def contrastive_pair_weights(ctx: LossContext, two_cls: bool) -> dict[Pair, floa
   if ctx.view_weighting == "mean" and CLIP in ctx.weights and CLIP_VIEW2 in ctx.weights:
     per_view = 0.5
   per_cls = 0.5 if two_cls else 1.0
-  out = {CLS1_ALT_V1: per_cls * per_view, CLS1_ALT_V2: per_view}
+  out = {CLS1_ALT_V1: per_cls * per_view, CLS1_ALT_V2: per_cls * per_view}
   if two_cls:
     out[CLS2_SYN_V1] = per_cls
   return out
+
+
+def alignment_weight(ctx: LossContext, two_cls: bool) -> float:
+  """A, the weight of the alt-text alignment in `loss/total`: the sum over ITO's views of
+  `config.loss.<term>` x the (CLS1, alt-text) pair weight of `contrastive_pair_weights`.
+
+  Why: ITO writes L = L_align + lambda L_fusion (lambda = 2; ITO's Table: an inverted U peaking at 2,
+  lambda = 6 below alignment alone), so what matters is fusion's weight *relative to* the alignment it
+  regularises. The `ito` recipe has A = 0.5 + 0.5 = 1; tipsito with view_weighting 'mean' and two CLS
+  has A = 1/4 + 1/4 = 1/2 (its other half of L_CLIP is the synthetic caption's); 'sum' gives 1."""
+  pairs = contrastive_pair_weights(ctx, two_cls)
+  return sum(ctx.weights.get(p.term, 0.0) * pairs[p] for p in (CLS1_ALT_V1, CLS1_ALT_V2))
 
 
 def clip_term(ctx: LossContext, f: Features, centers: dict) -> TermOutput:
@@ -144,9 +165,20 @@ def fused_embeddings(ctx: LossContext, f: Features) -> tuple[jax.Array, jax.Arra
 
 
 def fusion_term(ctx: LossContext, f: Features, centers: dict) -> TermOutput:
+  """ITO's fusion NT-Xent, weighted relative to the alt-text alignment: `config.loss.fusion` is ITO's
+  lambda, and the term's weight in `loss/total` is
+
+      lambda x A,   A = `alignment_weight` (the alt-text InfoNCE's weight over the two views),
+
+  so fusion : alignment = lambda whatever the view weighting and the number of CLS tokens (ITO:
+  L = L_align + lambda L_fusion, lambda = 2). The `ito` recipe (A = 1) keeps weight 2; tipsito with
+  view_weighting 'mean' and two CLS (A = 1/2) gets 1, not 2 (a ratio of 4). `loss/fusion` is A x the
+  NT-Xent, `fusion/ntxent` the NT-Xent itself."""
   del centers
   z1, z2 = (f.fused[:, 0], f.fused[:, 1]) if f.fused is not None else fused_embeddings(ctx, f)
-  return TermOutput(_con.ntxent_loss(z1, z2, f.scale))
+  ntxent = _con.ntxent_loss(z1, z2, f.scale)
+  a = alignment_weight(ctx, f.synthetic_caption_emb is not None)
+  return TermOutput(ntxent if a == 1.0 else a * ntxent, {"fusion/ntxent": ntxent})
 
 
 def koleo_term(ctx: LossContext, f: Features, centers: dict) -> TermOutput:
@@ -224,6 +256,12 @@ def examples(ctx: LossContext, f: Features) -> jax.Array:
 
 
 def ibot_term(ctx: LossContext, f: Features, centers: dict) -> TermOutput:
+  """iBOT / iBOT++ (`loss_opts.ibot_all_patches`, `ibot_token_norm`, `ibot_visible_weight`: see
+  `ibot_loss_from_probs` in tipsito/losses/self_distill.py), and the mechanism metrics of TIPSv2 Fig. 2
+  whatever tokens the loss uses: `ibot/ce_masked` (only when the student view is masked) and
+  `ibot/ce_visible`, the token means of the cross-entropy against the teacher targets the loss uses
+  (`ibot_masked_visible_cross_entropy`; with Sinkhorn targets and plain iBOT, which has none for the
+  visible tokens, those of Sinkhorn over every token)."""
   b, t_temp, center = f.batch_size, f.teacher_temp, centers["ibot"]
   sp = f.forward(
     f.params, f.student_patches.reshape(b, -1, f.student_patches.shape[-1]), method=TrainModel.ibot
@@ -241,16 +279,22 @@ def ibot_term(ctx: LossContext, f: Features, centers: dict) -> TermOutput:
     all_patches,
     method=ctx.teacher_method,
     token_norm=ctx.ibot_token_norm,
+    visible_weight=ctx.ibot_visible_weight,
   )
   counted = None if all_patches else flat_mask
-  metrics = collapse.teacher_signals(
-    "ibot",
-    _sd.ibot_teacher_probs(tp, flat_mask, center, t_temp, all_patches, method=ctx.teacher_method),
-    center,
-    weights=counted,
-  )
+  t_probs = _sd.ibot_teacher_probs(tp, flat_mask, center, t_temp, all_patches, method=ctx.teacher_method)
+  metrics = collapse.teacher_signals("ibot", t_probs, center, weights=counted)
+  # Sinkhorn targets of plain iBOT exist for the masked tokens only: the visible ones get the Sinkhorn
+  # targets over every token (iBOT++'s), so that ce_visible is a cross-entropy against real targets.
+  probs = t_probs
+  if not all_patches and ctx.teacher_method != "centering":
+    probs = _sd.ibot_teacher_probs(tp, flat_mask, center, t_temp, True, method=ctx.teacher_method)
+    probs = jnp.where(flat_mask[..., None], t_probs, probs)
+  split = _sd.ibot_masked_visible_cross_entropy(sp, probs, flat_mask, ctx.student_temp)
+  metrics.update({f"ibot/ce_{name}": mean for name, (mean, _) in split.items()})
+  weights = {f"ibot/ce_{name}": count for name, (_, count) in split.items()}
   new_center = _sd.update_patch_center(center, tp, counted, ctx.center_momentum)
-  return TermOutput(loss, metrics, {"ibot": new_center})
+  return TermOutput(loss, metrics, {"ibot": new_center}, weights)
 
 
 def feature_term(ctx: LossContext, f: Features, centers: dict) -> TermOutput:

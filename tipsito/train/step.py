@@ -157,6 +157,7 @@ def make_loss_context(config, recipe, model, ema_keys, teacher=None) -> LossCont
     center_momentum=float(lo.center_momentum),
     ibot_all_patches=bool(lo.ibot_all_patches),
     ibot_token_norm=lo.ibot_token_norm,
+    ibot_visible_weight=float(lo.ibot_visible_weight),
     teacher_method=lo.teacher_method,
     contrastive_view=lo.contrastive_view,
     logit_scale_max=None if config.model.logit_scale_max is None else float(config.model.logit_scale_max),
