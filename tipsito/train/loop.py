@@ -2,7 +2,8 @@
 
 Why this shape: one loop for every recipe (recipes only change the loss), explicit periodic actions
 (metric logging, progress/ETA, evals, checkpoints), automatic resume from the workdir, and an export at the
-end. It reads top to bottom in `train_and_evaluate`: check the workdir, build and restore (nothing is
+end. It reads top to bottom in `train_and_evaluate`: check and lock the workdir (one run per workdir:
+tipsito/train/run_lock.py; a second launch stops there), build and restore (nothing is
 written before the state is ready: an unreadable latest checkpoint is moved aside only once an older one
 restored), write config.json, the steps, finish. Everything device-related (mesh, shardings, donation)
 comes from `tipsito.train.step.build` (through tipsito/train/assembly.py, which loads a frozen teacher and
