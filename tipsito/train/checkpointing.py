@@ -244,7 +244,14 @@ class Checkpointer:
         data = out[name]
     return out["state"], data
 
-  def restore(self, abstract_state: Any, step: Optional[int] = None, *, with_data: bool = True):
+  def restore(
+    self,
+    abstract_state: Any,
+    step: Optional[int] = None,
+    *,
+    with_data: bool = True,
+    warn_skipped: bool = True,
+  ):
     """(state, data_state or None) at `step` (default: latest readable); `abstract_state` carries the
     shardings of *this* run's mesh, so a checkpoint written on another device count is re-sharded.
 
@@ -252,7 +259,8 @@ class Checkpointer:
     files) is skipped on every process with a warning naming the step and the error, and the previous one
     is tried; the skipped steps are kept in `unreadable` for `quarantine_unreadable`. None readable:
     NoReadableCheckpoint. A data state written by a different process count is an error
-    (DataStateMismatch), never a silent restart. Call on every process.
+    (DataStateMismatch), never a silent restart. `warn_skipped=False`: the skips are logged at INFO only
+    (the training loop warns once per step, when `quarantine_unreadable` moves it). Call on every process.
     """
     self.unreadable = []
     if step is not None:
@@ -261,7 +269,10 @@ class Checkpointer:
     if not steps:
       raise FileNotFoundError(f"no checkpoint in {self.directory}")
     self.restored_step, out, self.unreadable = restore_first_readable(
-      steps, lambda s: self._restore_step(abstract_state, s, with_data), directory=self.directory
+      steps,
+      lambda s: self._restore_step(abstract_state, s, with_data),
+      directory=self.directory,
+      warn=warn_skipped,
     )
     return out
 
@@ -367,12 +378,15 @@ def restore_first_readable(
   directory: str,
   what: str = "",
   read_only: bool = False,
+  warn: bool = True,
 ) -> tuple[int, Any, list]:
   """(step, restore_fn(step), skipped) for the newest of `steps` that every process restored; `skipped`
   lists (step, error) of the newer ones. Every process calls it with the same `steps`.
 
   A step that fails anywhere is skipped everywhere (the processes must hold the same state). A
   DataStateMismatch on any process is raised on every process. None readable: NoReadableCheckpoint.
+  Each skipped step is a warning (one line), and so is the step restored instead; `warn=False` logs them
+  at INFO (a caller that reports the skips itself).
   """
   skipped = []
   for s in sorted(steps, reverse=True):
@@ -392,8 +406,7 @@ def restore_first_readable(
     if code == _UNREADABLE:
       err = err or "unreadable on another process (see that process's log)"
       skipped.append((s, err))
-      # A training run says it once, when it moves the step aside (Checkpointer.quarantine_unreadable).
-      (logging.warning if read_only else logging.info)(
+      (logging.warning if warn else logging.info)(
         "Checkpoint %s/%d cannot be restored (%s); falling back to the previous one%s.",
         directory,
         s,
@@ -401,8 +414,13 @@ def restore_first_readable(
         " (read-only: nothing is moved)" if read_only else "",
       )
       continue
-    if skipped and read_only:
-      logging.warning("Restored step %d of %s instead of the latest.", s, directory)
+    if skipped:
+      (logging.warning if warn else logging.info)(
+        "Restored step %d of %s instead of the latest (%s).",
+        s,
+        directory,
+        "; ".join(f"step {t}: {m}" for t, m in skipped),
+      )
     return s, out, skipped
   raise NoReadableCheckpoint(directory, skipped, what=what)
 

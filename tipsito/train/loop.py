@@ -79,7 +79,7 @@ def restore_or_init(setup: step_lib.Setup, ckpt: checkpointing.Checkpointer) -> 
   nothing (unreadable steps are only recorded, in `ckpt.unreadable`)."""
   abstract = checkpointing.abstract_with_shardings(setup.state_shapes, setup.state_shardings)
   if ckpt.latest_step() is not None:
-    state, data_state = ckpt.restore(abstract)
+    state, data_state = ckpt.restore(abstract, warn_skipped=False)  # quarantine_unreadable warns once
     logging.info("Resumed from %s at step %d", ckpt.directory, int(state.step))
     return state, data_state
   state = setup.init_state()
