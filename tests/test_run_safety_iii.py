@@ -44,7 +44,7 @@ CONFIG_FILE = textwrap.dedent('''
     c.model.text.update(dict(vocab_size=None, max_len=16, depth=1))
     c.model.image.update(dict(depth=1, posemb_grid=4))
     c.data = defaults.data_config("shapes", data_dir=a["data"], caption_keys=("caption_detailed",))
-    c.ckpt.update(dict(every_steps=2, keep=10, async_save=False))
+    c.ckpt.update(dict(every_steps=2, keep=10, async_save=True))  # async: the layout whose damage flooded the log
     c.input.num_workers = int(a.get("workers", 0))
     c.export.enabled = False
     return c
