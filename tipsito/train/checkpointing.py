@@ -304,9 +304,9 @@ class Checkpointer:
       dst = _existing_quarantine_name(self._step_path(s), stamp)
       targets.append(os.fspath(dst))
       logging.warning(
-        "Checkpoint step %d cannot be restored (%s). Moved unreadable checkpoint %s aside to %s (nothing "
+        "Checkpoint %s cannot be restored (%s). Moved unreadable checkpoint %s aside to %s (nothing "
         "was deleted). Restored step %s of %s instead; training will write step %d again.",
-        s,
+        self._step_path(s),
         msg,
         self._step_path(s),
         dst,
