@@ -282,8 +282,7 @@ def test_rerun_after_a_truncated_latest_step_logs_no_traceback(tmp_path, data_di
 
 HOLDER = textwrap.dedent("""\
     import sys, time
-    from tipsito.train import loop
-from tipsito.train import run_lock
+    from tipsito.train import run_lock
     run_lock.RunLock(sys.argv[1], refresh_every_s=0.3).acquire()
     print("held", flush=True)
     time.sleep(600)
@@ -292,8 +291,7 @@ from tipsito.train import run_lock
 CONTENDER = textwrap.dedent("""\
     import logging, sys
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
-    from tipsito.train import loop
-from tipsito.train import run_lock
+    from tipsito.train import run_lock
     try:
       lock = run_lock.RunLock(sys.argv[1], stale_after_s=float(sys.argv[2])).acquire()
     except run_lock.WorkdirBusy as e:
