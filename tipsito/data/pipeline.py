@@ -28,8 +28,11 @@ decodes and resizes with the same `transforms` functions.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
+import threading
+import time
 from typing import Mapping, Sequence
 
 import grain.python as grain
@@ -540,6 +543,32 @@ def _ensure_absl_flags_parsed():
     flags.FLAGS.mark_as_parsed()
 
 
+# How often a grain worker checks that the training process that started it is still its parent.
+_PARENT_POLL_S = 0.5
+
+
+def _end_with_parent(parent_pid: int, worker_index: int, worker_count: int) -> None:
+  """Runs first in each grain worker process (mp_prefetch's `worker_init_fn`): a daemon thread that ends
+  the worker as soon as the training process that started it is no longer its parent, however that
+  process died (SIGKILL and the OOM killer included: nothing runs in a process killed that way, so the
+  worker has to notice). Without it, workers of a hard-killed run slept on with parent 1, holding their
+  memory until the machine rebooted.
+
+  Why a watch on the parent pid and not the kernel's parent-death signal (prctl PR_SET_PDEATHSIG): that
+  signal fires when the *thread* that started the child ends, and grain starts its workers from the
+  reader threads of a thread pool (InterleaveIterDataset's make-iterator threads), so it would kill
+  healthy workers when such a thread ends. A reparented worker sees a new parent pid (1 or a
+  subreaper), never the old one again."""
+  del worker_index, worker_count
+
+  def watch():
+    while os.getppid() == parent_pid:
+      time.sleep(_PARENT_POLL_S)
+    os._exit(0)  # pylint: disable=protected-access  # no atexit work: the consumer of our output is gone
+
+  threading.Thread(target=watch, name='tipsito-parent-watch', daemon=True).start()
+
+
 def _finish(
   ds: grain.MapDataset,
   *,
@@ -556,7 +585,8 @@ def _finish(
   if num_workers > 0:
     _ensure_absl_flags_parsed()
     it = it.mp_prefetch(
-      grain.MultiprocessingOptions(num_workers=num_workers, per_worker_buffer_size=max(1, prefetch))
+      grain.MultiprocessingOptions(num_workers=num_workers, per_worker_buffer_size=max(1, prefetch)),
+      worker_init_fn=functools.partial(_end_with_parent, os.getpid()),
     )
   if prefetch > 0:
     it = grain_exp.ThreadPrefetchIterDataset(it, prefetch_buffer_size=prefetch)

@@ -30,6 +30,8 @@ written. Paths go through etils epath, so gs:// workdirs work (there the move is
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import functools
@@ -136,6 +138,7 @@ class Checkpointer:
     self._local_reader: Optional[ocp.CheckpointManager] = None
     self._closed = False
     self.unreadable: list = []  # (step, error) skipped by the last restore, newest first
+    self.restored_step: Optional[int] = None  # the step the last restore without `step` read
     self._preempted = threading.Event()
     self._use_jax_sync = False
 
@@ -253,7 +256,14 @@ class Checkpointer:
         data = out[name]
     return out["state"], data
 
-  def restore(self, abstract_state: Any, step: Optional[int] = None, *, with_data: bool = True):
+  def restore(
+    self,
+    abstract_state: Any,
+    step: Optional[int] = None,
+    *,
+    with_data: bool = True,
+    warn_skipped: bool = True,
+  ):
     """(state, data_state or None) at `step` (default: latest readable); `abstract_state` carries the
     shardings of *this* run's mesh, so a checkpoint written on another device count is re-sharded.
 
@@ -261,7 +271,8 @@ class Checkpointer:
     files) is skipped on every process with a warning naming the step and the error, and the previous one
     is tried; the skipped steps are kept in `unreadable` for `quarantine_unreadable`. None readable:
     NoReadableCheckpoint. A data state written by a different process count is an error
-    (DataStateMismatch), never a silent restart. Call on every process.
+    (DataStateMismatch), never a silent restart. `warn_skipped=False`: the skips are logged at INFO only
+    (the training loop warns once per step, when `quarantine_unreadable` moves it). Call on every process.
     """
     self.unreadable = []
     if step is not None:
@@ -269,8 +280,11 @@ class Checkpointer:
     steps = same_on_every_process(self.all_steps())
     if not steps:
       raise FileNotFoundError(f"no checkpoint in {self.directory}")
-    _, out, self.unreadable = restore_first_readable(
-      steps, lambda s: self._restore_step(abstract_state, s, with_data), directory=self.directory
+    self.restored_step, out, self.unreadable = restore_first_readable(
+      steps,
+      lambda s: self._restore_step(abstract_state, s, with_data),
+      directory=self.directory,
+      warn=warn_skipped,
     )
     return out
 
@@ -302,11 +316,14 @@ class Checkpointer:
       dst = _existing_quarantine_name(self._step_path(s), stamp)
       targets.append(os.fspath(dst))
       logging.warning(
-        "Moved unreadable checkpoint %s aside to %s (%s); nothing was deleted. Training "
-        "continues from the latest readable step and will write step %d again.",
+        "Checkpoint %s cannot be restored (%s). Moved unreadable checkpoint %s aside to %s (nothing "
+        "was deleted). Restored step %s of %s instead; training will write step %d again.",
+        self._step_path(s),
+        msg,
         self._step_path(s),
         dst,
-        msg,
+        self.restored_step,
+        self.directory,
         s,
       )
     self.manager.reload()
@@ -336,6 +353,8 @@ def local_reader(directory) -> ocp.CheckpointManager:
   me = jax.process_index()
   options = ocp.CheckpointManagerOptions(
     read_only=True,
+    save_interval_steps=0,  # what read_only implies; set here so Orbax does not warn that it changed them
+    create=False,
     multiprocessing_options=ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me}),
   )
   return ocp.CheckpointManager(as_path(directory), options=options)
@@ -371,22 +390,26 @@ def restore_first_readable(
   directory: str,
   what: str = "",
   read_only: bool = False,
+  warn: bool = True,
 ) -> tuple[int, Any, list]:
   """(step, restore_fn(step), skipped) for the newest of `steps` that every process restored; `skipped`
   lists (step, error) of the newer ones. Every process calls it with the same `steps`.
 
   A step that fails anywhere is skipped everywhere (the processes must hold the same state). A
   DataStateMismatch on any process is raised on every process. None readable: NoReadableCheckpoint.
+  Each skipped step is a warning (one line), and so is the step restored instead; `warn=False` logs them
+  at INFO (a caller that reports the skips itself).
   """
   skipped = []
   for s in sorted(steps, reverse=True):
     out, err, fatal = None, None, None
     try:
-      out = restore_fn(s)
+      with _late_reads_of_a_failed_restore_dropped():
+        out = restore_fn(s)
     except DataStateMismatch as e:
       fatal = e
     except Exception as e:  # pylint: disable=broad-except  # damaged step: try the previous one
-      err = f"{type(e).__name__}: {str(e)[:500]}"
+      err = _one_line(e)
     code = _worst_everywhere(_FATAL if fatal else _UNREADABLE if err else _OK)
     if code == _FATAL:
       raise fatal or DataStateMismatch(
@@ -395,7 +418,7 @@ def restore_first_readable(
     if code == _UNREADABLE:
       err = err or "unreadable on another process (see that process's log)"
       skipped.append((s, err))
-      logging.warning(
+      (logging.warning if warn else logging.info)(
         "Checkpoint %s/%d cannot be restored (%s); falling back to the previous one%s.",
         directory,
         s,
@@ -404,7 +427,7 @@ def restore_first_readable(
       )
       continue
     if skipped:
-      logging.warning(
+      (logging.warning if warn else logging.info)(
         "Restored step %d of %s instead of the latest (%s).",
         s,
         directory,
@@ -412,6 +435,50 @@ def restore_first_readable(
       )
     return s, out, skipped
   raise NoReadableCheckpoint(directory, skipped, what=what)
+
+
+def _one_line(e: BaseException) -> str:
+  """'Type: first line of the message' (at most 300 characters): a TensorStore error spans tens of lines
+  (its whole spec), which made one skipped step a page of log."""
+  first = (str(e).strip().splitlines() or [""])[0]
+  return f"{type(e).__name__}: {first[:300]}"
+
+
+class _ClosedLoopTolerantEventLoop(asyncio.SelectorEventLoop):
+  """An event loop that drops callbacks posted to it from other threads after it closed.
+
+  Why: Orbax runs a restore in a fresh event loop (`orbax.checkpoint._src.asyncio_utils.run_sync`) and
+  closes it as soon as the restore raises. A damaged step fails on its first unreadable array while
+  TensorStore still reads the others; each of those reads, when it completes on TensorStore's thread,
+  posts its result with `loop.call_soon_threadsafe`, which raises `RuntimeError: Event loop is closed`,
+  and TensorStore prints that traceback: hundreds per skipped step (one per pending array). Nobody
+  awaits those results any more, so dropping them here, where they arrive, is the whole fix."""
+
+  def call_soon_threadsafe(self, callback, *args, context=None):
+    if self.is_closed():
+      return None
+    try:
+      return super().call_soon_threadsafe(callback, *args, context=context)
+    except RuntimeError:
+      if self.is_closed():  # closed between the check and the call
+        return None
+      raise
+
+
+class _TolerantLoopPolicy(asyncio.DefaultEventLoopPolicy):
+  _loop_factory = _ClosedLoopTolerantEventLoop
+
+
+@contextlib.contextmanager
+def _late_reads_of_a_failed_restore_dropped():
+  """Every event loop created inside (Orbax's restore loops) is a `_ClosedLoopTolerantEventLoop`; the
+  loops keep that behaviour after the block, when the late reads of a failed restore come in."""
+  previous = asyncio.get_event_loop_policy()
+  asyncio.set_event_loop_policy(_TolerantLoopPolicy())
+  try:
+    yield
+  finally:
+    asyncio.set_event_loop_policy(previous)
 
 
 def _agreed_utc_stamp() -> str:

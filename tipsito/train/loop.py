@@ -2,7 +2,8 @@
 
 Why this shape: one loop for every recipe (recipes only change the loss), explicit periodic actions
 (metric logging, progress/ETA, evals, checkpoints), automatic resume from the workdir, and an export at the
-end. It reads top to bottom in `train_and_evaluate`: check the workdir, build and restore (nothing is
+end. It reads top to bottom in `train_and_evaluate`: check and lock the workdir (one run per workdir:
+tipsito/train/run_lock.py; a second launch stops there), build and restore (nothing is
 written before the state is ready: an unreadable latest checkpoint is moved aside only once an older one
 restored), write config.json, the steps, finish. Everything device-related (mesh, shardings, donation)
 comes from `tipsito.train.step.build` (through tipsito/train/assembly.py, which loads a frozen teacher and
@@ -45,6 +46,7 @@ from tipsito.train import exporting
 from tipsito.train import nonfinite
 from tipsito.train import observability
 from tipsito.train import resume_guard
+from tipsito.train import run_lock
 from tipsito.train import sharding as sharding_lib
 from tipsito.train import step as step_lib
 from tipsito.train import workdir as workdir_lib
@@ -78,7 +80,7 @@ def restore_or_init(setup: step_lib.Setup, ckpt: checkpointing.Checkpointer) -> 
   nothing (unreadable steps are only recorded, in `ckpt.unreadable`)."""
   abstract = checkpointing.abstract_with_shardings(setup.state_shapes, setup.state_shardings)
   if ckpt.latest_step() is not None:
-    state, data_state = ckpt.restore(abstract)
+    state, data_state = ckpt.restore(abstract, warn_skipped=False)  # quarantine_unreadable warns once
     logging.info("Resumed from %s at step %d", ckpt.directory, int(state.step))
     return state, data_state
   state = setup.init_state()
@@ -169,17 +171,54 @@ class _Run:
   evaluators: dict
   monitor: nonfinite.NonFiniteMonitor
   params_finite: Any
+  lock: Optional[run_lock.RunLock] = None  # process 0's workdir lock (None elsewhere)
 
 
-def _check_workdir(config: mlc.ConfigDict, workdir: str, *, check_data: bool) -> tuple[mlc.ConfigDict, list]:
-  """Validates, resolves data folders, and runs every check that must fail before anything is written
-  (dataset present, resume compatible). Returns (resolved config, config.json history to write)."""
+def _check_workdir(
+  config: mlc.ConfigDict, workdir: str, *, check_data: bool
+) -> tuple[mlc.ConfigDict, list, Optional[run_lock.RunLock]]:
+  """Validates, resolves data folders, takes the workdir lock and runs every check that must fail before
+  anything is written (dataset present, no other run on the workdir, resume compatible). Returns
+  (resolved config, config.json history to write, the lock: process 0's, None elsewhere)."""
   config_validation.validate(config, num_devices=jax.device_count(), process_count=jax.process_count())
   config = data_prepare.resolve_data_dirs(config, workdir)
   if check_data:
     data_prepare.check_data_available(config)
-  history = guard_resume(config, workdir)
-  return config, history
+  lock = _lock_workdir(workdir)
+  try:
+    history = guard_resume(config, workdir)
+  except BaseException:
+    if lock is not None:
+      lock.release()
+    raise
+  return config, history, lock
+
+
+def _lock_workdir(workdir: str) -> Optional[run_lock.RunLock]:
+  """Process 0 takes the workdir lock (tipsito/train/run_lock.py); every process learns the outcome, so
+  a workdir in use stops the whole pod before anything is written, and the lock never stops the other
+  hosts of a run that holds it."""
+  lock, failure = None, None
+  if jax.process_index() == 0:
+    try:
+      lock = run_lock.RunLock(workdir).acquire()
+    except BaseException as e:  # pylint: disable=broad-except  # raised below, after the others know
+      failure = e
+  code = 0 if failure is None else 1 if isinstance(failure, run_lock.WorkdirBusy) else 2
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+
+    code = int(multihost_utils.broadcast_one_to_all(np.asarray(code, np.int32)))
+  if failure is not None:
+    raise failure
+  if code == 1:
+    raise run_lock.WorkdirBusy(
+      f"tipsito: the workdir {workdir} is in use by another training run (process 0's log names the "
+      "holder). Nothing was written."
+    )
+  if code == 2:
+    raise RuntimeError(f"process 0 could not take the workdir lock of {workdir} (see its log)")
+  return lock
 
 
 def _open_writer(config: mlc.ConfigDict, workdir: str):
@@ -254,7 +293,25 @@ def train_and_evaluate(
   distributed.configure_jax()
   workdir = paths.resolve(workdir)
   owns_iter = data_iter is None
-  config, history = _check_workdir(config, workdir, check_data=owns_iter)
+  config, history, lock = _check_workdir(config, workdir, check_data=owns_iter)
+  try:
+    return _train_locked(config, workdir, history, lock, data_iter=data_iter, max_steps=max_steps)
+  finally:
+    if lock is not None:
+      lock.release()
+
+
+def _train_locked(
+  config: mlc.ConfigDict,
+  workdir: str,
+  history: list,
+  lock: Optional[run_lock.RunLock],
+  *,
+  data_iter,
+  max_steps: Optional[int],
+) -> dict:
+  """`train_and_evaluate` once the workdir is checked and locked: build, restore, train, finish."""
+  owns_iter = data_iter is None
   setup = assembly.build(config)
   logging.info("Recipe %s: %s", setup.recipe.name, setup.recipe.doc)
   logging.info(
@@ -277,6 +334,7 @@ def train_and_evaluate(
     if data_state is not None:
       data_iter.set_state(data_state)
     run = _build_run(config, workdir, writer, setup, res.ckpt)
+    run.lock = lock
 
     total = int(config.total_steps)
     last = total if max_steps is None else min(total, int(max_steps))
@@ -370,6 +428,8 @@ def _mean_metrics(metrics_acc: list[dict], monitor: nonfinite.NonFiniteMonitor, 
 def _save(run: _Run, state, step: int, data_iter) -> None:
   """Checkpoints the state and the data iterator; never from non-finite params."""
   run.monitor.flush()
+  if run.lock is not None:
+    run.lock.check()  # another launch took the workdir over: write nothing more into it
   if not bool(run.params_finite(state.params)):
     raise nonfinite.NonFiniteError(
       f"Step {step}: the params are not finite; refusing to write a "
