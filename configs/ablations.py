@@ -45,7 +45,23 @@ from tipsito.evals import suites
 # The metrics most studies report (final evals of the trained encoders; see `_data_and_evals`).
 GLOBAL = ("zeroshot/top1", "retrieval/i2t_r1", "retrieval/t2i_r1", "knn/top1")
 DENSE = ("segmentation/miou",)
-EVAL_TYPES = ("zeroshot", "retrieval", "segmentation", "knn")
+# The paper's ablation columns on `scenes` (TIPSv2 Tables 2-4, 9-12): linear-probe segmentation and depth,
+# zero-shot segmentation with both feature kinds and on the non-largest objects (with the copied-CLS
+# reference and the chance levels as reference columns), and the masked / visible patch cross-entropy of
+# Fig. 2 (last logged value).
+SCENES_DENSE = (
+  "segmentation/miou",
+  "segmentation/nonlargest_acc",
+  "segmentation/patches/miou",
+  "segmentation/patches/nonlargest_acc",
+  "segmentation/global_copy/nonlargest_acc",
+  "segmentation/miou_chance",
+  "linear_segmentation/miou",
+  "linear_depth/rmse",
+)
+MECHANISM = ("ibot/ce_masked", "ibot/ce_visible")
+STATE = ("state/train_state_MiB",)
+EVAL_TYPES = ("zeroshot", "retrieval", "segmentation", "knn", "linear_segmentation", "linear_depth")
 
 
 def _demo(**kw) -> mlc.ConfigDict:
@@ -68,8 +84,10 @@ def _data_and_evals(c: mlc.ConfigDict, a: mlc.ConfigDict) -> mlc.ConfigDict:
   is judged on images it trained on. Segmentation scores the object pixels among the 22 categories.
   `shapes` (configs/demo.py's one large red shape per image) is the runner's own smoke data.
   """
-  args_lib.check_choice("data", a.data, ("openclipart", "shapes"))
-  if a.data == "shapes":
+  args_lib.check_choice("data", a.data, ("scenes", "openclipart", "shapes"))
+  if a.data == "scenes":  # configs/demo.py:data=scenes set the data, its tokenizer and build options
+    eval_batch = 50
+  elif a.data == "shapes":
     c.data.build_options = dict(
       c.data.build_options, image_size=a.size, split_sizes={"train": a.train_images, "test": a.test_images}
     )
@@ -94,6 +112,10 @@ def _data_and_evals(c: mlc.ConfigDict, a: mlc.ConfigDict) -> mlc.ConfigDict:
   c.evals = mlc.ConfigDict({cfg["type"]: cfg for cfg in suite.values()})
   if "knn" in c.evals and not a.eval_examples:
     c.evals.knn.max_train_examples = 1000  # as configs/demo.py
+  for probe in ("linear_segmentation", "linear_depth"):
+    if probe in c.evals and not a.eval_examples:
+      # 2,000 frozen training images per probe: seconds of probe training at this size, inside the run budget.
+      c.evals[probe].max_train_examples = 2000
   return defaults.typed_optionals(c)
 
 
@@ -118,15 +140,17 @@ def _base(a: mlc.ConfigDict, recipe: str, *, optim: str = "", pixels: str = "") 
   """configs/demo.py for `recipe` at the study budget, with the study data and evals; its optimizer and
   pixel statistics are the study args' (the demo's AdamW and CLIP pixels by default) unless given."""
   optim, pixels = optim or a.optim, pixels or a.pixels
+  data = "scenes" if a.data == "scenes" else "shapes"  # openclipart replaces the data in _data_and_evals
+  kw = dict(steps=a.steps, batch=a.batch, size=a.size, optim=optim, pixels=pixels, data=data)
   if recipe == "distill":  # demo.py has no distill recipe: its tipsv2 config with the distill recipe's keys
-    c = _demo(recipe="tipsv2", steps=a.steps, batch=a.batch, size=a.size, optim=optim, pixels=pixels)
+    c = _demo(recipe="tipsv2", **kw)
     ref = defaults.base_config("distill", "tiny/16")
     c.recipe = "distill"
     c.loss = ref.loss
     c.input.mask_ratio = ref.input.mask_ratio
     c.model.image.use_mask_token = ref.model.image.use_mask_token
   else:
-    c = _demo(recipe=recipe, steps=a.steps, batch=a.batch, size=a.size, optim=optim, pixels=pixels)
+    c = _demo(recipe=recipe, **kw)
   if a.data != "shapes":
     _paper_views(c)
   _tower_size(c, a.width, a.depth)
@@ -169,47 +193,94 @@ def _smoke(a):
   )
 
 
+def _columns(a, *, mechanism: bool = False, state: bool = False) -> tuple[str, ...]:
+  """The table's columns: on `scenes` the paper's (dense probes and zero-shot segmentation with their
+  reference columns, then the global metrics); elsewhere the first round's."""
+  if a.data != "scenes":
+    return DENSE + GLOBAL + (STATE if state else ())
+  return SCENES_DENSE + GLOBAL + (MECHANISM if mechanism else ()) + STATE
+
+
 def _ito(a):
   return dict(
     claim=(
       "ITO: a second augmented view contrasted with the caption plus the training-time fusion "
-      "loss (lambda = 2) beat CLIP at the same budget; lambda = 0 (two views, no fusion) separates "
-      "the second view from the fusion loss"
+      "loss (lambda = 2) beat CLIP at the same budget, with an inverted U in lambda; lambda = 0 (two "
+      "views, no fusion) separates the second view from the fusion loss"
     ),
-    metrics=GLOBAL + ("loss/clip",),
+    metrics=_columns(a) + ("loss/clip",),
     bases={"clip": _base(a, "clip"), "ito": _base(a, "ito")},
     arms=(
       _arm("clip", "clip"),
       _arm("ito_lambda0", "ito", {"loss.fusion": 0.0}, "two views, no fusion loss"),
-      _arm("ito_lambda2", "ito", {}, "the ITO recipe: fusion weight 2"),
+      _arm("ito_lambda1", "ito", {"loss.fusion": 1.0}, "fusion lambda 1"),
+      _arm("ito_lambda2", "ito", {}, "the ITO recipe: lambda 2"),
     ),
   )
 
 
 def _ibot(a):
+  if a.data != "scenes":  # the first round's study (docs/results.md, openclipart)
+    return dict(
+      claim=(
+        "TIPSv2: iBOT++ (the patch loss on every patch, not only the masked ones) improves zero-shot "
+        "segmentation over iBOT at the same budget"
+      ),
+      metrics=DENSE + GLOBAL,
+      bases={"tipsv2": _base(a, "tipsv2")},
+      arms=(
+        _arm("ibot", "tipsv2", {"loss_opts.ibot_all_patches": False}, "masked patches only"),
+        _arm("ibot_pp", "tipsv2", {"loss_opts.ibot_all_patches": True}, "every patch (TIPSv2)"),
+        # The two open choices of the fidelity review, each one override away from the iBOT++ arm.
+        _arm(
+          "ibot_pp_global_crop_032",
+          "tipsv2",
+          {"input.global_crop_scale": (0.32, 1.0)},
+          "iBOT++ with DINOv2's global crop (0.32-1.0) instead of the whole image",
+        ),
+        _arm(
+          "ibot_pp_dino_sum",
+          "tipsv2",
+          {"loss_opts.dino_reduction": "sum"},
+          "iBOT++ with DINO summed over the local crops (TIPSv2 Eq. 1 read literally)",
+        ),
+      ),
+    )
   return dict(
     claim=(
-      "TIPSv2: iBOT++ (the patch loss on every patch, not only the masked ones) improves zero-shot "
-      "segmentation over iBOT at the same budget"
+      "TIPSv2 Table 3, Tables 9-11, Fig. 2: adding iBOT to two-CLS CLIP helps dense alignment, and iBOT++ "
+      "(the patch loss on every patch) more, because the visible tokens' loss falls only with iBOT++"
     ),
-    metrics=DENSE + GLOBAL,
+    metrics=_columns(a, mechanism=True),
     bases={"tipsv2": _base(a, "tipsv2")},
     arms=(
-      _arm("ibot", "tipsv2", {"loss_opts.ibot_all_patches": False}, "masked patches only"),
-      _arm("ibot_pp", "tipsv2", {"loss_opts.ibot_all_patches": True}, "every patch (TIPSv2)"),
-      # The two open choices of the fidelity review, each one override away from the iBOT++ arm.
       _arm(
-        "ibot_pp_global_crop_032",
+        "clip_2cls",
         "tipsv2",
-        {"input.global_crop_scale": (0.32, 1.0)},
-        "iBOT++ with DINOv2's global crop (0.32-1.0) instead of the whole image",
+        {"loss.dino": 0.0, "loss.ibot": 0.0},
+        "two-CLS CLIP, no self-distillation (the heads and masking stay, untrained by any loss)",
       ),
+      _arm("ibot", "tipsv2", {"loss_opts.ibot_all_patches": False}, "+ DINO and iBOT (masked patches)"),
+      _arm("ibot_pp", "tipsv2", {}, "+ DINO and iBOT++ (every patch; TIPSv2)"),
       _arm(
-        "ibot_pp_dino_sum",
+        "ibot_pp_separate",
         "tipsv2",
-        {"loss_opts.dino_reduction": "sum"},
-        "iBOT++ with DINO summed over the local crops (TIPSv2 Eq. 1 read literally)",
+        {"loss_opts.ibot_token_norm": "separate", "loss_opts.ibot_visible_weight": 0.5},
+        "ours, not the paper's: masked and visible tokens averaged apart, visible weight 0.5 (fixed "
+        "before any run, not tuned)",
       ),
+    ),
+  )
+
+
+def _mask(a):
+  return dict(
+    claim="TIPSv2 Table 12: iBOT++'s mask ratio; 0.75 (the paper's) against 0.4 and no masking",
+    metrics=_columns(a, mechanism=True),
+    bases={"tipsv2": _base(a, "tipsv2")},
+    arms=tuple(
+      _arm(f"mask_{int(r * 100):02d}", "tipsv2", {"input.mask_ratio": r}, note)
+      for r, note in ((0.0, "no masking"), (0.4, ""), (0.75, "TIPSv2"))
     ),
   )
 
@@ -222,7 +293,7 @@ def _distill(a):
       "randomly initialised student gives the student patch-text alignment beyond the teacher's; "
       "mask 0.75 or a student initialised from the teacher removes the gain"
     ),
-    metrics=DENSE + GLOBAL,
+    metrics=_columns(a),
     bases={"tipsv2": _base(a, "tipsv2"), "distill": _base(a, "distill")},
     arms=(
       _arm("teacher", "tipsv2", {}, "pretrained teacher (the students' frozen teacher)"),
@@ -249,7 +320,7 @@ def _ema(a):
       "TIPSv2 §3.4: an EMA of the heads only (the teacher encoder is the student's own, under "
       "stop-gradient) matches a full EMA teacher at a smaller train state"
     ),
-    metrics=GLOBAL + DENSE + ("state/train_state_MiB", "state/ema_params_M"),
+    metrics=_columns(a, state=True) + ("state/ema_params_M",),
     bases={"tipsv2": _base(a, "tipsv2")},
     arms=(
       _arm("ema_head", "tipsv2", {"ema.mode": "head"}, "TIPSv2"),
@@ -259,14 +330,8 @@ def _ema(a):
 
 
 def _captions(a):
-  return dict(
-    claim=(
-      "TIPS: two CLS tokens, CLS1 with the alt-text and CLS2 with synthetic captions, beat one CLS "
-      "trained on the alt-text only"
-    ),
-    metrics=GLOBAL + DENSE,
-    bases={"tipsv2": _base(a, "tipsv2")},
-    arms=(
+  if a.data != "scenes":  # the first round's study (docs/results.md, openclipart)
+    arms = (
       _arm(
         "alt_text_1cls",
         "tipsv2",
@@ -274,16 +339,78 @@ def _captions(a):
         "one CLS, alt-text only",
       ),
       _arm("synthetic_2cls", "tipsv2", {}, "two CLS: alt-text + synthetic captions (TIPSv2)"),
+    )
+  else:  # on scenes every caption kind names its objects' class words, as the zero-shot prompts do
+    arms = (
+      _arm(
+        "alt_text_1cls",
+        "tipsv2",
+        {"model.image.num_cls_tokens": 1, "data.caption_keys": ()},
+        "one CLS, alt-text only",
+      ),
+      _arm(
+        "two_cls_one_granularity",
+        "tipsv2",
+        {"data.caption_keys": ("caption_detailed",)},
+        "two CLS: alt-text + the detailed caption",
+      ),
+      _arm(
+        "two_cls_multi_granularity",
+        "tipsv2",
+        {"data.caption_keys": ("caption", "caption_detailed")},
+        "two CLS: alt-text + a short or a detailed caption sampled per step (TIPSv2)",
+      ),
+    )
+  return dict(
+    claim=(
+      "TIPS / TIPSv2: two CLS tokens, CLS1 with the alt-text and CLS2 with synthetic captions (sampled "
+      "over granularities in TIPSv2), beat one CLS trained on the alt-text only"
     ),
+    metrics=_columns(a),
+    bases={"tipsv2": _base(a, "tipsv2")},
+    arms=arms,
   )
 
 
 def _tipsito(a):
+  arms = [_arm("tipsv2", "tipsv2"), _arm("tipsito", "tipsito", {}, "fusion lambda 2 of its alignment")]
+  if a.data == "scenes":
+    arms.append(
+      _arm(
+        "tipsito_fusion4", "tipsito", {"loss.fusion": 4.0}, "fusion : alignment 4 (the composition before)"
+      )
+    )
   return dict(
     claim="tipsito: ITO's second view and fusion loss added to TIPSv2 help at the same budget",
-    metrics=GLOBAL + DENSE,
+    metrics=_columns(a),
     bases={"tipsv2": _base(a, "tipsv2"), "tipsito": _base(a, "tipsito")},
-    arms=(_arm("tipsv2", "tipsv2"), _arm("tipsito", "tipsito")),
+    arms=tuple(arms),
+  )
+
+
+def _weighting(a):
+  """configs/demo.py itself (AdamW, CLIP pixels, its views): the three compositions of the tipsito recipe
+  (the demo's zero-shot fell when `view_weighting` became `mean`, a cause never measured)."""
+  if a.data != "scenes":
+    raise ValueError("config arg data: the weighting study measures configs/demo.py on scenes; drop data=")
+  base = _demo(recipe="tipsito", steps=a.steps, batch=a.batch, size=a.size, data="scenes")
+  base.input.num_workers = 0
+  base.log_every_steps = a.log_every
+  base.ckpt.every_steps = a.ckpt_every
+  base = _data_and_evals(base, a)
+  return dict(
+    claim=(
+      "configs/demo.py: how the tipsito recipe weighs its two views and its fusion loss; `sum` (every "
+      "contrastive term at full weight), `mean` with fusion lambda 2 of the alignment (ITO's ratio, the "
+      "default) and `mean` with fusion 4 (the composition before, twice ITO's ratio)"
+    ),
+    metrics=_columns(a),
+    bases={"demo": base},
+    arms=(
+      _arm("mean_lambda2", "demo", {}, "the demo: mean, fusion lambda 2 (weight 1)"),
+      _arm("mean_fusion4", "demo", {"loss.fusion": 4.0}, "mean, fusion weight 2 (ratio 4)"),
+      _arm("sum", "demo", {"loss_opts.view_weighting": "sum"}, "sum, fusion lambda 2 (weight 2)"),
+    ),
   )
 
 
@@ -311,17 +438,19 @@ def _optimizer(a):
 
 # The per-run budget (steps at batch 32, 64 px, configs/demo.py's tiny/16 tower with patch 8; see
 # docs/results.md for how it was chosen): every study at 3 seeds in about 4 hours on 2 CPU cores.
-STUDY_STEPS = {"openclipart": 500, "shapes": 800}
+STUDY_STEPS = {"openclipart": 500, "shapes": 800, "scenes": 800}
 
 STUDIES = {
   "smoke": _smoke,
   "ito": _ito,
   "ibot": _ibot,
+  "mask": _mask,
   "distill": _distill,
   "ema": _ema,
   "captions": _captions,
   "tipsito": _tipsito,
   "optimizer": _optimizer,
+  "weighting": _weighting,
 }
 
 
@@ -341,16 +470,20 @@ def get_config(arg=None):
     evals="+".join(EVAL_TYPES),
     log_every=20,
     ckpt_every=100,
-    optim="adamw",
-    pixels="clip",
+    optim="",
+    pixels="",
     width=0,
     depth=0,
   )
   args_lib.check_choice("study", a.study, STUDIES)
-  if a.study == "optimizer" and (a.optim, a.pixels) != ("adamw", "clip"):
-    raise ValueError("config args optim / pixels: the optimizer study varies both itself; drop them")
-  if not a.data:  # the runner's smoke study on procedural shapes; the paper studies on openclipart
-    a.data = "shapes" if a.study == "smoke" else "openclipart"
+  if a.study in ("optimizer", "weighting") and (a.optim or a.pixels):
+    raise ValueError(f"config args optim / pixels: the {a.study} study sets both itself; drop them")
+  if not a.data:  # the runner's smoke study on procedural shapes; the paper studies on scenes
+    a.data = "shapes" if a.study == "smoke" else "scenes"
+  # The paper's optimizer and pixels on scenes (Adafactor, TIPS pixel statistics); the first round's
+  # AdamW and CLIP pixels elsewhere, so that its commands (with data=openclipart) still run what they ran.
+  a.optim = a.optim or ("adafactor" if a.data == "scenes" else "adamw")
+  a.pixels = a.pixels or ("tips" if a.data == "scenes" else "clip")
   if not a.steps:
     a.steps = STUDY_STEPS[a.data]
   if a.ckpt_every % a.log_every:

@@ -75,7 +75,7 @@ def test_readme_example_runs_on_an_image_file(paths, tmp_path):
   _run(_swap(blocks[0], {**paths, "photo.png": str(photo)}), ns)
   probs, names = ns["probs"], ns["names"]
   assert probs.shape == (1, len(names)) and abs(float(probs.sum()) - 1.0) < 1e-5
-  np.testing.assert_allclose(probs, ns["enc"].classify(img, names, templates="a {} shape."), atol=1e-6)
+  np.testing.assert_allclose(probs, ns["enc"].classify(img, names, templates=ns["templates"]), atol=1e-6)
 
 
 def test_zero_shot_example_runs_and_prints_the_top_class(paths):

@@ -216,7 +216,18 @@ def test_every_study_plans(tmp_path):
   from tipsito.studies import arms
 
   mod = _ablations()
-  assert set(mod.STUDIES) == {"smoke", "ito", "ibot", "distill", "ema", "captions", "tipsito", "optimizer"}
+  assert set(mod.STUDIES) == {
+    "smoke",
+    "ito",
+    "ibot",
+    "mask",
+    "distill",
+    "ema",
+    "captions",
+    "tipsito",
+    "optimizer",
+    "weighting",
+  }
   for name in mod.STUDIES:
     study = mod.get_config(f"study={name}")
     assert study.claim and study.metrics, name
@@ -241,7 +252,7 @@ def test_width_and_depth_scale_both_towers_of_every_arm(tmp_path):
   from tipsito.studies import arms
 
   mod = _ablations()
-  for name in mod.STUDIES:
+  for name in set(mod.STUDIES) - {"weighting"}:  # the weighting study is configs/demo.py itself
     for job in arms.plan(mod.get_config(f"study={name},width=128,depth=3"), [0], str(tmp_path)):
       shapes = [
         (t.width, t.depth, t.num_heads, t.mlp_dim) for t in (job.config.model.image, job.config.model.text)
@@ -252,42 +263,80 @@ def test_width_and_depth_scale_both_towers_of_every_arm(tmp_path):
 
 
 def test_optim_and_pixels_args_set_every_arm_but_the_optimizer_studys(tmp_path):
-  """`optim=adafactor,pixels=tips` reruns a study on the paper's optimizer and pixel statistics; the
-  `optimizer` study, which varies both itself, refuses them."""
+  """On scenes the studies run the paper's optimizer and pixel statistics (Adafactor, TIPS pixels) unless
+  the args say otherwise; on openclipart the first round's AdamW and CLIP pixels (its commands still run
+  what they ran); the `optimizer` and `weighting` studies, which set both themselves, refuse them."""
   from tipsito.config import presets
   from tipsito.studies import arms
 
   mod = _ablations()
-  for job in arms.plan(mod.get_config("study=ibot,optim=adafactor,pixels=tips"), [0], str(tmp_path)):
-    assert job.config.optim.name == "adafactor", job.arm.name
-    assert tuple(job.config.model.image.pixel_mean) == tuple(presets.TIPS_PIXEL_MEAN), job.arm.name
-  for job in arms.plan(mod.get_config("study=ibot"), [0], str(tmp_path)):
-    assert job.config.optim.name == "adamw", job.arm.name
-    assert tuple(job.config.model.image.pixel_mean) == tuple(presets.CLIP_PIXEL_MEAN), job.arm.name
-  with pytest.raises(ValueError, match="the optimizer study varies both itself"):
-    mod.get_config("study=optimizer,optim=adafactor")
+  cases = (
+    ("study=ibot", "adafactor", presets.TIPS_PIXEL_MEAN),
+    ("study=ibot,optim=adamw,pixels=clip", "adamw", presets.CLIP_PIXEL_MEAN),
+    ("study=ibot,data=openclipart", "adamw", presets.CLIP_PIXEL_MEAN),
+    ("study=ibot,data=openclipart,optim=adafactor,pixels=tips", "adafactor", presets.TIPS_PIXEL_MEAN),
+  )
+  for arg, optim, mean in cases:
+    for job in arms.plan(mod.get_config(arg), [0], str(tmp_path)):
+      assert job.config.optim.name == optim, (arg, job.arm.name)
+      assert tuple(job.config.model.image.pixel_mean) == tuple(mean), (arg, job.arm.name)
+  for study in ("optimizer", "weighting"):
+    with pytest.raises(ValueError, match=f"the {study} study sets both itself"):
+      mod.get_config(f"study={study},optim=adafactor")
 
 
-def test_paper_studies_train_on_openclipart_and_judge_on_its_test_split(tmp_path):
-  """The paper studies train on openclipart's train split, every eval reads its held-out test split, and
-  the views are the papers' (TIPS global view = the whole image, ITO's 0.5-1.0), not the demo's."""
+def _check_views(name, job):
+  c = job.config
+  if job.arm.name == "ibot_pp_global_crop_032":
+    assert tuple(c.input.global_crop_scale) == (0.32, 1.0)
+  elif "multicrop" in c.input.views:
+    assert tuple(c.input.global_crop_scale) == (1.0, 1.0), (name, job.arm.name)
+  else:
+    assert tuple(c.input.global_crop_scale) == (0.5, 1.0), (name, job.arm.name)
+  if "two_views" in c.input.views:
+    assert tuple(c.input.view2_crop_scale) == (0.5, 1.0)
+
+
+def test_paper_studies_train_on_scenes_and_judge_on_its_test_split(tmp_path):
+  """The paper studies train on scenes' train split with the scenes tokenizer, every eval (the probes
+  included) reads its held-out test split, the columns are the paper's, and the views are the papers'
+  (TIPS global view = the whole image, ITO's 0.5-1.0), not the demo's."""
   from tipsito.studies import arms
 
   mod = _ablations()
-  for name in set(mod.STUDIES) - {"smoke"}:
-    for job in arms.plan(mod.get_config(f"study={name}"), [0], str(tmp_path)):
+  for name in set(mod.STUDIES) - {"smoke", "optimizer", "weighting"}:
+    study = mod.get_config(f"study={name}")
+    assert set(mod.SCENES_DENSE) <= set(study.metrics), name
+    for job in arms.plan(study, [0], str(tmp_path)):
+      c = job.config
+      assert (c.data.name, c.data.split) == ("scenes", "train"), (name, job.arm.name)
+      assert c.tokenizer.endswith("scenes_sp.model")
+      assert {ev.dataset for ev in c.evals.values()} == {"scenes"}
+      assert {ev.split for ev in c.evals.values()} == {"test"}, (name, job.arm.name)
+      assert {ev.type for ev in c.evals.values()} == set(mod.EVAL_TYPES)
+      _check_views(name, job)
+  assert set(mod.MECHANISM) <= set(mod.get_config("study=ibot").metrics)
+  weighting = arms.plan(mod.get_config("study=weighting"), [0], str(tmp_path))
+  assert {j.arm.name: (j.config.loss_opts.view_weighting, j.config.loss.fusion) for j in weighting} == {
+    "mean_lambda2": ("mean", 2.0),
+    "mean_fusion4": ("mean", 4.0),
+    "sum": ("sum", 2.0),
+  }
+
+
+def test_first_round_studies_still_run_on_openclipart(tmp_path):
+  """data=openclipart: the first round's studies (docs/results.md), on openclipart's train split, judged on
+  its held-out test split."""
+  from tipsito.studies import arms
+
+  mod = _ablations()
+  for name in set(mod.STUDIES) - {"smoke", "weighting", "mask"}:
+    for job in arms.plan(mod.get_config(f"study={name},data=openclipart"), [0], str(tmp_path)):
       c = job.config
       assert (c.data.name, c.data.split) == ("openclipart", "train"), (name, job.arm.name)
       assert {ev.dataset for ev in c.evals.values()} == {"openclipart"}
       assert {ev.split for ev in c.evals.values()} == {"test"}, (name, job.arm.name)
-      if job.arm.name == "ibot_pp_global_crop_032":
-        assert tuple(c.input.global_crop_scale) == (0.32, 1.0)
-      elif "multicrop" in c.input.views:
-        assert tuple(c.input.global_crop_scale) == (1.0, 1.0), (name, job.arm.name)
-      else:
-        assert tuple(c.input.global_crop_scale) == (0.5, 1.0), (name, job.arm.name)
-      if "two_views" in c.input.views:
-        assert tuple(c.input.view2_crop_scale) == (0.5, 1.0)
+      _check_views(name, job)
 
 
 def test_wrong_override_fails_before_anything_runs(tmp_path):

@@ -7,7 +7,7 @@ arm, best in bold) and `W/plots/*.png`. Rerun the same command after an interrup
 never rerun, a half-finished run resumes from its latest checkpoint.
 
 Flags: --config (a study config: configs/ablations.py; `--config.key=value` overrides work as usual),
---seeds (number of seeds: 0..N-1), --workdir, --parallel (runs at the same time; 1 = in this process),
+--seeds (number of seeds: F..F+N-1 with --first_seed F, 0 by default), --workdir, --parallel (runs at the same time; 1 = in this process),
 --only (comma-separated arms; the arms they depend on are added), --dry_run (list the runs and their
 overrides and status, run nothing), --noplots. The library is tipsito/studies/.
 
@@ -37,7 +37,16 @@ def _define_flags() -> None:
   config_flags.DEFINE_config_file(
     "config", None, "Study config (configs/ablations.py:study=NAME,...).", lock_config=True
   )
-  flags.DEFINE_integer("seeds", 3, "Number of seeds per arm (seeds 0..N-1).", lower_bound=1)
+  flags.DEFINE_integer(
+    "seeds", 3, "Number of seeds per arm (seeds F..F+N-1, F = --first_seed).", lower_bound=1
+  )
+  flags.DEFINE_integer(
+    "first_seed",
+    0,
+    "The first seed. A pilot runs on seeds that are never reported (e.g. --first_seed 100 --seeds 1 in a "
+    "workdir of its own) before the reported seeds 0..N-1.",
+    lower_bound=0,
+  )
   flags.DEFINE_string("workdir", None, "Sweep folder (rerun the same command on it to resume).")
   flags.DEFINE_integer(
     "parallel",
@@ -49,7 +58,7 @@ def _define_flags() -> None:
   flags.DEFINE_bool("dry_run", False, "List the runs, their overrides and status; run nothing.")
   flags.DEFINE_bool("plots", True, "Write the PNG plots (needs matplotlib: the `studies` extra).")
   flags.mark_flags_as_required(["config", "workdir"])
-  for name in ("config", "workdir", "seeds", "parallel", "only", "dry_run", "plots"):
+  for name in ("config", "workdir", "seeds", "first_seed", "parallel", "only", "dry_run", "plots"):
     FLAGS.register_key_flag_for_module(sys.argv[0], FLAGS[name])
 
 
@@ -65,7 +74,7 @@ def main(argv: Sequence[str]) -> None:
   try:
     code = runner.run_sweep(
       FLAGS.config,
-      seeds=list(range(FLAGS.seeds)),
+      seeds=list(range(FLAGS.first_seed, FLAGS.first_seed + FLAGS.seeds)),
       workdir=FLAGS.workdir,
       parallel=FLAGS.parallel,
       only=FLAGS.only,

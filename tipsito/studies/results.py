@@ -22,8 +22,11 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-LOSS_PREFIX = "loss/"
-LOWER_IS_BETTER = ("loss/", "state/")
+# The logged training scalars a result keeps as curves (and their last value as a metric): the loss terms,
+# and the masked / visible patch cross-entropy of TIPSv2 Fig. 2 (`ibot/ce_masked`, `ibot/ce_visible`),
+# the mechanism the ibot and mask studies read.
+LOSS_PREFIX = ("loss/", "ibot/ce_")
+LOWER_IS_BETTER = ("loss/", "ibot/ce_", "state/")
 
 
 # --- one run ------------------------------------------------------------------------------------------
