@@ -6,7 +6,7 @@
 # --num_processes=N --process_id=I`; process I appends to WORKDIR/process_I.log, process 0 also to the
 # terminal. Exit status: 0 done; 75 preempted (SIGTERM to this script or any process: every process saves
 # the same step); 76 a process disappeared (killed, crashed: the others named it and stopped; see
-# tipsito/peer_loss.py); after 75 or 76 the same command again resumes from the latest checkpoint.
+# tipsito/distributed/peer_loss.py); after 75 or 76 the same command again resumes from the latest checkpoint.
 # Otherwise the first failing process's status. RESTARTS=K relaunches all N processes up to K times
 # after a 75 or 76 that this script did not cause itself (default 0: exit and let you or a restart policy
 # decide).

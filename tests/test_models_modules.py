@@ -18,11 +18,11 @@ from tipsito.models import (
   FusionTransformer,
   TextEncoder,
   VisionTransformer,
-  presets,
   text_config,
   vit_config,
 )
 from tipsito.models import vit as vit_lib
+from tipsito.config import presets
 
 KEY = jax.random.PRNGKey(0)
 

@@ -254,7 +254,7 @@ def test_damaged_rerun_ends_bitwise_equal_to_uninterrupted(reference, damaged):
 
 
 def test_survivor_of_a_lost_peer_exits_by_itself_with_the_documented_status(peer):
-  from tipsito import peer_loss
+  from tipsito.distributed import peer_loss
 
   w, killed, exit_s, steps, _ = peer
   (rc0, _, log0), (rc1, _, _) = killed

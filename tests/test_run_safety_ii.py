@@ -23,7 +23,7 @@ import pytest
 
 from tipsito import distributed
 from tipsito.train import exporting
-from tipsito import peer_loss
+from tipsito.distributed import peer_loss
 from tipsito.config import defaults
 from tipsito.train import assembly
 from tipsito.train import checkpointing
