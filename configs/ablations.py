@@ -330,24 +330,17 @@ def _ema(a):
 
 
 def _captions(a):
+  one_cls = _arm(
+    "alt_text_1cls",
+    "tipsv2",
+    {"model.image.num_cls_tokens": 1, "data.caption_keys": ()},
+    "one CLS, alt-text only",
+  )
   if a.data != "scenes":  # the first round's study (docs/results.md, openclipart)
-    arms = (
-      _arm(
-        "alt_text_1cls",
-        "tipsv2",
-        {"model.image.num_cls_tokens": 1, "data.caption_keys": ()},
-        "one CLS, alt-text only",
-      ),
-      _arm("synthetic_2cls", "tipsv2", {}, "two CLS: alt-text + synthetic captions (TIPSv2)"),
-    )
+    arms = (one_cls, _arm("synthetic_2cls", "tipsv2", {}, "two CLS: alt-text + synthetic captions (TIPSv2)"))
   else:  # on scenes every caption kind names its objects' class words, as the zero-shot prompts do
     arms = (
-      _arm(
-        "alt_text_1cls",
-        "tipsv2",
-        {"model.image.num_cls_tokens": 1, "data.caption_keys": ()},
-        "one CLS, alt-text only",
-      ),
+      one_cls,
       _arm(
         "two_cls_one_granularity",
         "tipsv2",
