@@ -69,15 +69,15 @@ def seg_records(n, num_classes, seed):
   return recs
 
 
-def depth_records(n, seed, gt_size=SIZE):
-  """Images whose red value v codes a constant depth of 20 * v millimetres (0.2 .. 5 m)."""
+def depth_records(n, seed, gt_size=SIZE, offset_mm=0):
+  """Images whose red value v codes a constant depth of 20 * v millimetres (0.2 .. 5 m), plus offset_mm."""
   rng = np.random.default_rng(seed)
   recs = []
   for _ in range(n):
     v = int(rng.integers(10, 250))
     img = np.zeros((gt_size, gt_size, 3), np.uint8)
     img[..., 0] = v
-    depth = np.full((gt_size, gt_size), 20 * v, np.uint16)
+    depth = np.full((gt_size, gt_size), 20 * v + offset_mm, np.uint16)
     depth[0, 0] = 0  # one pixel without depth: not scored
     recs.append({"image": _png(img), "depth": _png(depth)})
   return recs
@@ -144,6 +144,18 @@ def test_linear_depth_linear_code_reaches_rmse_near_zero(gt_size):
   assert res["ldepth/rmse"] < 0.01  # metres, depths 0.2 .. 5 m (measured: 0.003)
   assert res["ldepth/delta1"] == pytest.approx(100.0)
   assert res["ldepth/num_examples"] == 12
+
+
+def test_linear_depth_at_its_default_schedule_reaches_far_depths():
+  """The default schedule (lr 1e-3, 1,000 steps) on depths of 6-11 m: the bias starts at the mean train
+  depth, so the probe fits the linear code (started at 0, AdamW's ~1e-3 a step would leave it near 1 m)."""
+  ev = make_evaluator(
+    "ldepth",
+    dict(type="linear_depth", dataset="fake", image_size=SIZE, batch_size=8),
+    source_fn=splits(depth_records(24, 1, offset_mm=6000), depth_records(12, 2, offset_mm=6000)),
+  )
+  res = ev.run(FakeEncoder("depth"))
+  assert res["ldepth/rmse"] < 0.5 and res["ldepth/delta1"] == pytest.approx(100.0), res
 
 
 def test_linear_depth_noise_is_far_from_the_answer():

@@ -10,7 +10,7 @@ fine-tuning. The protocol here is dinov2's "linear" heads (its `BNHead`), kept s
 2. Normalisation: each feature channel is standardised with the mean and standard deviation of the
    train split's features. This is the BatchNorm that dinov2 / TIPS put before the linear layer, in its
    inference form (population statistics; its affine part is absorbed by the linear layer).
-3. A linear layer (weights and bias, zero initialised), trained with optax AdamW (`lr`, `weight_decay`;
+3. A linear layer (weights zero initialised, the bias too except for depth: the mean train depth), trained with optax AdamW (`lr`, `weight_decay`;
    b1 0.9, b2 0.999), a linear warm-up over the first 10 % of `steps` then cosine decay to 0
    (`optax.warmup_cosine_decay_schedule`), `probe_batch_size` train images per step drawn with
    `jax.random` from `seed`. Everything is deterministic given the seed and the features.
@@ -146,11 +146,15 @@ def train_probe(
   weight_decay: float,
   batch_size: int,
   seed: int,
+  bias_init: float = 0.0,
 ) -> dict[str, jax.Array]:
   """Trains the normalised linear layer on frozen `features` (N, ..., D) against `targets` (N, ...).
 
   `loss_fn(outputs, targets_batch)` is one of the losses above (bound to its options). Returns params
-  {'mean', 'std', 'w', 'b'} for `apply_probe`. Minibatches of `batch_size` rows are drawn without
+  {'mean', 'std', 'w', 'b'} for `apply_probe`. `bias_init` starts the bias there instead of 0: the depth
+  probe starts at the mean train depth, the least-squares bias of a zero weight, since a regression in
+  metres from 0 would spend its whole schedule moving the bias (AdamW moves a parameter by about `lr` a
+  step: 1e-3 x 1,000 steps = 1 m). Minibatches of `batch_size` rows are drawn without
   replacement within a step from `jax.random.key(seed)`; the result depends only on the inputs.
   """
   n, d = features.shape[0], features.shape[-1]
@@ -158,7 +162,10 @@ def train_probe(
     raise ValueError("no training examples for the probe")
   mean, std = feature_stats(features)
   frozen = {"mean": jnp.asarray(mean), "std": jnp.asarray(std)}
-  trainable = {"w": jnp.zeros((d, out_dim), jnp.float32), "b": jnp.zeros((out_dim,), jnp.float32)}
+  trainable = {
+    "w": jnp.zeros((d, out_dim), jnp.float32),
+    "b": jnp.full((out_dim,), float(bias_init), jnp.float32),
+  }
   tx = probe_optimizer(int(steps), float(lr), float(weight_decay))
   feats = jnp.asarray(features, jnp.float32)
   tgts = jnp.asarray(targets)
@@ -437,7 +444,11 @@ class LinearDepthEvaluator(_ProbeEvaluator):
       encoder, self.cfg["train_split"], self.cfg["max_train_examples"], self.select, "depth", need_depth=True
     )
     loss = functools.partial(depth_loss, min_depth=lo, max_depth=hi)
-    params = train_probe(train_x, train_y.astype(np.float32), 1, loss, **self.probe_options())
+    valid = train_y[(train_y > lo) & (train_y < hi)]
+    start = float(valid.mean()) if valid.size else 0.5 * (lo + hi)
+    params = train_probe(
+      train_x, train_y.astype(np.float32), 1, loss, bias_init=start, **self.probe_options()
+    )
     eval_x, _ = self.gather(encoder, self.cfg["split"], self.cfg["max_examples"], self.select, "_valid")
     predict = jax.jit(apply_probe)
     per_image = []
