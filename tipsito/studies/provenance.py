@@ -56,6 +56,12 @@ def machine() -> dict[str, Any]:
   }
 
 
+# The commit of the code this process runs: taken when the module is first imported (the sweep and each
+# job import it before training), since a checkout that moves on while a long sweep runs does not change
+# the code already loaded.
+_LOADED = commit()
+
+
 def describe() -> dict[str, Any]:
-  """The provenance of a run started now: commit and machine."""
-  return {**commit(), "machine": machine()}
+  """The provenance of a run of this process: the commit its code was loaded from, and the machine."""
+  return {**_LOADED, "machine": machine()}
