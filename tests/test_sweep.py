@@ -377,3 +377,18 @@ def test_dependency_placeholder_resolves_per_seed(tmp_path):
   study.arms = (study.arms[-1],) + study.arms[:-1]
   with pytest.raises(arms.StudyError, match=r"arm 'student' depends on 'augment_ito', which is a later arm"):
     arms.plan(study, [0], str(tmp_path))
+
+
+def test_best_arm_of_an_error_is_the_lowest():
+  """Bold marks the lowest mean of losses, patch cross-entropies, state sizes and errors (the depth probe's
+  RMSE), the highest otherwise."""
+  from tipsito.studies import results as results_lib  # pylint: disable=import-outside-toplevel
+
+  def summary(metric, a, b):
+    return {"arms": {"a": {"summary": {metric: {"mean": a}}}, "b": {"summary": {metric: {"mean": b}}}}}
+
+  assert results_lib.best_arms(summary("linear_depth/rmse", 1.4, 1.5), "linear_depth/rmse") == {"a"}
+  assert results_lib.best_arms(summary("ibot/ce_visible", 2.0, 1.0), "ibot/ce_visible") == {"b"}
+  assert results_lib.best_arms(
+    summary("linear_segmentation/miou", 40.0, 45.0), "linear_segmentation/miou"
+  ) == {"b"}

@@ -8,7 +8,7 @@ attempts logged the same step (after the checkpoint the second resumed from) the
 
 results.json: every number per arm and seed, plus mean, sample std and n over the seeds. results.md:
 one table (rows = arms, columns = the study's metrics, mean ± std (n), best mean per column in bold:
-the lowest for `loss/` and `state/` metrics, the highest otherwise), the arms' overrides and budget, the
+the lowest for `loss/`, `ibot/ce_`, `state/` and RMSE metrics, the highest otherwise), the arms' overrides and budget, the
 seeds, the command and the wall time per arm.
 """
 
@@ -27,6 +27,12 @@ import numpy as np
 # the mechanism the ibot and mask studies read.
 LOSS_PREFIX = ("loss/", "ibot/ce_")
 LOWER_IS_BETTER = ("loss/", "ibot/ce_", "state/")
+LOWER_IS_BETTER_SUFFIX = ("/rmse",)  # errors of an eval (the depth probe's RMSE)
+
+
+def lower_is_better(metric: str) -> bool:
+  """Whether a smaller value of `metric` is the better one (losses, state sizes, errors)."""
+  return metric.startswith(LOWER_IS_BETTER) or metric.endswith(LOWER_IS_BETTER_SUFFIX)
 
 
 # --- one run ------------------------------------------------------------------------------------------
@@ -198,7 +204,7 @@ def best_arms(summary: dict, metric: str) -> set[str]:
   }
   if not means:
     return set()
-  pick = min if metric.startswith(LOWER_IS_BETTER) else max
+  pick = min if lower_is_better(metric) else max
   best = pick(means.values())
   return {a for a, m in means.items() if m == best}
 
@@ -234,7 +240,7 @@ def markdown(summary: dict) -> str:
     "",
     f"Seeds: {seeds} (each sets `config.seed` and `config.input.shuffle_seed`). Cells: mean ± "
     "sample std over the finished seeds (their number in brackets); best mean per column in bold "
-    "(lowest for `loss/` and `state/`, highest otherwise). `loss/` is the last logged training "
+    "(lowest for `loss/`, `ibot/ce_`, `state/` and RMSE, highest otherwise). `loss/` is the last logged training "
     "loss, the others are the final evals (%) and `python -m tipsito.info`'s sizes.",
     "",
   ]
