@@ -74,7 +74,11 @@ def main():
   print(json.dumps(out, indent=1, sort_keys=True))
   if args.compare:
     before = json.loads(pathlib.Path(args.compare).read_text())
-    diff = [r for r in out if before.get(r) != out[r]]
+    diff = {r: d for r in out if (d := differences(before[r], out[r]))}
+    for r in out:
+      added = sorted(set(out[r]["metrics"]) - set(before[r]["metrics"]))
+      if added:
+        print(f"{r}: metrics added {added}", file=sys.stderr)
     print(
       f"{len(out) - len(diff)} of {len(out)} recipes equal" + (f"; differ: {diff}" if diff else ""),
       file=sys.stderr,
