@@ -22,7 +22,7 @@ alignment of tipsv2 shows (6.8x chance), so the demo trains on scenes by default
 old demo). The tipsito demo itself on scenes (seed 0, 2 idle cores): 4m14s; segmentation mIoU 25.2%
 (chance 2.9%), non-largest-object accuracy 51.2% (the copied CLS answer: 21.2%), zero-shot 33.5%.
 Its composition (`view_weighting=mean`, fusion lambda 2 of the alignment) was measured against `mean` with
-fusion 4 and `sum` (configs/ablations.py:study=weighting, docs/results.md, 2 of 3 seeds): none clearly better
+fusion 4 and `sum` (configs/ablations.py:study=weighting, docs/results.md, 3 seeds): none clearly better
 on the dense metrics, so the recipe's default stays.
 
 Why these sizes (everything below was measured with data=shapes): a 2-core laptop must finish in under 10 minutes (about 7.5 on our 2-core machine),
