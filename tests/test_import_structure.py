@@ -37,14 +37,7 @@ PENDING = {
   # module -> function-local imports of tipsito modules without a reason on their line
   "unexplained_local_imports": {},
   # (config module, module outside CONFIG_MAY_IMPORT it imports): the reason it still does
-  "config_imports": {
-    ("tipsito.config.validation", "tipsito.evals.segmentation"): "the segmentation eval check "
-    "(`resolve_config`) needs the evaluators' common defaults, the benchmarks' class lists and the eval "
-    "resize modes, which live in modules that import JAX; `validate` imports JAX through it",
-    ("tipsito.config.validation", "tipsito.evals.probes"): "the probe eval check (`probes.check_config`: "
-    "the probes' keys, benchmarks and splits) lives with the probes, which import JAX; like the "
-    "segmentation check, to move into a light module",
-  },
+  "config_imports": {},
 }
 
 # The layer contract of tipsito/config/ (issue 34 item 1): a config is a leaf that builds and validates
@@ -52,7 +45,13 @@ PENDING = {
 # package, only these modules, each of which imports no JAX, Flax, grain, Orbax or TensorFlow
 # (tests/test_light_imports.py builds every config with those absent).
 CONFIG_MAY_IMPORT = frozenset(
-  {"tipsito.choices", "tipsito.paths", "tipsito.data.sources", "tipsito.data.tokenizer"}
+  {
+    "tipsito.choices",
+    "tipsito.paths",
+    "tipsito.data.sources",
+    "tipsito.data.tokenizer",
+    "tipsito.evals.config_checks",  # the eval config checks validation runs (not the evaluators)
+  }
 )
 # Modules that import nothing but the standard library's `__future__` and `typing` (the names every layer
 # may share: tipsito/choices.py), so that importing them can never pull a layer in.

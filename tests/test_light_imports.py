@@ -70,23 +70,36 @@ def _run(body: str, hidden=(), timeout: int = 600) -> tuple[str, dict]:
   return p.stdout, json.loads(line[len("MODULES ") :])
 
 
-def test_every_config_builds_without_jax_flax_grain_orbax_or_tensorflow():
-  _, mods = _run(
-    """
+def test_every_config_builds_and_validates_without_jax_flax_grain_orbax_or_tensorflow():
+  """Every configs/*.py builds, and every shipped training config validates with its documented args
+  (tests/test_configs.py `PAPER`, as that test validates them), in an interpreter that imports no heavy
+  package: `import tipsito.config.validation` included."""
+  from test_configs import PAPER  # pylint: disable=import-outside-toplevel
+
+  out, mods = _run(
+    f"""
     import importlib, importlib.util, pathlib
     import tipsito.config
-    for m in ("args", "defaults", "mesh", "paper", "presets", "recipes", "run_file", "schema"):
+    for m in ("args", "defaults", "mesh", "paper", "presets", "recipes", "run_file", "schema", "validation"):
       importlib.import_module("tipsito.config." + m)
+    from tipsito.config import validation
+    modules = {{}}
     for f in sorted(pathlib.Path("configs").glob("*.py")):
       spec = importlib.util.spec_from_file_location("cfg_" + f.stem, f)
-      module = importlib.util.module_from_spec(spec)
+      module = modules[f.name] = importlib.util.module_from_spec(spec)
       spec.loader.exec_module(module)
       module.get_config()
       print("built", f.name)
+    for name, args in {PAPER!r}.items():
+      for arg in args:
+        validation.validate(modules[name].get_config(arg), check_tokenizer=name == "demo.py")
+        print("validated", name, arg)
     """
   )
   heavy = sorted(set(mods["top"]) & set(CONFIG_HEAVY))
   assert not heavy, f"building the configs imported {heavy}; tipsito modules loaded: {mods['tipsito']}"
+  validated = [line for line in out.splitlines() if line.startswith("validated ")]
+  assert len(validated) == sum(len(args) for args in PAPER.values()) > 0
 
 
 def test_step_bench_and_load_run_without_tensorflow_grain_or_clu(tmp_path, conformance_dir):

@@ -18,8 +18,7 @@ from tipsito.config import mesh as mesh_lib
 from tipsito.config import run_file
 from tipsito.config import schema
 from tipsito.data import tokenizer as tok_lib
-from tipsito.evals import probes
-from tipsito.evals import segmentation
+from tipsito.evals import config_checks as eval_checks
 from tipsito.config import recipes as recipes_lib
 from tipsito.choices import TERM_FIELDS
 
@@ -322,17 +321,17 @@ def validate(
 
 
 def _check_evals(config: mlc.ConfigDict) -> None:
-  """Enabled segmentation and probe evals: keys and values (tipsito/evals/segmentation.py: benchmark,
-  protocol, resize; tipsito/evals/probes.py `check_config`: keys, schedule, benchmark kind and splits)."""
+  """Enabled segmentation and probe evals: keys and values (tipsito/evals/config_checks.py: the
+  segmentation benchmark, protocol and resize; the probes' keys, schedule, benchmark kind and splits)."""
   for name, ev in config.evals.items():
     ev = ev.to_dict() if hasattr(ev, "to_dict") else dict(ev)
-    if ev.get("enabled", True) is False or ev.get("type") not in ("segmentation", *probes.PROBE_KINDS):
+    if ev.get("enabled", True) is False or ev.get("type") not in ("segmentation", *eval_checks.PROBE_KINDS):
       continue
     try:
       if ev["type"] == "segmentation":
-        segmentation.resolve_config(ev)
+        eval_checks.resolve_segmentation_config(ev)
       else:
-        probes.check_config(ev)
+        eval_checks.check_probe_config(ev)
     except (KeyError, ValueError) as e:
       raise ConfigError(f"config.evals.{name}: {e.args[0]}") from None
 

@@ -40,46 +40,13 @@ from tipsito.data import eval_input
 from tipsito.data import sources
 from tipsito.data.tokenizer import Tokenizer
 from tipsito.evals import metrics as metrics_lib
+from tipsito.evals.config_checks import COMMON_DEFAULTS  # noqa: F401  (evaluator.COMMON_DEFAULTS: the keys every evaluator takes)
+from tipsito.evals.config_checks import as_dict  # noqa: F401  (registry.py, the evaluators)
 from tipsito.evals import pictures as pictures_lib
 from tipsito.evals import templates as templates_lib
 
-COMMON_DEFAULTS: dict[str, Any] = dict(
-  type=None,
-  dataset=None,
-  split="test",
-  data_dir=None,
-  every_steps=0,
-  batch_size=32,
-  image_size=224,
-  cls_index=0,
-  project=None,
-  max_examples=None,
-  image_key="image",
-  label_key="label",
-  segmentation_key="segmentation",
-  caption_keys=None,
-  resize="center_crop",
-  num_pictures=0,
-  class_names=None,
-  templates=None,
-  text_batch_size=64,
-  tokenizer=None,
-  prepare=True,
-  enabled=True,
-  num_workers=4,
-)
-
 # A record source is a random-access sequence (or an iterable) of dict records, for one split.
 SourceFn = Callable[[str], Any]
-
-
-def as_dict(cfg) -> dict:
-  """ConfigDict / Mapping / None -> plain dict (evaluators keep an immutable snapshot)."""
-  if cfg is None:
-    return {}
-  if hasattr(cfg, "to_dict"):
-    return cfg.to_dict()
-  return dict(cfg)
 
 
 def pct(x: float) -> float:

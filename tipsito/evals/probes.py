@@ -38,7 +38,8 @@ uint16 millimetres) or a dense benchmark read from its published layout under `d
 both splits are held in memory (float32; the train split's on the accelerator): cap them with
 `max_train_examples` / `max_examples` at large scale.
 
-Config keys (besides evaluator.COMMON_DEFAULTS): train_split ('train'), max_train_examples (None),
+Config keys (besides evaluator.COMMON_DEFAULTS; their defaults and the config check are in
+tipsito/evals/config_checks.py): train_split ('train'), max_train_examples (None),
 steps (1000), lr (1e-3), weight_decay (1e-4), probe_batch_size (16), seed (0), resize ('resize');
 segmentation: num_classes (None = the benchmark's, else the dataset's class names + 1 for background,
 or their count with reduce_zero_label), ignore_index (255), reduce_zero_label (False); depth: depth_key
@@ -59,22 +60,10 @@ import optax
 from tipsito.data import dense_benchmarks
 from tipsito.data import eval_input
 from tipsito.data import sources
+from tipsito.evals import config_checks
 from tipsito.evals import evaluator
 from tipsito.evals import metrics as metrics_lib
 from tipsito.evals import segmentation
-
-PROBE_DEFAULTS: dict[str, Any] = dict(
-  train_split="train",
-  max_train_examples=None,
-  steps=1000,
-  lr=1e-3,
-  weight_decay=1e-4,
-  probe_batch_size=16,
-  seed=0,
-  resize="resize",
-  project=False,
-)
-
 
 # --------------------------------------------------------------------------------------------
 # The probe: normalisation + linear layer trained on frozen features
@@ -216,43 +205,11 @@ def depth_metrics(pred: np.ndarray, gt: np.ndarray, min_depth: float, max_depth:
 # Evaluators
 # --------------------------------------------------------------------------------------------
 
-PROBE_KINDS = {"linear_segmentation": "segmentation", "linear_depth": "depth", "linear_classification": None}
-
-
-def check_config(cfg) -> None:
-  """Raises KeyError / ValueError for a probe eval config that cannot run (tipsito/config/validation.py
-  calls this at config time, before training starts): unknown keys, a schedule that trains nothing, a
-  dense benchmark of the other kind or an unknown split of it."""
-  cfg = evaluator.as_dict(cfg)
-  typ = cfg.get("type")
-  cls = {
-    c.TYPE: c for c in (LinearSegmentationEvaluator, LinearDepthEvaluator, LinearClassificationEvaluator)
-  }[typ]
-  known = set(evaluator.COMMON_DEFAULTS) | set(cls.DEFAULTS)
-  unknown = sorted(set(cfg) - known)
-  if unknown:
-    raise KeyError(f"unknown keys {unknown} for type {typ!r}; known: {sorted(known)}")
-  merged = {**evaluator.COMMON_DEFAULTS, **cls.DEFAULTS, **cfg}
-  for key in ("steps", "probe_batch_size"):
-    if int(merged[key]) < 1:
-      raise ValueError(f"{key} must be >= 1, got {merged[key]!r}")
-  if not float(merged["lr"]) > 0:
-    raise ValueError(f"lr must be > 0, got {merged['lr']!r}")
-  bench = dense_benchmarks.benchmark(merged.get("dataset"))
-  if bench is not None:
-    if PROBE_KINDS[typ] != bench.kind:
-      raise ValueError(f"dataset {bench.name!r} is a {bench.kind} benchmark; type {typ!r} cannot read it")
-    for key in ("split", "train_split"):
-      if merged[key] not in bench.splits:
-        raise ValueError(
-          f"{key} {merged[key]!r} is not a split of {bench.name}; known: {sorted(bench.splits)}"
-        )
-
 
 class _ProbeEvaluator(evaluator.Evaluator):
   """Shared by the three probes: sources (tipsito datasets or dense benchmarks), frozen features."""
 
-  DEFAULTS = dict(PROBE_DEFAULTS)
+  DEFAULTS = dict(config_checks.PROBE_DEFAULTS)  # the probes' defaults and check: config_checks.py
 
   def __init__(self, name: str, cfg=None, **kwargs):
     super().__init__(name, cfg, **kwargs)
@@ -316,7 +273,7 @@ class LinearSegmentationEvaluator(_ProbeEvaluator):
   """Linear probe on frozen patch tokens -> per-pixel classes, mIoU at the label map's resolution."""
 
   TYPE = "linear_segmentation"
-  DEFAULTS = dict(PROBE_DEFAULTS, num_classes=None, ignore_index=255, reduce_zero_label=False)
+  DEFAULTS = dict(config_checks.PROBE_TYPE_DEFAULTS[TYPE])
   NEEDS_MASKS = True
 
   def mask_spec(self) -> eval_input.MaskSpec:
@@ -384,7 +341,7 @@ class LinearDepthEvaluator(_ProbeEvaluator):
   """Linear regression of depth from frozen [patch, CLS] tokens; RMSE and delta1 at the GT's resolution."""
 
   TYPE = "linear_depth"
-  DEFAULTS = dict(PROBE_DEFAULTS, depth_key="depth", depth_scale=1000.0, min_depth=1e-3, max_depth=10.0)
+  DEFAULTS = dict(config_checks.PROBE_TYPE_DEFAULTS[TYPE])
 
   def depth_spec(self) -> eval_input.DepthSpec:
     """Where the depth map is and its unit."""
@@ -473,7 +430,7 @@ class LinearClassificationEvaluator(_ProbeEvaluator):
   """Linear classifier on the frozen CLS token (beside kNN); top-1."""
 
   TYPE = "linear_classification"
-  DEFAULTS = dict(PROBE_DEFAULTS, num_classes=None, resize="center_crop")
+  DEFAULTS = dict(config_checks.PROBE_TYPE_DEFAULTS[TYPE])
 
   def run(self, encoder) -> dict[str, float]:
     """Encodes both splits once, trains the classifier, scores top-1 on the eval split."""

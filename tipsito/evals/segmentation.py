@@ -52,7 +52,8 @@ with `background_name` inserted at `background_index` (tipsito builders: mask va
 ('resize', 'center_crop') GT is resized with nearest neighbour together with the image; with
 'short_side' it keeps its size. The GT maps are read by `tipsito.data.eval_input` (`MaskSpec`).
 
-Config keys (besides evaluator.COMMON_DEFAULTS): benchmark (None | 'ade150' | 'pc59' | 'pc60' |
+Config keys (besides evaluator.COMMON_DEFAULTS; their defaults, the benchmarks and the config check are in
+tipsito/evals/config_checks.py): benchmark (None | 'ade150' | 'pc59' | 'pc60' |
 'voc21'), protocol ('whole' | 'slide'), crop_size (None = the image's short side; benchmarks: 448),
 stride (None = crop_size * 2 // 3; benchmarks: 336, the TIPS notebook's), bg_threshold (None),
 templates (None = 'tcl'), patch_tokens (True), global_copy (True), and, only without a benchmark (a benchmark defines them, `BENCHMARK_KEYS`):
@@ -88,7 +89,6 @@ legend of the classes shown (tipsito/evals/pictures.py `segmentation_figure`); '
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Callable, Iterator
 
@@ -98,127 +98,20 @@ import numpy as np
 from PIL import Image
 
 from tipsito.data import eval_input
-from tipsito.evals import class_names as class_names_lib
+from tipsito.evals import config_checks
 from tipsito.evals import evaluator
 from tipsito.evals import metrics as metrics_lib
 from tipsito.evals import pictures as pictures_lib
 from tipsito.evals import templates as templates_lib
 
-PROTOCOLS = ("whole", "slide")
-
-
-@dataclasses.dataclass(frozen=True)
-class Benchmark:
-  """One named zero-shot segmentation benchmark (see the module docstring)."""
-
-  class_names: tuple[str, ...]
-  background_index: int | None  # the scored 'background' class, or None (label 0 is ignored)
-  reduce_zero_label: bool  # label 0 -> ignore, v -> v - 1
-  source: str
-  image_size: int = 448  # short side
-  crop_size: int = 448  # 'slide' window
-  stride: int = 336  # 'slide' step (TIPS notebook; TCL uses 224)
-
-
-BENCHMARKS: dict[str, Benchmark] = {
-  "ade150": Benchmark(class_names_lib.ADE150, None, True, "TIPS zero-shot segmentation notebook"),
-  "pc59": Benchmark(class_names_lib.PC59, None, True, "TCL 'context59' (mmseg PascalContextDataset59)"),
-  "pc60": Benchmark(class_names_lib.PC60, 0, False, "TCL 'context' (mmseg PascalContextDataset)"),
-  "voc21": Benchmark(class_names_lib.VOC21, 0, False, "TCL 'voc' (mmseg PascalVOCDataset)"),
-}
-
-# Keys a benchmark sets itself; giving one next to `benchmark` is an error (it would change the benchmark).
-BENCHMARK_KEYS = (
-  "class_names",
-  "background_index",
-  "background_name",
-  "ignore_index",
-  "reduce_zero_label",
-  "mask_source",
-  "resize",
-)
-
-DEFAULTS = dict(
-  benchmark=None,
-  protocol="whole",
-  crop_size=None,
-  stride=None,
-  background_index=0,
-  background_name="background",
-  bg_threshold=None,
-  ignore_index=255,
-  reduce_zero_label=False,
-  mask_source="auto",
-  alpha_label="label",
-  resize="resize",
-  patch_tokens=True,
-  global_copy=True,
-)
+# The benchmarks, the defaults and the config check live in the light module validation uses.
+BENCHMARKS = config_checks.BENCHMARKS
+BENCHMARK_KEYS = config_checks.BENCHMARK_KEYS
+DEFAULTS = config_checks.SEGMENTATION_DEFAULTS
+resolve_config = config_checks.resolve_segmentation_config
 
 # The predictions scored, each with its metric-key prefix ('values' keeps the keys it always had).
 KINDS = {"values": "", "patches": "patches/", "global_copy": "global_copy/"}
-
-
-def resolve_config(cfg) -> dict:
-  """The full config of a segmentation eval (common defaults, these defaults, the benchmark, `cfg`).
-
-  Raises KeyError for unknown keys and ValueError for a wrong value or a key that contradicts the
-  benchmark; used by the evaluator and by `tipsito.config.validation` (before anything compiles).
-  """
-  given = evaluator.as_dict(cfg)
-  merged = dict(evaluator.COMMON_DEFAULTS)
-  merged.update(DEFAULTS)
-  unknown = set(given) - set(merged)
-  if unknown:
-    raise KeyError(f"unknown config keys {sorted(unknown)}")
-  merged.update(given)
-  if merged["protocol"] not in PROTOCOLS:
-    raise ValueError(
-      f"protocol={merged['protocol']!r} is not allowed; valid values: {list(PROTOCOLS)} "
-      f"(the benchmark is `benchmark`: {sorted(BENCHMARKS)})"
-    )
-  name = merged["benchmark"]
-  if name is not None:
-    if name not in BENCHMARKS:
-      raise ValueError(f"benchmark={name!r} is not allowed; valid values: None or {sorted(BENCHMARKS)}")
-    clash = sorted(k for k in BENCHMARK_KEYS if k in given)
-    if clash:
-      raise ValueError(
-        f"benchmark={name!r} defines {clash}; remove them, or drop `benchmark` and set every key yourself"
-      )
-    b = BENCHMARKS[name]
-    merged.update(
-      class_names=list(b.class_names),
-      background_index=b.background_index,
-      background_name=None,
-      ignore_index=255,
-      reduce_zero_label=b.reduce_zero_label,
-      mask_source="segmentation",
-      resize="short_side",
-    )
-    for key in ("image_size", "crop_size", "stride"):
-      if given.get(key) is None:
-        merged[key] = getattr(b, key)
-    if b.background_index is None and merged["bg_threshold"] is not None:
-      raise ValueError(f"bg_threshold is set but benchmark={name!r} has no background class")
-  if merged["resize"] not in eval_input.RESIZE_MODES:
-    raise ValueError(
-      f"resize={merged['resize']!r} is not allowed; valid values: {list(eval_input.RESIZE_MODES)}"
-    )
-  for key in ("patch_tokens", "global_copy"):
-    if not isinstance(merged[key], bool):
-      raise ValueError(f"{key}={merged[key]!r} is not allowed; valid values: True or False")
-  for key in ("crop_size", "stride"):
-    v = merged[key]
-    if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-      raise ValueError(f"{key}={v!r} is not allowed; valid values: None or an integer >= 1")
-  if merged["resize"] == "short_side" and (
-    isinstance(merged["image_size"], bool) or not isinstance(merged["image_size"], int)
-  ):
-    raise ValueError(
-      f"resize='short_side' needs an integer image_size (the short side), got {merged['image_size']!r}"
-    )
-  return merged
 
 
 # ------------------------------------------------------------------------------------------------------

@@ -3,7 +3,8 @@ workdir's latest (or chosen) state, and the start of a new run from another one 
 
 Why one module above tipsito/train/step.py: `step.build` is a pure builder (config, mesh, optional
 teacher -> Setup; it reads no disk), so every read of a run from disk that a Setup depends on is here, and
-the assembly flows one way: the loop, `export`, `evaluate` and the interop sources call this module; it
+the assembly flows one way: the loop and `evaluate` call this module (`export --workdir` reads only the
+encoders' part of a checkpoint, tipsito/train/exporting.py `read_workdir`, and needs no Setup); it
 calls the teacher loader (tipsito/train/teacher.py), the builder and the checkpoint reader
 (tipsito/train/checkpointing.py); none of them calls back. Every read here is read-only: the workdir read
 may belong to another run, or to one still training (an unreadable latest step is skipped with a warning,
@@ -45,7 +46,7 @@ def restore_latest(
   workdir: str, *, what: str, mesh: Any = None, step: Optional[int] = None
 ) -> tuple[step_lib.Setup, Any]:
   """(Setup, TrainState) of a workdir's latest readable checkpoint (or of checkpoint `step`), the state
-  built from the workdir's own config.json (export, evaluate, the interop sources). `what` names the
+  built from the workdir's own config.json (evaluate, tests). `what` names the
   workdir's role in errors."""
   distributed.configure_jax()
   setup = build(workdir_lib.load_config(workdir), mesh)

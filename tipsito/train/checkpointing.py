@@ -532,13 +532,52 @@ def restore_latest_state(
   """The latest readable TrainState of a training workdir (or the one of checkpoint `step`, no fallback;
   no data state), placed with `state_shardings`.
 
-  Why one function: `export --workdir`, `evaluate --checkpoint W` and distillation from a workdir
-  teacher all read a finished (or running) workdir the same way: read-only (an unreadable latest step
-  is skipped with a warning, never moved; the workdir may belong to a run still training). `what` names
-  the caller's flag or key in the errors.
+  Why one function: `evaluate --checkpoint W` and distillation from a workdir teacher read a finished (or
+  running) workdir the same way as `export --workdir` (`restore_latest_part`): read-only (an unreadable
+  latest step is skipped with a warning, never moved; the workdir may belong to a run still training).
+  `what` names the caller's flag or key in the errors.
+  """
+  abstract = abstract_with_shardings(state_shapes, state_shardings)
+  args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract))
+  return _restore_read_only(workdir, lambda reader, s: reader.restore(s, args=args)["state"], what, step)
+
+
+def saved_state_shapes(step_dir) -> Any:
+  """The tree a checkpoint step's state item holds (dicts of `jax.ShapeDtypeStruct`), from its Orbax
+  metadata: no array is read. What a reader of part of a state restores by (`restore_latest_part`)."""
+  meta = ocp.StandardCheckpointHandler().metadata(as_path(step_dir) / "state")
+  return jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype), meta.tree)
+
+
+def restore_latest_part(workdir, part: Callable[[Any], Any], *, what: str, step: Optional[int] = None) -> Any:
+  """Part of the latest readable state of a training workdir (or of checkpoint `step`), read read-only
+  as `restore_latest_state` reads the whole. `part(saved)` gets the step's saved tree as shapes
+  (`saved_state_shapes`: {'step', 'params', 'opt_state', 'ema', 'centers', 'rng'}) and returns the
+  subtree to read, its leaves ShapeDtypeStructs carrying the shardings to place them with; only that
+  subtree is read.
+
+  Why: a reader that needs part of a run's state (the export: the encoders) then needs nothing to
+  rebuild the run's whole state layout, which for a distilled student depends on its teacher (the width
+  of the distillation projection, whether the teacher brought its own heads): the checkpoint says the
+  shapes of what it holds.
   """
   ckpt_dir = as_path(workdir) / "checkpoints"
-  abstract = abstract_with_shardings(state_shapes, state_shardings)
+
+  def restore(reader, s):
+    abstract = part(saved_state_shapes(ckpt_dir / str(s)))
+    restore_args = jax.tree.map(lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding), abstract)
+    args = ocp.args.Composite(
+      state=ocp.args.PyTreeRestore(item=abstract, restore_args=restore_args, partial_restore=True)
+    )
+    return reader.restore(s, args=args)["state"]
+
+  return _restore_read_only(workdir, restore, what, step)
+
+
+def _restore_read_only(workdir, restore: Callable[[Any, int], Any], what: str, step: Optional[int]) -> Any:
+  """`restore(reader, s)` of the newest readable step `s` of `<workdir>/checkpoints` (or of `step` only),
+  through a process-local read-only reader; an unreadable step is skipped with a warning, never moved."""
+  ckpt_dir = as_path(workdir) / "checkpoints"
   reader = local_reader(ckpt_dir)
   try:
     steps = same_on_every_process(sorted(int(s) for s in reader.all_steps()))
@@ -552,14 +591,14 @@ def restore_latest_state(
       steps = [int(step)]
     _, out, _ = restore_first_readable(
       steps,
-      lambda s: reader.restore(s, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract))),
+      lambda s: restore(reader, s),
       directory=os.fspath(ckpt_dir),
       what=what,
       read_only=True,
     )
   finally:
     reader.close()
-  return out["state"]
+  return out
 
 
 def restore_params(path, abstract_params: Any) -> Any:
