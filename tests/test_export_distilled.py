@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import tipsito
+from tipsito import evaluate
 from conftest import run_synthetic_steps
 from test_recipes_distill import TIPS, tiny_student
 from tipsito.train import assembly
@@ -65,7 +66,8 @@ def test_a_distilled_student_exports_without_its_teacher(student, tmp_path):
       assembly.restore_latest(str(wd), what="test")
     out = exporting.export_from_workdir(str(wd), str(tmp_path / "export"))
     model = exporting.model_from_workdir(str(wd))
-    encoder = exporting.encoder_from_workdir(str(wd))  # what `evaluate --checkpoint W` can use
+    encoder = exporting.encoder_from_workdir(str(wd))
+    evaluated, kind = evaluate.load_encoder(None, str(wd))  # `evaluate --checkpoint W`
   finally:
     teacher.with_suffix(".gone").rename(teacher)
 
@@ -76,4 +78,6 @@ def test_a_distilled_student_exports_without_its_teacher(student, tmp_path):
   _assert_same_params(tipsito.load(out).params, ref.params)
   _assert_same_params(model.params, ref.params)
   _assert_same_params(encoder.params, ref.params)
+  assert kind == "train"
+  _assert_same_params(evaluated.params, ref.params)
   assert model.temperature == ref_cfg["temperature"] and model.extra["step"] == 2

@@ -87,12 +87,12 @@ def load_encoder(config, checkpoint: str):
 def _encoder_from_workdir(config, checkpoint: str):
   """Latest checkpoint of a training workdir -> in-memory Encoder (no export needed).
 
-  The same path as `export_from_workdir` (tipsito/train/exporting.py): the workdir's saved config.json
-  rebuilds the model (tipsito/train/assembly.py `restore_latest`); `checkpoint` may be the workdir or its
+  The same read as `export_from_workdir` (tipsito/train/exporting.py `encoder_from_workdir`): the
+  workdir's saved config.json defines the towers and only the export's part of the checkpoint is read,
+  so a distilled student evaluates without its teacher; `checkpoint` may be the workdir or its
   `checkpoints/` folder.
   """
   del config  # the workdir's own training config defines the model
-  from tipsito.train import assembly  # optional: training code, for workdirs only
   from tipsito.train import exporting  # optional: training code, for workdirs only
 
   workdir, step = workdir_and_step(checkpoint)
@@ -101,8 +101,7 @@ def _encoder_from_workdir(config, checkpoint: str):
       f"{checkpoint!r} is neither an export (config.json + params/) nor a training "
       "workdir (config.json + checkpoints/) or one of its step folders (checkpoints/N)"
     )
-  setup, state = assembly.restore_latest(workdir, what=f"--checkpoint {checkpoint}", step=step)
-  return exporting.training_encoder(setup, state.params)
+  return exporting.encoder_from_workdir(workdir, step, what=f"--checkpoint {checkpoint}")
 
 
 def workdir_and_step(checkpoint: str):
