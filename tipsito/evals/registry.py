@@ -45,9 +45,12 @@ def _type_of(name: str, cfg) -> str:
 
 def resolved_config(name: str, cfg) -> dict:
   """`config.evals.<name>` with the defaults of its evaluator type filled in: the values the evaluator
-  reads (COMMON_DEFAULTS, then the type's DEFAULTS, then the config), for callers that need them without
-  building the evaluator (`python -m tipsito.plan`)."""
-  return {**COMMON_DEFAULTS, **EVALUATOR_TYPES[_type_of(name, cfg)].DEFAULTS, **as_dict(cfg)}
+  reads (COMMON_DEFAULTS, then the type's DEFAULTS, then the config; a segmentation benchmark's sizes too),
+  for callers that need them without building the evaluator (`python -m tipsito.plan`)."""
+  typ = _type_of(name, cfg)
+  if typ == "segmentation":
+    return segmentation.resolve_config(cfg)
+  return {**COMMON_DEFAULTS, **EVALUATOR_TYPES[typ].DEFAULTS, **as_dict(cfg)}
 
 
 def make_evaluators(config) -> dict[str, Evaluator]:
