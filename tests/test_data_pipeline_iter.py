@@ -5,6 +5,7 @@ the data, resume to the very next batch, and survive bad records while counting 
 use an in-memory random-access source and a tiny tokenizer so they run in seconds on CPU.
 """
 
+import dataclasses
 import io
 
 import ml_collections as mlc
@@ -13,6 +14,7 @@ import pytest
 from PIL import Image
 
 from tipsito.data import pipeline
+from tipsito.data import transforms as T
 
 CAPS = ('caption_a', 'caption_b', 'caption_c')
 WORDS = {'alt': 1, 'a': 2, 'b': 3, 'c': 4}
@@ -66,6 +68,7 @@ def make_config(
     label_key='idx',
     max_skip_fraction=0.05,
     min_records_for_skip_check=20,
+    **dataclasses.asdict(T.DEFAULT_LIMITS),
   )
   data.update(data_kw)
   return mlc.ConfigDict(
@@ -73,7 +76,7 @@ def make_config(
       seed=7,
       tokenizer=None,
       max_len=6,
-      model=dict(image=dict(patch_size=8)),
+      model=dict(image=dict(patch_size=8), text=dict(flavour='tips')),
       data=data,
       input=dict(
         batch_size=batch_size,
@@ -87,6 +90,15 @@ def make_config(
         num_workers=num_workers,
         prefetch=2,
         shuffle_seed=3,
+        shuffle=True,
+        num_epochs=None,
+        read_threads=None,
+        augment_view2=None,
+        mask_prob=1.0,
+        global_crop_scale=None,
+        local_crop_scale=None,
+        view2_crop_scale=None,
+        crop_ratio=None,
       ),
     )
   )

@@ -4,6 +4,8 @@ Why: the in-memory tests pin the pipeline's logic; this one pins the seams with 
 reader (field renaming, caption discovery, encoded bytes) and the shipped SentencePiece tokenizer.
 """
 
+import dataclasses
+
 import ml_collections as mlc
 import numpy as np
 import pytest
@@ -12,6 +14,7 @@ from tipsito.data import convert
 from tipsito.data import eval_input
 from tipsito.data import pipeline
 from tipsito.data import tokenizer as tok_lib
+from tipsito.data import transforms as T
 
 
 @pytest.fixture(scope='module')
@@ -35,7 +38,7 @@ def _config(data_dir, **inp):
       seed=0,
       tokenizer=None,
       max_len=16,
-      model=dict(image=dict(patch_size=8)),
+      model=dict(image=dict(patch_size=8), text=dict(flavour='tips')),
       data=dict(
         name='shapes/tiny',
         split='train',
@@ -45,6 +48,8 @@ def _config(data_dir, **inp):
         caption_keys=(),
         label_key='label',
         max_skip_fraction=0.05,
+        min_records_for_skip_check=None,
+        **dataclasses.asdict(T.DEFAULT_LIMITS),
       ),
       input=dict(
         batch_size=4,
@@ -58,6 +63,15 @@ def _config(data_dir, **inp):
         num_workers=0,
         prefetch=1,
         shuffle_seed=0,
+        shuffle=True,
+        num_epochs=None,
+        read_threads=None,
+        augment_view2=None,
+        mask_prob=1.0,
+        global_crop_scale=None,
+        local_crop_scale=None,
+        view2_crop_scale=None,
+        crop_ratio=None,
       ),
       evals=dict(
         seg=dict(

@@ -57,8 +57,9 @@ def _make_tokenizer(path: Optional[str], text_cfg: dict):
     return None, (
       f'cannot tokenize strings: tipsito.data.tokenizer is not available ({e}); pass int32 token ids instead'
     )
-  flavour = text_cfg.get('flavour') or 'tips'
-  tok = Tokenizer(path, max_len=int(text_cfg.get('max_len', 64)), flavour=flavour)
+  text = TextEncoder(**_inference_kwargs(dict(text_cfg), TextEncoder))  # an older export: module defaults
+  flavour = text.flavour
+  tok = Tokenizer(path, max_len=int(text.max_len), flavour=flavour)
   vocab = text_cfg.get('vocab_size')
   if vocab is not None and tok.vocab_size > int(vocab):
     return None, (
@@ -162,9 +163,9 @@ class Encoder:
     size = (self.config.get('extra') or {}).get('image_size')
     if size:
       return int(size)
-    g = self.image_config.get('posemb_grid', 32)
+    g = self.image_model.posemb_grid  # the module's: an older export's absent keys take its defaults
     g = g if isinstance(g, int) else int(g[0])
-    return g * int(self.image_config.get('patch_size', 14))
+    return g * int(self.image_model.patch_size)
 
   def _image_batch(self, images, size: Optional[int]):
     """Arrays (B,H,W,3) / one (H,W,3) as given (uint8 or [0,1] floats); files, bytes, PIL images, lists,

@@ -43,6 +43,7 @@ import numpy as np  # noqa: E402
 from tipsito import distributed  # noqa: E402
 from tipsito.config import validation as config_validation  # noqa: E402
 from tipsito.data.synthetic import synthetic_batch  # noqa: E402
+from tipsito.evals import registry as eval_registry  # noqa: E402
 from tipsito.config import recipes as recipes_lib  # noqa: E402
 from tipsito.train import observability  # noqa: E402
 from tipsito.train import sharding  # noqa: E402
@@ -285,8 +286,8 @@ def _tower_desc(cfg) -> str:
   """'scan,remat=dots_saveable' style summary of a tower's compile settings."""
   if not cfg:
     return "-"
-  remat = cfg.get("remat_policy", "nothing_saveable") if cfg.get("remat") else "none"
-  return f"{'scan' if cfg.get('scan') else 'unrolled'},remat={remat}"
+  remat = cfg.remat_policy if cfg.remat else "none"
+  return f"{'scan' if cfg.scan else 'unrolled'},remat={remat}"
 
 
 def plan_evals(config, devices: list, *, topology: str = "") -> list[dict]:
@@ -316,10 +317,11 @@ def plan_evals(config, devices: list, *, topology: str = "") -> list[dict]:
   )
   shards = mesh.shape["data"] * mesh.shape["fsdp"]
   seen, rows = set(), []
-  for name, ev in sorted(config.evals.items()):
-    size = int(ev.get("image_size", s))
-    bsz = -(-int(ev.get("batch_size", 32)) // shards) * shards
-    values = ev.get("type") == "segmentation"
+  for name, given in sorted(config.evals.items()):
+    ev = eval_registry.resolved_config(name, given)  # what the evaluator reads, its defaults included
+    size = int(ev["image_size"])
+    bsz = -(-int(ev["batch_size"]) // shards) * shards
+    values = ev["type"] == "segmentation"
     key = (bsz, size, values)
     if key in seen:
       continue
@@ -689,7 +691,7 @@ def main(argv: Sequence[str]) -> None:
         topology=topo,
         teacher_variant=f.teacher_variant,
       ),
-      attention=a or str(config.model.image.get("attention", "xla")),
+      attention=a or str(config.model.image.attention),
     )
     for a in f.attention or [None]
     for k in ks

@@ -96,7 +96,7 @@ def bench_one(
   config_validation.validate(config, num_devices=jax.device_count(), check_tokenizer=False)  # synthetic ids
   setup = assembly.build(config)
   state = setup.init_state()
-  vocab = setup.model.text_cfg.get("vocab_size", 100) if setup.model.text_cfg else 100
+  vocab = setup.model.text_cfg["vocab_size"] if setup.model.text_cfg else 100  # no text tower: any ids
   host = synthetic_batch(  # this process's slice of the global batch
     config, batch_size=int(config.input.batch_size) // jax.process_count(), vocab_size=int(vocab)
   )
@@ -116,7 +116,7 @@ def bench_one(
   out = {
     "recipe": config.recipe,
     "image": _tower_desc(config.model.image),
-    "attention": str(config.model.image.get("attention", "xla")),
+    "attention": str(config.model.image.attention),
     "remat": bool(config.model.image.remat),
     "ema": config.ema.mode,
     "batch": b,

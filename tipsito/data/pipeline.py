@@ -72,16 +72,6 @@ class TooManySkippedError(RuntimeError):
   """The skipped fraction of a dataset passed `config.data.max_skip_fraction`."""
 
 
-def _get(cfg, key, default=None):
-  """`cfg.get(key, default)` for ConfigDict / dict / None alike."""
-  if cfg is None:
-    return default
-  try:
-    return cfg.get(key, default)
-  except AttributeError:
-    return getattr(cfg, key, default)
-
-
 def _process_info(process_index, process_count):
   """Defaults to the JAX process; importing JAX only when the caller did not say."""
   if process_index is None or process_count is None:
@@ -104,8 +94,8 @@ def open_source(data_config, split: str | None = None):
   keys = dict(
     image_key='image',
     alt_text_key='alt_text',
-    caption_keys=tuple(getattr(info, 'caption_keys', ()) or ()),
-    label_key='label' if getattr(info, 'label_key', None) else None,
+    caption_keys=tuple(info.caption_keys),
+    label_key='label' if info.label_key else None,
   )
   return src, keys
 
@@ -141,50 +131,53 @@ class ExampleSpec:
 
   @classmethod
   def from_config(cls, config) -> 'ExampleSpec':
-    """Reads config.input / config.data / config.model.image.patch_size (see module docs)."""
+    """Reads config.input / config.data / config.model.image.patch_size (see module docs).
+
+    Every key is read as it is: a validated config has them all (tipsito/config/schema.py declares their
+    defaults), and a saved config.json is upgraded to the schema when read (tipsito/config/run_file.py).
+    The None of an optional crop range means the default range written here."""
     inp, data = config.input, config.data
-    views = _get(inp, 'views', 'two_views')
-    augment = _get(inp, 'augment', 'ito')
+    views = inp.views
+    augment = inp.augment
     if views not in VIEWS:
       raise ValueError(f'config.input.views={views!r}; valid values: {list(VIEWS)}')
     if augment not in AUGMENTS:
       raise ValueError(f'config.input.augment={augment!r}; valid values: {list(AUGMENTS)}')
-    augment_view2 = _get(inp, 'augment_view2', None)
+    augment_view2 = inp.augment_view2
     if augment_view2 not in (None,) + tuple(AUGMENTS):
       raise ValueError(
         f'config.input.augment_view2={augment_view2!r}; valid values: {[None] + list(AUGMENTS)}'
       )
-    mask_type = _get(inp, 'mask_type', 'random')
+    mask_type = inp.mask_type
     if mask_type not in masking.MASK_TYPES:
       raise ValueError(f'config.input.mask_type={mask_type!r}; valid: {list(masking.MASK_TYPES)}')
     default_global = (0.5, 1.0) if augment == 'ito' else (0.32, 1.0)
-    model_image = _get(_get(config, 'model'), 'image')
     limits = T.ImageLimits(
-      max_pixels=int(_get(data, 'max_pixels', T.DEFAULT_LIMITS.max_pixels)),
-      hard_max_pixels=int(_get(data, 'hard_max_pixels', T.DEFAULT_LIMITS.hard_max_pixels)),
-      min_side=int(_get(data, 'min_side', T.DEFAULT_LIMITS.min_side)),
-      max_aspect=float(_get(data, 'max_aspect', T.DEFAULT_LIMITS.max_aspect)),
-      background=tuple(_get(data, 'background', T.DEFAULT_LIMITS.background)),
+      max_pixels=int(data.max_pixels),
+      hard_max_pixels=int(data.hard_max_pixels),
+      min_side=int(data.min_side),
+      max_aspect=float(data.max_aspect),
+      background=tuple(data.background),
     )
     return cls(
       views=views,
       augment=augment,
       augment_view2=augment_view2,
-      global_size=int(_get(inp, 'global_size', 224)),
-      local_size=int(_get(inp, 'local_size', 98)),
-      num_local=int(_get(inp, 'num_local', 0) or 0) if 'multicrop' in views else 0,
-      global_scale=tuple(_get(inp, 'global_crop_scale', None) or default_global),
-      local_scale=tuple(_get(inp, 'local_crop_scale', None) or (0.05, 0.32)),
-      view2_scale=tuple(_get(inp, 'view2_crop_scale', None) or ITO_VIEW2_SCALE),
-      ratio=tuple(_get(inp, 'crop_ratio', None) or (3 / 4, 4 / 3)),
-      mask_ratio=float(_get(inp, 'mask_ratio', 0.0) or 0.0),
+      global_size=int(inp.global_size),
+      local_size=int(inp.local_size),
+      num_local=int(inp.num_local) if 'multicrop' in views else 0,
+      global_scale=tuple(inp.global_crop_scale or default_global),
+      local_scale=tuple(inp.local_crop_scale or (0.05, 0.32)),
+      view2_scale=tuple(inp.view2_crop_scale or ITO_VIEW2_SCALE),
+      ratio=tuple(inp.crop_ratio or (3 / 4, 4 / 3)),
+      mask_ratio=float(inp.mask_ratio),
       mask_type=mask_type,
-      mask_prob=float(_get(inp, 'mask_prob', 1.0)),
-      patch_size=int(_get(model_image, 'patch_size', 16) or 16),
-      image_key=_get(data, 'image_key', 'image') or 'image',
-      alt_text_key=_get(data, 'alt_text_key', 'alt_text'),
-      caption_keys=tuple(_get(data, 'caption_keys', ()) or ()),
-      label_key=_get(data, 'label_key', None),
+      mask_prob=float(inp.mask_prob),
+      patch_size=int(config.model.image.patch_size),
+      image_key=data.image_key,
+      alt_text_key=data.alt_text_key,
+      caption_keys=tuple(data.caption_keys),
+      label_key=data.label_key,
       limits=limits,
     )
 
@@ -528,7 +521,7 @@ def _read_options(num_workers: int, config_input, per_host_batch: int) -> grain.
   """Threads per process for reading+transforming: PIL releases the GIL in decode and resize, so
   a few threads help in-process; inside worker processes one thread avoids oversubscription."""
   default = 1 if num_workers > 0 else min(4, os.cpu_count() or 1)
-  threads = int(_get(config_input, 'read_threads', None) or default)
+  threads = int(config_input.read_threads or default)  # None: the default above
   return grain.ReadOptions(
     num_threads=threads, prefetch_buffer_size=max(2 * threads, min(per_host_batch, 256))
   )
@@ -597,17 +590,14 @@ def _tokenizer_for(config, tokenizer) -> _Tokenizer:
   """Wraps an injected tokenizer, or config.tokenizer/max_len/model.text.flavour, in a picklable handle."""
   if isinstance(tokenizer, _Tokenizer):
     return tokenizer
-  text = _get(_get(config, 'model', None), 'text', None)
-  return _Tokenizer(
-    tokenizer, _get(config, 'tokenizer', None), _get(config, 'max_len', 64), _get(text, 'flavour', 'tips')
-  )
+  return _Tokenizer(tokenizer, config.tokenizer, config.max_len, config.model.text.flavour)
 
 
 def _skip_settings(data):
   """(max_skip_fraction, min records before the fraction is checked) from config.data."""
   return (
-    float(_get(data, 'max_skip_fraction', 0.05)),
-    int(_get(data, 'min_records_for_skip_check', None) or DEFAULT_MIN_RECORDS_FOR_SKIP_CHECK),
+    float(data.max_skip_fraction),
+    int(data.min_records_for_skip_check or DEFAULT_MIN_RECORDS_FOR_SKIP_CHECK),  # None: the default
   )
 
 
@@ -633,25 +623,24 @@ def make_train_iterator(
   if global_bs % pc:
     raise ValueError(f'config.input.batch_size={global_bs} is not divisible by the process count {pc}')
   per_host = global_bs // pc
-  name = str(_get(data, 'name', 'dataset'))
+  name = str(data.name)
   spec = ExampleSpec.from_config(config)
   if source is None:
     source, keys = open_source(data)
     spec = dataclasses.replace(spec, **keys)
   n = len(source)
   if n == 0:
-    raise ValueError(f'dataset {name!r} (split {_get(data, "split", None)!r}) is empty')
-  seed = int(_get(config, 'seed', 0) or 0)
-  shuffle_seed = _get(inp, 'shuffle_seed', None)
-  shuffle_seed = seed if shuffle_seed is None else int(shuffle_seed)
-  num_workers = int(_get(inp, 'num_workers', 0) or 0)
-  prefetch = int(_get(inp, 'prefetch', 2) or 0)
+    raise ValueError(f'dataset {name!r} (split {data.split!r}) is empty')
+  seed = int(config.seed)
+  shuffle_seed = int(inp.shuffle_seed)
+  num_workers = int(inp.num_workers)
+  prefetch = int(inp.prefetch)
   max_skip, min_records = _skip_settings(data)
 
   ds = grain.MapDataset.range(n)
-  if _get(inp, 'shuffle', True):
+  if inp.shuffle:
     ds = ds.shuffle(seed=shuffle_seed)
-  ds = ds.repeat(_get(inp, 'num_epochs', None))  # reshuffled every epoch
+  ds = ds.repeat(inp.num_epochs)  # reshuffled every epoch
   ds = ds.map_with_index(_EpochTag(n))  # epoch feeds augmentation + caption RNG
   ds = ds.slice(slice(pi, None, pc))  # disjoint, covering per-process shards
   ds = ds.map(TrainExampleFn(source, spec, _tokenizer_for(config, tokenizer), seed))

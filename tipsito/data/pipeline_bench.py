@@ -131,7 +131,11 @@ def _tokenizer():
 
 
 def _bench_config(mode: str, batch_size: int, workers: int):
-  """Minimal config for the ITO (two views) or TIPSv2 (1+6 crops, mask) pipeline."""
+  """The config keys the pipeline reads, for the ITO (two views) or TIPSv2 (1+6 crops, mask) pipeline.
+
+  Every key the pipeline reads is spelled out: it reads them as they are, as in a validated config, and
+  tipsito/data/ cannot build one (tipsito/config/ imports tipsito/data/tokenizer.py, not the reverse)."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
   import ml_collections as mlc  # pylint: disable=g-import-not-at-top
 
   ito = mode == 'ito'
@@ -140,14 +144,17 @@ def _bench_config(mode: str, batch_size: int, workers: int):
       seed=0,
       tokenizer=None,
       max_len=64,
-      model=dict(image=dict(patch_size=14 if not ito else 16)),
+      model=dict(image=dict(patch_size=14 if not ito else 16), text=dict(flavour='tips')),
       data=dict(
         name=f'synthetic_{mode}',
+        split='train',
         image_key='image',
         alt_text_key='alt_text',
         caption_keys=('caption_paligemma', 'caption_gemini'),
         label_key=None,
         max_skip_fraction=0.05,
+        min_records_for_skip_check=None,
+        **dataclasses.asdict(T.DEFAULT_LIMITS),
       ),
       input=dict(
         batch_size=batch_size,
@@ -161,6 +168,15 @@ def _bench_config(mode: str, batch_size: int, workers: int):
         num_workers=workers,
         prefetch=2,
         shuffle_seed=0,
+        shuffle=True,
+        num_epochs=None,
+        read_threads=None,
+        augment_view2=None,
+        mask_prob=1.0,
+        global_crop_scale=None,
+        local_crop_scale=None,
+        view2_crop_scale=None,
+        crop_ratio=None,
       ),
     )
   )

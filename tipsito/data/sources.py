@@ -50,17 +50,6 @@ class SourceInfo:
     return len(self.label_names) if self.label_names is not None else None
 
 
-def _get(cfg: Any, key: str, default: Any = None) -> Any:
-  """Reads a key from a ConfigDict / dict / attribute object, with a default."""
-  if isinstance(cfg, Mapping):
-    return cfg.get(key, default)
-  try:
-    value = cfg[key] if hasattr(cfg, "__getitem__") and not hasattr(cfg, key) else getattr(cfg, key)
-  except (AttributeError, KeyError):
-    return default
-  return default if value is None and default is not None else value
-
-
 def _is_version(name: str) -> bool:
   """Whether a directory name looks like a TFDS version ('1.0.0')."""
   parts = name.split(".")
@@ -308,23 +297,61 @@ def _as_bytes(value: Any) -> bytes:
   return bytes(value)
 
 
-def open_source(data_config: Any, *, split: str | None = None) -> tuple[RecordSource, SourceInfo]:
-  """Opens the split named by a data config; returns (RecordSource, SourceInfo).
+# The keys of a data config (`config.data`, tipsito/config/schema.py) that name the dataset and its fields;
+# `open_source` passes those a config holds to `open_dataset`, whose parameters say what an absent one
+# means (an eval's or a user's dict names only some).
+SOURCE_KEYS = (
+  "name",
+  "split",
+  "data_dir",
+  "image_key",
+  "alt_text_key",
+  "caption_keys",
+  "label_key",
+  "segmentation_key",
+)
+# `segmentation_key` not given: 'segmentation' when the dataset has that field, else none.
+_AUTO = "auto"
 
-  Config keys (ConfigDict, dict or object; contract `config.data`): name ('shapes', 'tuxpaint',
-  'fashion_mnist', 'table/mycaps', 'shapes/tiny:1.0.0', ...), split, data_dir, image_key='image',
-  alt_text_key='alt_text', caption_keys (tuple; None or () = every 'caption_*' field of the dataset),
-  label_key=None ('label' to return labels), segmentation_key ('segmentation' by default when the
-  dataset has it; None to drop). `split` overrides the config's split.
+
+def open_source(data_config: Any, *, split: str | None = None) -> tuple[RecordSource, SourceInfo]:
+  """Opens the split named by a data config (`config.data`, or a dict of some of its SOURCE_KEYS plus
+  'segmentation_key'); returns (RecordSource, SourceInfo). `split` overrides the config's split. What a
+  key means, and what its absence means, is `open_dataset`'s."""
+  given = {k: data_config[k] for k in SOURCE_KEYS if k in data_config}
+  if "name" not in given or not given["name"]:
+    raise ValueError("data config has no dataset 'name'")
+  if split:
+    given["split"] = split
+  return open_dataset(**given)
+
+
+def open_dataset(
+  name: str,
+  *,
+  split: str = "train",
+  data_dir: str | None = None,
+  image_key: str = "image",
+  alt_text_key: str = "alt_text",
+  caption_keys: Sequence[str] | str | None = (),
+  label_key: str | None = None,
+  segmentation_key: str | None = _AUTO,
+) -> tuple[RecordSource, SourceInfo]:
+  """Opens a split of a prepared dataset; returns (RecordSource, SourceInfo).
+
+  Args:
+    name: 'shapes', 'tuxpaint', 'fashion_mnist', 'table/mycaps', 'shapes/tiny:1.0.0', ...
+    split: the split to read.
+    data_dir: the TFDS data dir (None: `default_data_dir()`).
+    image_key, alt_text_key: the record fields of the image and of the alt-text.
+    caption_keys: the synthetic caption fields (None or (): every 'caption_*' field of the dataset).
+    label_key: the class label field (None: no labels).
+    segmentation_key: the segmentation mask field (None: drop it; default: 'segmentation' when the
+      dataset has it).
   Raises FileNotFoundError / KeyError / ValueError naming the dataset and the missing item.
   """
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
-  name = _get(data_config, "name")
-  data_dir = _get(data_config, "data_dir")
-  split = split or _get(data_config, "split", "train")
-  if not name:
-    raise ValueError("data config has no dataset 'name'")
   if not data_dir:
     data_dir = default_data_dir()
   dataset_dir = resolve_dataset_dir(name, data_dir)
@@ -345,25 +372,22 @@ def open_source(data_config: Any, *, split: str | None = None) -> tuple[RecordSo
       )
     return key
 
-  image_key = need(_get(data_config, "image_key", "image"), "the image")
-  alt_text_key = need(_get(data_config, "alt_text_key", "alt_text"), "the alt-text")
-  cap_cfg = _get(data_config, "caption_keys", None)
-  if isinstance(cap_cfg, str):
-    cap_cfg = (cap_cfg,)
-  caption_keys = tuple(need(k, "a synthetic caption") for k in cap_cfg) if cap_cfg else caption_fields(feats)
-  label_key = _get(data_config, "label_key", None)
+  image_key = need(image_key, "the image")
+  alt_text_key = need(alt_text_key, "the alt-text")
+  if isinstance(caption_keys, str):
+    caption_keys = (caption_keys,)
+  caption_keys = (
+    tuple(need(k, "a synthetic caption") for k in caption_keys) if caption_keys else caption_fields(feats)
+  )
   label_names = None
   if label_key:
     need(label_key, "the label")
     label_names = tuple(getattr(feats[label_key], "names", None) or ()) or None
   else:
     label_key = None
-  seg_default = "segmentation" if "segmentation" in fields else None
-  seg_key = (
-    _get(data_config, "segmentation_key", seg_default)
-    if _has(data_config, "segmentation_key")
-    else seg_default
-  )
+  if segmentation_key == _AUTO:
+    segmentation_key = "segmentation" if "segmentation" in fields else None
+  seg_key = segmentation_key
   if seg_key:
     need(seg_key, "the segmentation mask")
   # Raw serialized records: we parse the few fields we need ourselves (see RecordSource._parse) and
@@ -385,13 +409,3 @@ def open_source(data_config: Any, *, split: str | None = None) -> tuple[RecordSo
     tfds_info=tinfo,
   )
   return RecordSource(tsource, info), info
-
-
-def _has(cfg: Any, key: str) -> bool:
-  """Whether the config explicitly sets `key` (so an explicit None can mean 'drop this field')."""
-  if isinstance(cfg, Mapping):
-    return key in cfg
-  try:
-    return key in cfg  # ConfigDict supports `in`
-  except TypeError:
-    return hasattr(cfg, key)

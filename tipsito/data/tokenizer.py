@@ -154,13 +154,6 @@ class Tokenizer:
     )
 
 
-def flavour_of(text_config) -> str:
-  """The tokenizer flavour a text tower config needs: its `flavour` ('tips' when absent)."""
-  get = getattr(text_config, "get", None)
-  flavour = get("flavour", None) if get is not None else None
-  return flavour or "tips"
-
-
 def from_config(config) -> Tokenizer:
   """The tokenizer a training config's text tower reads: `config.tokenizer` (None = the demo model),
   `config.max_len` and the flavour of `config.model.text`.
@@ -169,8 +162,4 @@ def from_config(config) -> Tokenizer:
   training-time evals must tokenize the same way, and for 'clip' the reserved SOT/EOT ids change the
   vocabulary size.
   """
-  model = config.get("model", None) if hasattr(config, "get") else None
-  text = model.get("text", None) if model is not None else None
-  return Tokenizer(
-    config.get("tokenizer", None), max_len=int(config.get("max_len", 64)), flavour=flavour_of(text or {})
-  )
+  return Tokenizer(config.tokenizer, max_len=int(config.max_len), flavour=config.model.text.flavour)

@@ -9,13 +9,12 @@ summaries and pictures in `runner.py`.
 
 from __future__ import annotations
 
-from typing import Mapping
-
 from tipsito.evals import knn
 from tipsito.evals import probes
 from tipsito.evals import retrieval
 from tipsito.evals import segmentation
 from tipsito.evals import zeroshot
+from tipsito.evals.evaluator import COMMON_DEFAULTS
 from tipsito.evals.evaluator import Evaluator
 from tipsito.evals.evaluator import as_dict
 from tipsito.evals.suites import BUILTIN_SUITES, OPT_IN_TYPES, builtin_evals  # noqa: F401 (re-exported)
@@ -33,22 +32,34 @@ EVALUATOR_TYPES: dict[str, type[Evaluator]] = {
 
 def make_evaluator(name: str, cfg, **kwargs) -> Evaluator:
   """Builds the evaluator of `cfg.type` (a key of EVALUATOR_TYPES)."""
-  typ = as_dict(cfg).get("type")
+  return EVALUATOR_TYPES[_type_of(name, cfg)](name, cfg, **kwargs)
+
+
+def _type_of(name: str, cfg) -> str:
+  given = as_dict(cfg)
+  typ = given["type"] if "type" in given else None
   if typ not in EVALUATOR_TYPES:
     raise KeyError(f"eval {name!r}: unknown type {typ!r}; known: {sorted(EVALUATOR_TYPES)}")
-  return EVALUATOR_TYPES[typ](name, cfg, **kwargs)
+  return typ
+
+
+def resolved_config(name: str, cfg) -> dict:
+  """`config.evals.<name>` with the defaults of its evaluator type filled in: the values the evaluator
+  reads (COMMON_DEFAULTS, then the type's DEFAULTS, then the config; a segmentation benchmark's sizes too),
+  for callers that need them without building the evaluator (`python -m tipsito.plan`)."""
+  typ = _type_of(name, cfg)
+  if typ == "segmentation":
+    return segmentation.resolve_config(cfg)
+  return {**COMMON_DEFAULTS, **EVALUATOR_TYPES[typ].DEFAULTS, **as_dict(cfg)}
 
 
 def make_evaluators(config) -> dict[str, Evaluator]:
   """All enabled evaluators of `config.evals` (a top-level config or the evals dict itself)."""
-  evals = getattr(config, "evals", None) if not isinstance(config, Mapping) else config.get("evals", None)
-  if evals is None:
-    evals = config
-  evals = as_dict(evals)
+  evals = as_dict(config["evals"] if "evals" in config else config)
   out = {}
   for name in sorted(evals):
     cfg = as_dict(evals[name])
-    if cfg.get("enabled", True) is False:
+    if {**COMMON_DEFAULTS, **cfg}["enabled"] is False:
       continue
     out[name] = make_evaluator(name, cfg)
   return out

@@ -55,7 +55,7 @@ class TrainModel(nn.Module):
         self.embed_dim,
         use_bias=False,
         name="image_proj",
-        param_dtype=self.image_cfg.get("param_dtype", jnp.float32),
+        param_dtype=self.image_cfg["param_dtype"],
       )
     if "logit_scale" in self.parts:
       self.logit_scale = self.param("logit_scale", nn.initializers.constant(self.logit_scale_init), ())

@@ -39,7 +39,7 @@ def image_kwargs(config) -> dict:
 def text_kwargs(config, vocab_size: Optional[int] = None) -> dict:
   """TextEncoder kwargs; `vocab_size=None` in the config means: take it from the tokenizer."""
   kw = module_kwargs(config.model.text)
-  if kw.get("vocab_size") is None:
+  if kw["vocab_size"] is None:
     kw["vocab_size"] = vocab_size if vocab_size is not None else tokenizer_vocab_size(config)
   kw.setdefault("max_len", int(config.max_len))
   return kw
@@ -124,7 +124,7 @@ def build_model(
   txt = text_kwargs(config, vocab_size) if "text" in recipe.parts else {}
   parts = tuple(recipe.parts)
   heads = dict(config.model.heads)
-  head_dtype = img.get("dtype", jnp.float32)
+  head_dtype = img["dtype"]
   heads.setdefault("dtype", head_dtype)
   fusion = module_kwargs(config.model.fusion)
   fusion.setdefault("max_text_len", int(config.max_len))
@@ -210,8 +210,7 @@ def build(
   def init_fn(rng) -> TrainState:
     p_rng, s_rng = jax.random.split(rng)
     params = init_params(p_rng)
-    # .get: a workdir's config.json saved before these keys existed is rebuilt here (export, evaluate).
-    if config.distill.get("init_text") and teacher is not None and teacher.text_params is not None:
+    if config.distill.init_text and teacher is not None and teacher.text_params is not None:
       want = jax.tree.map(lambda x: x.shape, params["text"])
       got = jax.tree.map(lambda x: tuple(x.shape), teacher.text_params)
       if want != got:
@@ -220,7 +219,7 @@ def build(
           "config.model.text (set the same width/depth/vocab_size, or init_text=False)"
         )
       params = {**params, "text": jax.tree.map(jnp.asarray, teacher.text_params)}
-    if config.distill.get("init_image") and teacher is not None:
+    if config.distill.init_image and teacher is not None:
       params = {**params, "image": _teacher_image_init(params["image"], teacher.params)}
     return TrainState(
       step=jnp.zeros((), jnp.int32),
@@ -277,9 +276,9 @@ def _teacher_image_init(student: dict, teacher: dict) -> dict:
 
 
 def microbatches(config) -> int:
-  """`config.input.microbatches` (1 for a workdir's config.json saved before the key existed: export and
-  evaluate rebuild the Setup from it)."""
-  return int(config.input.get("microbatches", 1))
+  """`config.input.microbatches` (a workdir's config.json saved before the key existed gains it when read:
+  tipsito/config/run_file.py)."""
+  return int(config.input.microbatches)
 
 
 def loss_and_grads(setup: Setup, state: TrainState, batch: dict, frozen: dict):
