@@ -48,8 +48,8 @@ SVG_ONLY = "animals/2_dead_frogs_lumen_desig_01"
 BAD_SVG = "plants/acorn_jonathan_dietrich_01"  # SVG truncated mid-tag
 STRAY = "stray"  # at the top, in no category folder
 BLANK = "special/gradients/gradient-americana"  # real package PNG, alpha 0 everywhere
-# The label order: the package's 22 category folders, sorted (as the builder's CATEGORIES lists them), read from the
-# installed package rather than repeated here, so a reordered builder list fails below.
+# The label order: the package's 22 category folders, sorted (as the builder's CATEGORIES lists them),
+# read from the installed package rather than repeated here, so a reordered builder list fails below.
 CATEGORIES = (
   tuple(sorted(e.name for e in os.scandir(f"{PKG}/png") if e.is_dir())) if os.path.isdir(PKG) else ()
 )
