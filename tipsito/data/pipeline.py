@@ -39,7 +39,8 @@ import grain.python as grain
 from grain import experimental as grain_exp
 import numpy as np
 
-from tipsito.choices import AUGMENTS, VIEWS
+from tipsito.choices import AUGMENTS, VIEWS, ViewLayout, view_layout
+from tipsito.data import batch as batch_lib
 from tipsito.data import masking
 from tipsito.data import sources
 from tipsito.data import tokenizer as tok_lib
@@ -188,10 +189,15 @@ class ExampleSpec:
       limits=limits,
     )
 
+  @property
+  def layout(self) -> ViewLayout:
+    """`views` decoded (tipsito/choices.py: `view_layout`)."""
+    return view_layout(self.views)
+
   def view_transform(self):
     """The grain RandomMapTransform producing the image fields for these views/augment."""
-    two = 'two_views' in self.views
-    if 'multicrop' in self.views:
+    layout = self.layout
+    if layout.local_crops:
       return grain_ops.MultiCrop(
         self.global_size,
         self.local_size,
@@ -199,7 +205,7 @@ class ExampleSpec:
         self.global_scale,
         self.local_scale,
         self.ratio,
-        num_global=2 if two else 1,
+        num_global=layout.global_views,
         photometric=self.augment == 'ito',
         limits=self.limits,
         view2_photometric=(self.augment_view2 or self.augment) == 'ito',
@@ -213,7 +219,7 @@ class ExampleSpec:
       self.ratio,
       self.limits,
       photometric=self.augment == 'ito',
-      num_views=2 if two else 1,
+      num_views=layout.global_views,
       view2_scale=self.view2_scale,
     )
 
@@ -263,9 +269,9 @@ def _example_rngs(seed: int, epoch: int, record: int, n: int):
 class TrainExampleFn:
   """(epoch, record index) -> training example dict, or a skip marker for bad records.
 
-  Output fields (per example): 'image' (S,S,3) uint8, 'image2' (two-view modes), 'local_crops'
-  (M,s,s,3) uint8 (multicrop, M>0), 'mask' (gh,gw) bool (mask_ratio>0), 'text' / 'text2' (L,)
-  int32, 'label' () int32 (label_key set)."""
+  Output fields (per example, tipsito/data/batch.py): IMAGE (S,S,3) uint8, IMAGE2 (two-view modes),
+  LOCAL_CROPS (M,s,s,3) uint8 (multicrop, M>0), MASK (gh,gw) bool (mask_ratio>0), TEXT / TEXT2 (L,)
+  int32, LABEL () int32 (label_key set)."""
 
   _warned = 0
 
@@ -320,31 +326,30 @@ class TrainExampleFn:
     record = self._read(index)
     out = {}
     if spec.label_key:
-      out['label'] = self._label(record)
+      out[batch_lib.LABEL] = self._label(record)
     if self.tokenizer is not None and (spec.alt_text_key or spec.caption_keys):
       if spec.alt_text_key:
         txt = self.captions.random_map(record, rng_cap)
-        pair = [txt['text'], txt['text2']]
+        pair = [txt[batch_lib.TEXT], txt[batch_lib.TEXT2]]
       else:
         _, cap = T.choose_caption(rng_cap, record, spec.caption_keys)
         if cap is None:
           raise T.SkipExample('missing_text', 'no usable caption field')
         pair = [cap, cap]
       ids = self.tokenizer(pair)
-      out['text'], out['text2'] = ids[0], ids[1]
+      out[batch_lib.TEXT], out[batch_lib.TEXT2] = ids[0], ids[1]
     img = T.open_image(record.get(spec.image_key), spec.limits)
     if self.views is None:
-      out['image'] = T.fixed_size_image(img, spec.global_size, 'center_crop', spec.limits)
-      if 'two_views' in spec.views:
-        out['image2'] = out['image']
+      image = T.fixed_size_image(img, spec.global_size, 'center_crop', spec.limits)
+      out.update((name, image) for name in batch_lib.GLOBAL_VIEWS[: spec.layout.global_views])
     else:
-      out.update((k, v) for k, v in self.views.random_map({'image': img}, rng_img).items())
+      out.update((k, v) for k, v in self.views.random_map({batch_lib.IMAGE: img}, rng_img).items())
     if spec.mask_ratio > 0:
       g = spec.mask_grid
       if spec.mask_prob >= 1.0 or rng_mask.random() < spec.mask_prob:
-        out['mask'] = masking.make_mask(rng_mask, g, g, spec.mask_ratio, spec.mask_type)
+        out[batch_lib.MASK] = masking.make_mask(rng_mask, g, g, spec.mask_ratio, spec.mask_type)
       else:
-        out['mask'] = np.zeros((g, g), bool)
+        out[batch_lib.MASK] = np.zeros((g, g), bool)
     return out
 
 
