@@ -70,7 +70,8 @@ BATCH_FIELD_MODULES = frozenset(
 # Field names that also name something else in the package (the image and text towers' params and config
 # sections, a source record's image, label and captions, the segmentation eval type, a tower's depth): their
 # literals count only where they key a batch, i.e. a container whose expression says `batch`
-# (`batch["image"]`, `host_batch.get("text")`, `batch = {...}`).
+# (`batch["image"]`, `host_batch.get("text")`, `batch = {...}`). Every other field name counts as any string
+# but a docstring (a tuple of names such as a loss term's `fields` too).
 SHARED_FIELD_NAMES = frozenset({"image", "text", "label", "captions", "segmentation", "depth"})
 
 
@@ -403,7 +404,8 @@ def batch_fields(files: dict[str, pathlib.Path]) -> frozenset:
 
 @dataclasses.dataclass(frozen=True)
 class FieldLiteral:
-  """A batch field's name written as a string key: `x["f"]`, `x.get("f")`, `"f" in x`, `{"f": ...}`."""
+  """A batch field's name written as a string: a key (`x["f"]`, `x.get("f")`, `"f" in x`, `{"f": ...}`) or,
+  for the names not in `SHARED_FIELD_NAMES`, any string but a docstring."""
 
   module: str
   line: int
@@ -412,15 +414,26 @@ class FieldLiteral:
 
 
 def field_literals(module: str, files: dict[str, pathlib.Path], fields: frozenset) -> list[FieldLiteral]:
-  """The literals of batch fields used as keys in `module` (see `SHARED_FIELD_NAMES` for the names that
-  count only on a container that says `batch`)."""
+  """The literals of batch fields in `module` (see `SHARED_FIELD_NAMES` for the names that count only as
+  the key of a container that says `batch`)."""
   tree = ast.parse(files[module].read_text())
   out: list[FieldLiteral] = []
+  docstrings = {
+    id(n.body[0].value)
+    for n in ast.walk(tree)
+    if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+    and n.body
+    and isinstance(n.body[0], ast.Expr)
+    and isinstance(n.body[0].value, ast.Constant)
+  }
+
+  keys: set[int] = set()  # the constants found as keys (each literal counts once)
 
   def key(node: ast.AST, field_node: ast.AST, container: str, code: ast.AST) -> None:
     f = field_node.value if isinstance(field_node, ast.Constant) else None
     if isinstance(f, str) and f in fields and (f not in SHARED_FIELD_NAMES or "batch" in container.lower()):
       out.append(FieldLiteral(module, node.lineno, f, ast.unparse(code)))
+      keys.add(id(field_node))
 
   assigned = {  # a dict literal -> the names it is assigned to
     id(n.value): " ".join(ast.unparse(t) for t in (n.targets if isinstance(n, ast.Assign) else [n.target]))
@@ -439,6 +452,9 @@ def field_literals(module: str, files: dict[str, pathlib.Path], fields: frozense
       for k in node.keys:
         if k is not None:
           key(node, k, assigned.get(id(node), ""), node)
+    if isinstance(node, ast.Constant) and node.value in fields - SHARED_FIELD_NAMES:
+      if id(node) not in docstrings and id(node) not in keys:
+        out.append(FieldLiteral(module, node.lineno, node.value, repr(node.value)))
   return sorted(set(out), key=lambda x: (x.line, x.field, x.code))
 
 
@@ -459,7 +475,7 @@ def test_batch_fields_are_read_by_name():
   pending = PENDING["batch_field_literals"]
   new = [f for m, fs in found.items() if len(fs) > pending.get(m, (0, ""))[0] for f in fs]
   assert not new, (
-    "batch field names written as string keys outside tipsito/data/batch.py and the pipeline that fills "
+    "batch field names written as strings outside tipsito/data/batch.py and the pipelines that fill "
     "the batch (use the constants of tipsito/data/batch.py, e.g. `batch[batch_lib.IMAGE2]`):\n  "
     + "\n  ".join(f"{f.module}:{f.line}: {f.code}" for f in new)
   )
@@ -483,8 +499,10 @@ def test_the_batch_field_check_sees_literals(tmp_path):
     '  c = x.get("mask")\n'
     '  d = "image2" in x\n'
     '  host_batch = {"image": a}\n'
-    '  e = {"image2": b, "other": c}\n'
-    '  return a, b, c, d, e, host_batch, x["other"]\n'
+    '  e = {"image2": b, "other": c, "image": d}\n'  # "image" in a dict that is no batch: not found
+    '  return a, b, c, d, e, host_batch, x["other"], ("image", "mask")\n'  # a tuple: the unshared name
+    "def g():\n"
+    '  "mask"\n'  # a docstring: not found
   )
   files = module_files(tmp_path)
   assert batch_fields(files) == {"image", "image2", "mask"}
@@ -494,6 +512,7 @@ def test_the_batch_field_check_sees_literals(tmp_path):
     ("tipsito.user", 5, "image2"),
     ("tipsito.user", 6, "image"),
     ("tipsito.user", 7, "image2"),
+    ("tipsito.user", 8, "mask"),
   ]
 
 

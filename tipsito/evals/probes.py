@@ -361,7 +361,7 @@ class LinearSegmentationEvaluator(_ProbeEvaluator):
     loss = functools.partial(segmentation_loss, ignore_index=spec.ignore_index)
     params = train_probe(train_x, train_y.astype(np.int32), num_classes, loss, **self.probe_options())
     eval_x, _ = self.gather(
-      encoder, self.cfg["split"], self.cfg["max_examples"], lambda o: o["patches"], "_valid"
+      encoder, self.cfg["split"], self.cfg["max_examples"], lambda o: o["patches"], batch_lib.VALID
     )
     predict = jax.jit(apply_probe)
     conf = metrics_lib.ConfusionMatrix(num_classes, spec.ignore_index)
@@ -455,7 +455,9 @@ class LinearDepthEvaluator(_ProbeEvaluator):
     params = train_probe(
       train_x, train_y.astype(np.float32), 1, loss, bias_init=start, **self.probe_options()
     )
-    eval_x, _ = self.gather(encoder, self.cfg["split"], self.cfg["max_examples"], self.select, "_valid")
+    eval_x, _ = self.gather(
+      encoder, self.cfg["split"], self.cfg["max_examples"], self.select, batch_lib.VALID
+    )
     predict = jax.jit(apply_probe)
     per_image = []
     spec = self.depth_spec()

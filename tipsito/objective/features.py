@@ -36,7 +36,7 @@ CONTRASTIVE_VIEW = "contrastive_view"  # view 1 as the contrastive terms see it
 STUDENT_MASK = "student_mask"  # view 1 masked for the student (when `masks_student_view`)
 VIEW2 = "view2"  # ITO's second view 'image2'
 TEACHER = "teacher"  # teacher features, teacher head params, teacher temperature
-LOCAL_CROPS = "local_crops"  # student CLS1 of the local crops
+LOCAL_CROPS = "local_cls"  # student CLS1 of the local crops
 
 
 @dataclasses.dataclass(frozen=True)
