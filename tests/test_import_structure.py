@@ -36,6 +36,8 @@ PENDING = {
   "library_imports_of_cli": {},
   # module -> function-local imports of tipsito modules without a reason on their line
   "unexplained_local_imports": {},
+  # module -> (string literals of a batch field used as a key there, the reason they are still there)
+  "batch_field_literals": {},
   # (config module, module outside CONFIG_MAY_IMPORT it imports): the reason it still does
   "config_imports": {},
 }
@@ -56,6 +58,20 @@ CONFIG_MAY_IMPORT = frozenset(
 # Modules that import nothing but the standard library's `__future__` and `typing` (the names every layer
 # may share: tipsito/choices.py), so that importing them can never pull a layer in.
 LEAVES = frozenset({"tipsito.choices"})
+
+# The declared batch (issue 34 item 3): a batch field's name is a string only where the batch is declared
+# (tipsito/data/batch.py: the constants in its `FIELDS`) and where the pipeline fills it; everywhere else it
+# is read through those constants, so a renamed or added field is one edit there, not a search.
+BATCH_DECLARATION = "tipsito.data.batch"
+BATCH_FIELD_MODULES = frozenset(
+  {BATCH_DECLARATION, "tipsito.data.pipeline", "tipsito.data.grain_ops", "tipsito.data.eval_input"}
+)
+# Field names that also name something else in the package (the image and text towers' params and config
+# sections, a source record's image, label and captions, the segmentation eval type, a tower's depth): their
+# literals count only where they key a batch, i.e. a container whose expression says `batch`
+# (`batch["image"]`, `host_batch.get("text")`, `batch = {...}`). Every other field name counts as any string
+# but a docstring (a tuple of names such as a loss term's `fields` too).
+SHARED_FIELD_NAMES = frozenset({"image", "text", "label", "captions", "segmentation", "depth"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -369,6 +385,134 @@ def test_leaves_import_nothing():
   files = module_files()
   bad = {m: leaf_imports(m, files) for m in sorted(LEAVES) if leaf_imports(m, files)}
   assert not bad, f"leaf modules (LEAVES) must import nothing: {bad}"
+
+
+def batch_fields(files: dict[str, pathlib.Path]) -> frozenset:
+  """The field names tipsito/data/batch.py declares: the string constants its `FIELDS` tuple lists."""
+  tree = ast.parse(files[BATCH_DECLARATION].read_text())
+  consts, listed = {}, []
+  for node in tree.body:
+    if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+      name, value = node.targets[0].id, node.value
+      if isinstance(value, ast.Constant) and isinstance(value.value, str):
+        consts[name] = value.value
+      elif name == "FIELDS" and isinstance(value, ast.Tuple):
+        listed = [e.id for e in value.elts if isinstance(e, ast.Name)]
+  return frozenset(consts[n] for n in listed)
+
+
+@dataclasses.dataclass(frozen=True)
+class FieldLiteral:
+  """A batch field's name written as a string: a key (`x["f"]`, `x.get("f")`, `"f" in x`, `{"f": ...}`) or,
+  for the names not in `SHARED_FIELD_NAMES`, any string but a docstring."""
+
+  module: str
+  line: int
+  field: str
+  code: str  # the expression, as written
+
+
+def field_literals(module: str, files: dict[str, pathlib.Path], fields: frozenset) -> list[FieldLiteral]:
+  """The literals of batch fields in `module` (see `SHARED_FIELD_NAMES` for the names that count only as
+  the key of a container that says `batch`)."""
+  tree = ast.parse(files[module].read_text())
+  out: list[FieldLiteral] = []
+  docstrings = {
+    id(n.body[0].value)
+    for n in ast.walk(tree)
+    if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+    and n.body
+    and isinstance(n.body[0], ast.Expr)
+    and isinstance(n.body[0].value, ast.Constant)
+  }
+
+  keys: set[int] = set()  # the constants found as keys (each literal counts once)
+
+  def key(node: ast.AST, field_node: ast.AST, container: str, code: ast.AST) -> None:
+    f = field_node.value if isinstance(field_node, ast.Constant) else None
+    if isinstance(f, str) and f in fields and (f not in SHARED_FIELD_NAMES or "batch" in container.lower()):
+      out.append(FieldLiteral(module, node.lineno, f, ast.unparse(code)))
+      keys.add(id(field_node))
+
+  assigned = {  # a dict literal -> the names it is assigned to
+    id(n.value): " ".join(ast.unparse(t) for t in (n.targets if isinstance(n, ast.Assign) else [n.target]))
+    for n in ast.walk(tree)
+    if isinstance(n, (ast.Assign, ast.AnnAssign)) and isinstance(n.value, ast.Dict)
+  }
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Subscript):
+      key(node, node.slice, ast.unparse(node.value), node)
+    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args:
+      if node.func.attr in ("get", "pop", "setdefault"):
+        key(node, node.args[0], ast.unparse(node.func.value), node)
+    elif isinstance(node, ast.Compare) and any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops):
+      key(node, node.left, ast.unparse(node.comparators[0]), node)
+    elif isinstance(node, ast.Dict):
+      for k in node.keys:
+        if k is not None:
+          key(node, k, assigned.get(id(node), ""), node)
+    if isinstance(node, ast.Constant) and node.value in fields - SHARED_FIELD_NAMES:
+      if id(node) not in docstrings and id(node) not in keys:
+        out.append(FieldLiteral(module, node.lineno, node.value, repr(node.value)))
+  return sorted(set(out), key=lambda x: (x.line, x.field, x.code))
+
+
+def all_field_literals(files: Optional[dict[str, pathlib.Path]] = None) -> list[FieldLiteral]:
+  """`field_literals` of every module outside `BATCH_FIELD_MODULES`."""
+  files = files or module_files()
+  fields = batch_fields(files)
+  return [f for m in sorted(files) if m not in BATCH_FIELD_MODULES for f in field_literals(m, files, fields)]
+
+
+def test_batch_fields_are_read_by_name():
+  from tipsito.data import batch  # pylint: disable=import-outside-toplevel
+
+  assert batch_fields(module_files()) == set(batch.FIELDS)  # the check reads the declaration right
+  found: dict[str, list[FieldLiteral]] = {}
+  for f in all_field_literals():
+    found.setdefault(f.module, []).append(f)
+  pending = PENDING["batch_field_literals"]
+  new = [f for m, fs in found.items() if len(fs) > pending.get(m, (0, ""))[0] for f in fs]
+  assert not new, (
+    "batch field names written as strings outside tipsito/data/batch.py and the pipelines that fill "
+    "the batch (use the constants of tipsito/data/batch.py, e.g. `batch[batch_lib.IMAGE2]`):\n  "
+    + "\n  ".join(f"{f.module}:{f.line}: {f.code}" for f in new)
+  )
+  fewer = {m: (n, len(found.get(m, []))) for m, (n, _) in pending.items() if len(found.get(m, [])) < n}
+  assert not fewer, f"fewer batch field literals than PENDING says (lower the counts): {fewer}"
+
+
+def test_the_batch_field_check_sees_literals(tmp_path):
+  """The check on a package written for the purpose: each form is found, a tower's params are not."""
+  pkg = tmp_path / PACKAGE
+  (pkg / "data").mkdir(parents=True)
+  (pkg / "__init__.py").write_text("")
+  (pkg / "data" / "__init__.py").write_text("")
+  (pkg / "data" / "batch.py").write_text(
+    'IMAGE = "image"\nIMAGE2 = "image2"\nMASK = "mask"\nOTHER = "other"\nFIELDS = (IMAGE, IMAGE2, MASK)\n'
+  )
+  (pkg / "user.py").write_text(
+    "def f(batch, params, x):\n"
+    '  a = batch["image"]\n'  # a shared name on a batch: found
+    '  b = params["image"]\n'  # the image tower: not a batch field
+    '  c = x.get("mask")\n'
+    '  d = "image2" in x\n'
+    '  host_batch = {"image": a}\n'
+    '  e = {"image2": b, "other": c, "image": d}\n'  # "image" in a dict that is no batch: not found
+    '  return a, b, c, d, e, host_batch, x["other"], ("image", "mask")\n'  # a tuple: the unshared name
+    "def g():\n"
+    '  "mask"\n'  # a docstring: not found
+  )
+  files = module_files(tmp_path)
+  assert batch_fields(files) == {"image", "image2", "mask"}
+  assert [(f.module, f.line, f.field) for f in all_field_literals(files)] == [
+    ("tipsito.user", 2, "image"),
+    ("tipsito.user", 4, "mask"),
+    ("tipsito.user", 5, "image2"),
+    ("tipsito.user", 6, "image"),
+    ("tipsito.user", 7, "image2"),
+    ("tipsito.user", 8, "mask"),
+  ]
 
 
 def test_the_checks_see_a_circle(tmp_path):

@@ -1,5 +1,5 @@
 """The enumerations a config's values are checked against: views, augmentations, mask shapes, loss-term
-names and the batch fields each term needs, teacher methods, activations, remat policies, text flavours.
+names and the terms that need a second view, teacher methods, activations, remat policies, text flavours.
 
 Why here and not next to the code that uses them: the schema (tipsito/config/schema.py) needs the names to
 declare `choices=`, and a config must build and validate without importing JAX, Flax, grain or Orbax
@@ -11,10 +11,56 @@ import them from here; where a module keeps a table keyed by these names (`TERMS
 
 from __future__ import annotations
 
-# `config.input.views`: what one example holds (tipsito/data/pipeline.py).
-VIEWS = ("single", "two_views", "multicrop", "multicrop_two_views")
+
+from typing import NamedTuple
+
+
+class ViewLayout(NamedTuple):
+  """What a value of `config.input.views` means, decoded here once: every reader of the views (the pipeline,
+  the declared batch tipsito/data/batch.py, validation, the schema's defaults, `config_info`) asks this
+  record instead of testing substrings of the name. A NamedTuple, not a dataclass, because this module
+  imports nothing but `typing` (tests/test_import_structure.py: `LEAVES`)."""
+
+  global_views: int  # 1: the global crop 'image'; 2: also ITO's second view 'image2' (same size)
+  local_crops: bool  # multi-crop: also `config.input.num_local` local crops 'local_crops'
+
+  @property
+  def two_views(self) -> bool:
+    """Whether the example holds ITO's second global view."""
+    return self.global_views == 2
+
+
+# `config.input.views`: what one example holds (tipsito/data/pipeline.py fills it, tipsito/data/batch.py
+# declares the fields and shapes).
+VIEW_LAYOUTS: dict[str, ViewLayout] = {
+  "single": ViewLayout(global_views=1, local_crops=False),
+  "two_views": ViewLayout(global_views=2, local_crops=False),
+  "multicrop": ViewLayout(global_views=1, local_crops=True),
+  "multicrop_two_views": ViewLayout(global_views=2, local_crops=True),
+}
+VIEWS = tuple(VIEW_LAYOUTS)
+# The views with ITO's second view, for the messages that ask for one.
+TWO_VIEWS = tuple(v for v, layout in VIEW_LAYOUTS.items() if layout.two_views)
+
+
+def view_layout(views: str) -> ViewLayout:
+  """The layout of a `config.input.views` value; a clear error for an unknown one."""
+  try:
+    return VIEW_LAYOUTS[views]
+  except (KeyError, TypeError):
+    raise ValueError(f"config.input.views={views!r}; valid values: {list(VIEWS)}") from None
+
+
 # `config.input.augment` / `augment_view2`: the augmentation family (tipsito/data/transforms.py).
 AUGMENTS = ("ito", "tips", "none")
+# The crop ranges that `None` in `config.input.global_crop_scale` / `local_crop_scale` / `view2_crop_scale` /
+# `crop_ratio` stands for, declared once here for the schema (tipsito/config/schema.py describes them) and
+# the pipeline (tipsito/data/pipeline.py applies them): ITO's random resized crop (area 0.5-1, ITO "Method")
+# for the `ito` augmentation, DINOv2's global crop (0.32-1) otherwise; DINO's local crops; ITO's second view.
+GLOBAL_CROP_SCALE_BY_AUGMENT = {"ito": (0.5, 1.0), "tips": (0.32, 1.0), "none": (0.32, 1.0)}
+LOCAL_CROP_SCALE = (0.05, 0.32)
+VIEW2_CROP_SCALE = (0.5, 1.0)
+CROP_RATIO = (3 / 4, 4 / 3)
 # `config.input.mask_type`: the iBOT mask shape (tipsito/data/masking.py).
 MASK_TYPES = ("random", "block")
 
@@ -27,18 +73,11 @@ KOLEO = "koleo"
 DINO = "dino"
 IBOT = "ibot"
 FEATURE = "feature"
-# term -> the batch fields it requires (`TERMS[term].fields`); validation uses it to ask for a second view.
-TERM_FIELDS: dict[str, tuple[str, ...]] = {
-  CLIP: ("image", "text"),
-  SIGLIP: ("image", "text"),
-  CLIP_VIEW2: ("image2", "text"),
-  FUSION: ("image", "image2", "text"),
-  KOLEO: ("image",),
-  DINO: ("image",),
-  IBOT: ("image",),
-  FEATURE: ("image",),
-}
-TERM_NAMES = tuple(TERM_FIELDS)
+TERM_NAMES = (CLIP, SIGLIP, CLIP_VIEW2, FUSION, KOLEO, DINO, IBOT, FEATURE)
+# The terms that compare ITO's second view (`IMAGE2` of tipsito/data/batch.py among `TERMS[term].fields`;
+# tests/test_light_imports.py checks the two agree): validation asks for a two-view `config.input.views`
+# when one of them is weighted.
+SECOND_VIEW_TERMS = (CLIP_VIEW2, FUSION)
 # `config.loss_opts.view_weighting`: how the alt-text InfoNCE of ITO's two views combine
 # (tipsito/objective/terms.py: `contrastive_pair_weights`).
 VIEW_WEIGHTINGS = ("mean", "sum")

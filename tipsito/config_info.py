@@ -15,6 +15,7 @@ import numpy as np
 
 from tipsito.config import schema
 from tipsito.config import validation as config_validation
+from tipsito.data import batch as batch_lib
 from tipsito.data import pipeline
 from tipsito.config import recipes
 from tipsito.objective import terms as terms_lib
@@ -226,9 +227,10 @@ def crop_geometry(config) -> dict[str, Any]:
   """
   spec = pipeline.ExampleSpec.from_config(config)
   p = int(spec.patch_size)
-  resized = spec.augment == "none" and "multicrop" not in spec.views  # deterministic resize, no crop draw
+  layout = spec.layout
+  resized = spec.augment == "none" and not layout.local_crops  # deterministic resize, no crop draw
   views = [("global", spec.global_size, 1, None if resized else spec.global_scale)]
-  if "two_views" in spec.views:
+  if layout.two_views:
     views.append(("view 2", spec.global_size, 1, None if resized else spec.view2_scale))
   if spec.num_local:
     views.append(("local", spec.local_size, spec.num_local, spec.local_scale))
@@ -303,7 +305,7 @@ def effective_weights(config, ctx) -> list[dict[str, Any]]:
     elif name == terms_lib.KOLEO:
       row("koleo CLS1, view 1", w[name])
     elif name == terms_lib.DINO:
-      n_local = int(config.input.num_local) if "multicrop" in config.input.views else 0
+      n_local = batch_lib.BatchLayout.from_config(config).num_local
       n = terms_lib.dino_student_views(ctx, n_local)
       views = "view 1"
       if n_local:

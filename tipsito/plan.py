@@ -42,7 +42,7 @@ import numpy as np  # noqa: E402
 
 from tipsito import distributed  # noqa: E402
 from tipsito.config import validation as config_validation  # noqa: E402
-from tipsito.data.synthetic import synthetic_batch  # noqa: E402
+from tipsito.data import batch as batch_lib  # noqa: E402
 from tipsito.evals import registry as eval_registry  # noqa: E402
 from tipsito.config import recipes as recipes_lib  # noqa: E402
 from tipsito.train import observability  # noqa: E402
@@ -129,11 +129,9 @@ def topology_mesh(mesh_cfg, devices: list) -> jax.sharding.Mesh:
 
 
 def abstract_batch(config, mesh) -> dict:
-  """ShapeDtypeStructs of the global batch (every field the recipe needs), sharded like training."""
-  one = synthetic_batch(config, batch_size=1)
-  b = int(config.input.batch_size)
-  sh = sharding.batch_sharding(mesh)
-  return {k: jax.ShapeDtypeStruct((b,) + v.shape[1:], v.dtype, sharding=sh) for k, v in one.items()}
+  """ShapeDtypeStructs of the global batch (every field the recipe needs, tipsito/data/batch.py), sharded
+  like training."""
+  return batch_lib.shape_spec(config, sharding=sharding.batch_sharding(mesh))
 
 
 def _abstract(shapes, shardings):

@@ -10,7 +10,8 @@ JSON line. Ratios between recipes come from the same run, so machine load affect
 at the largest batch whose compiled memory fits the device; `--jsonl F` appends the rows to F and
 `--markdown F` prints them as a table with each recipe's time and FLOPs per image against CLIP's
 (launch/gpu_bench.sh drives all of this on one GPU).
-The batch is `tipsito.data.synthetic.synthetic_batch` (the planner, tipsito/plan.py, and the tests use it too).
+The batch is `tipsito.data.synthetic.synthetic_batch` (the tests use it too), whose fields and shapes are the
+declared ones of tipsito/data/batch.py (the planner, tipsito/plan.py, compiles against the same `shape_spec`).
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from tipsito.choices import (
   MASK_TYPES,
   REMAT_POLICIES,
 )
-from tipsito.choices import TEACHER_METHODS, TERM_NAMES, VIEW_WEIGHTINGS, VIEWS
+from tipsito.choices import TEACHER_METHODS, TERM_NAMES, VIEW_WEIGHTINGS, VIEWS, view_layout
 from tipsito.config import presets
 from tipsito.config import recipes as recipes_lib
 from tipsito.config.recipes import EMA_MODES
@@ -704,7 +704,7 @@ KEYS: tuple[Key, ...] = (
   K(
     "input.num_local",
     int,
-    lambda ctx: 6 if "multicrop" in ctx.recipe.views else 0,
+    lambda ctx: 6 if view_layout(ctx.recipe.views).local_crops else 0,
     "local crops per example (multicrop views)",
     range=_COUNT,
   ),

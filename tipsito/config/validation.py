@@ -20,7 +20,7 @@ from tipsito.config import schema
 from tipsito.data import tokenizer as tok_lib
 from tipsito.evals import config_checks as eval_checks
 from tipsito.config import recipes as recipes_lib
-from tipsito.choices import TERM_FIELDS
+from tipsito.choices import SECOND_VIEW_TERMS, TWO_VIEWS, view_layout
 
 # Enumerations no other module names as a constant (declared with the schema).
 DTYPES = schema.DTYPES
@@ -213,7 +213,8 @@ def _check_geometry(config: mlc.ConfigDict, recipe) -> None:
   # release's rule, kept for evaluation inputs, which are not checked here), so a 98 px local crop on a
   # patch-16 tower would be a 112 px input whose outer 23 % is a black frame the teacher never sees; the
   # iBOT mask lives on the global crop's patch grid. View 2 ('image2') is drawn at input.global_size.
-  view2 = " and view 2" if "two_views" in inp.views else ""
+  views = view_layout(inp.views)
+  view2 = " and view 2" if views.two_views else ""
   _int_at_least("input.global_size", inp.global_size, p)
   _divisible(
     "input.global_size",
@@ -222,7 +223,7 @@ def _check_geometry(config: mlc.ConfigDict, recipe) -> None:
     p,
     f"the global crop{view2} must be whole patches for training; only evaluation inputs are zero-padded",
   )
-  if "multicrop" in inp.views and inp.num_local:
+  if views.local_crops and inp.num_local:
     _int_at_least("input.local_size", inp.local_size, p)
     _divisible(
       "input.local_size",
@@ -425,11 +426,11 @@ def _check_ibot_options(lo: mlc.ConfigDict) -> None:
 def _check_input(config: mlc.ConfigDict, recipe, weights: dict[str, float]) -> None:
   """The inputs the weighted loss terms need, and the distillation teacher."""
   inp = config.input
-  second_view = sorted(t for t in weights if "image2" in TERM_FIELDS[t])
-  if second_view and "two_views" not in inp.views:
+  second_view = sorted(t for t in weights if t in SECOND_VIEW_TERMS)
+  if second_view and not view_layout(inp.views).two_views:
     raise ConfigError(
       f"config.input.views={inp.views!r}: loss terms {second_view} "
-      "need a second view; valid values: ['two_views', 'multicrop_two_views']"
+      f"need a second view; valid values: {list(TWO_VIEWS)}"
     )
   if "ibot" in weights and inp.mask_ratio > 0 and not config.model.image.use_mask_token:
     raise ConfigError(

@@ -32,6 +32,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 from PIL import Image
 
+from tipsito.data import batch as batch_lib
 from tipsito.data import conversion
 from tipsito.data import sources
 from tipsito.data import transforms as T
@@ -362,9 +363,9 @@ def read_example(record: Mapping, fields: EvalFields) -> dict:
     image = resize_short_side(np.asarray(rgb), int(fields.image_size))  # the label map stays as it is
   else:
     image, mask = T.fixed_resize(np.asarray(rgb), mask, fields.image_size, fields.resize)
-  ex: dict[str, Any] = {'image': np.ascontiguousarray(image)}
+  ex: dict[str, Any] = {batch_lib.IMAGE: np.ascontiguousarray(image)}
   if mask is not None:
-    ex['segmentation'] = np.ascontiguousarray(mask)
+    ex[batch_lib.SEGMENTATION] = np.ascontiguousarray(mask)
   if fields.depth is not None:
     if fields.resize == 'short_side':
       raise ValueError("depth maps are read with the fixed-size resize modes ('resize', 'center_crop')")
@@ -372,14 +373,14 @@ def read_example(record: Mapping, fields: EvalFields) -> dict:
     if depth.shape != (img.height, img.width):
       raise ValueError(f'depth map {depth.shape} does not match its image {(img.height, img.width)}')
     _, depth = T.fixed_resize(np.asarray(rgb), depth, fields.image_size, fields.resize)
-    ex['depth'] = np.ascontiguousarray(depth, np.float32)
+    ex[batch_lib.DEPTH] = np.ascontiguousarray(depth, np.float32)
   if fields.label_key:
     label = get_field(record, fields.label_key)
     if label is None:
       raise KeyError(f'record has no label field {fields.label_key!r}')
-    ex['label'] = np.int32(int(np.asarray(label).reshape(-1)[0]))
+    ex[batch_lib.LABEL] = np.int32(int(np.asarray(label).reshape(-1)[0]))
   if fields.captions:
-    ex['captions'] = captions_of(record, fields.caption_keys)
+    ex[batch_lib.CAPTIONS] = captions_of(record, fields.caption_keys)
   return ex
 
 
@@ -432,7 +433,7 @@ def pad_batch(examples: list[dict], batch_size: int) -> dict:
       out[key] = arr
     else:
       out[key] = list(vals) + [type(vals[0])() for _ in range(batch_size - n)]
-  out['_valid'] = np.arange(batch_size) < n
+  out[batch_lib.VALID] = np.arange(batch_size) < n
   return out
 
 

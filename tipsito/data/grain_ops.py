@@ -15,6 +15,7 @@ import grain.python as grain
 import numpy as np
 from PIL import Image
 
+from tipsito.data.batch import GLOBAL_VIEWS, IMAGE, LOCAL_CROPS, TEXT, TEXT2
 from tipsito.data.transforms import (
   DEFAULT_LIMITS,
   ImageLimits,
@@ -49,9 +50,9 @@ def _decode_for(
 def _put_global_views(
   out: dict, rgb: Image.Image, views: Sequence[ITOViewParams], factor, size: int, timings: dict | None
 ) -> None:
-  """Renders the global views into out['image'], out['image2'], ..."""
+  """Renders the global views into out[IMAGE], out[IMAGE2] (tipsito/data/batch.py: `GLOBAL_VIEWS`)."""
   for i, v in enumerate(views):
-    out['image' if i == 0 else f'image{i + 1}'] = apply_view(rgb, v, factor, size, timings)
+    out[GLOBAL_VIEWS[i]] = apply_view(rgb, v, factor, size, timings)
 
 
 class ITOTwoViews(grain.RandomMapTransform):
@@ -75,7 +76,7 @@ class ITOTwoViews(grain.RandomMapTransform):
   def random_map(self, element, rng, trace: list | None = None, timings: dict | None = None):
     """grain RandomMapTransform entry point; `trace` (tests) receives the drawn params,
     `timings` (bench) CPU seconds per op ('decode' + the `apply_view` keys)."""
-    img = element['image']
+    img = element[IMAGE]
     w, h = img.size
     views = [
       sample_ito_view(
@@ -130,7 +131,7 @@ class MultiCrop(grain.RandomMapTransform):
   def random_map(self, element, rng, trace: list | None = None, timings: dict | None = None):
     """grain RandomMapTransform entry point; `trace` (tests) receives the drawn params,
     `timings` (bench) CPU seconds per op ('decode' + the `apply_view` keys)."""
-    img = element['image']
+    img = element[IMAGE]
     w, h = img.size
     glob = [
       sample_ito_view(
@@ -155,7 +156,7 @@ class MultiCrop(grain.RandomMapTransform):
       crops = np.empty((self.num_local, self.local_size, self.local_size, 3), np.uint8)
       for i, v in enumerate(loc):
         crops[i] = apply_view(rgb, v, factor, self.local_size, timings)
-      out['local_crops'] = crops
+      out[LOCAL_CROPS] = crops
     if trace is not None:
       trace.extend(glob + loc)
     return out
@@ -180,8 +181,8 @@ class ChooseCaptions(grain.RandomMapTransform):
       alt = decode_text(element[self.alt_text_key])
       if alt is None:
         raise SkipExample('bad_text', f'{self.alt_text_key} empty or not UTF-8')
-      out['text'] = alt
+      out[TEXT] = alt
     key, cap = choose_caption(rng, element, self.caption_keys)
-    out['text2'] = cap if cap is not None else alt
+    out[TEXT2] = cap if cap is not None else alt
     out['text2_key'] = key
     return out

@@ -39,7 +39,9 @@ import grain.python as grain
 from grain import experimental as grain_exp
 import numpy as np
 
-from tipsito.choices import AUGMENTS, VIEWS
+from tipsito.choices import AUGMENTS, VIEWS, ViewLayout, view_layout
+from tipsito import choices
+from tipsito.data import batch as batch_lib
 from tipsito.data import masking
 from tipsito.data import sources
 from tipsito.data import tokenizer as tok_lib
@@ -62,8 +64,8 @@ _SKIPS = '_skips'  # per-batch per-reason skip counts (popped by the accounting 
 _SEEN = '_seen'  # per-batch number of records consumed (good + skipped)
 DEFAULT_MIN_RECORDS_FOR_SKIP_CHECK = 256
 # Crop area range of the second view ('image2') when `config.input.view2_crop_scale` is None: ITO's
-# RandomResizedCrop scale (ITO "Method"), whatever the first view uses.
-ITO_VIEW2_SCALE = (0.5, 1.0)
+# RandomResizedCrop scale (ITO "Method"), whatever the first view uses (declared in tipsito/choices.py).
+ITO_VIEW2_SCALE = choices.VIEW2_CROP_SCALE
 
 log = logging.getLogger(__name__)
 
@@ -115,10 +117,10 @@ class ExampleSpec:
   global_size: int = 224
   local_size: int = 98
   num_local: int = 0
-  global_scale: tuple[float, float] = (0.5, 1.0)
-  local_scale: tuple[float, float] = (0.05, 0.32)
+  global_scale: tuple[float, float] = choices.GLOBAL_CROP_SCALE_BY_AUGMENT['ito']
+  local_scale: tuple[float, float] = choices.LOCAL_CROP_SCALE
   view2_scale: tuple[float, float] = ITO_VIEW2_SCALE  # the second view ('image2') of two-view modes
-  ratio: tuple[float, float] = (3 / 4, 4 / 3)
+  ratio: tuple[float, float] = choices.CROP_RATIO
   mask_ratio: float = 0.0
   mask_type: str = 'random'
   mask_prob: float = 1.0
@@ -151,7 +153,6 @@ class ExampleSpec:
     mask_type = inp.mask_type
     if mask_type not in masking.MASK_TYPES:
       raise ValueError(f'config.input.mask_type={mask_type!r}; valid: {list(masking.MASK_TYPES)}')
-    default_global = (0.5, 1.0) if augment == 'ito' else (0.32, 1.0)
     limits = T.ImageLimits(
       max_pixels=int(data.max_pixels),
       hard_max_pixels=int(data.hard_max_pixels),
@@ -165,11 +166,11 @@ class ExampleSpec:
       augment_view2=augment_view2,
       global_size=int(inp.global_size),
       local_size=int(inp.local_size),
-      num_local=int(inp.num_local) if 'multicrop' in views else 0,
-      global_scale=tuple(inp.global_crop_scale or default_global),
-      local_scale=tuple(inp.local_crop_scale or (0.05, 0.32)),
+      num_local=int(inp.num_local) if view_layout(views).local_crops else 0,
+      global_scale=tuple(inp.global_crop_scale or choices.GLOBAL_CROP_SCALE_BY_AUGMENT[augment]),
+      local_scale=tuple(inp.local_crop_scale or choices.LOCAL_CROP_SCALE),
       view2_scale=tuple(inp.view2_crop_scale or ITO_VIEW2_SCALE),
-      ratio=tuple(inp.crop_ratio or (3 / 4, 4 / 3)),
+      ratio=tuple(inp.crop_ratio or choices.CROP_RATIO),
       mask_ratio=float(inp.mask_ratio),
       mask_type=mask_type,
       mask_prob=float(inp.mask_prob),
@@ -181,10 +182,15 @@ class ExampleSpec:
       limits=limits,
     )
 
+  @property
+  def layout(self) -> ViewLayout:
+    """`views` decoded (tipsito/choices.py: `view_layout`)."""
+    return view_layout(self.views)
+
   def view_transform(self):
     """The grain RandomMapTransform producing the image fields for these views/augment."""
-    two = 'two_views' in self.views
-    if 'multicrop' in self.views:
+    layout = self.layout
+    if layout.local_crops:
       return grain_ops.MultiCrop(
         self.global_size,
         self.local_size,
@@ -192,7 +198,7 @@ class ExampleSpec:
         self.global_scale,
         self.local_scale,
         self.ratio,
-        num_global=2 if two else 1,
+        num_global=layout.global_views,
         photometric=self.augment == 'ito',
         limits=self.limits,
         view2_photometric=(self.augment_view2 or self.augment) == 'ito',
@@ -206,7 +212,7 @@ class ExampleSpec:
       self.ratio,
       self.limits,
       photometric=self.augment == 'ito',
-      num_views=2 if two else 1,
+      num_views=layout.global_views,
       view2_scale=self.view2_scale,
     )
 
@@ -256,9 +262,9 @@ def _example_rngs(seed: int, epoch: int, record: int, n: int):
 class TrainExampleFn:
   """(epoch, record index) -> training example dict, or a skip marker for bad records.
 
-  Output fields (per example): 'image' (S,S,3) uint8, 'image2' (two-view modes), 'local_crops'
-  (M,s,s,3) uint8 (multicrop, M>0), 'mask' (gh,gw) bool (mask_ratio>0), 'text' / 'text2' (L,)
-  int32, 'label' () int32 (label_key set)."""
+  Output fields (per example, tipsito/data/batch.py): IMAGE (S,S,3) uint8, IMAGE2 (two-view modes),
+  LOCAL_CROPS (M,s,s,3) uint8 (multicrop, M>0), MASK (gh,gw) bool (mask_ratio>0), TEXT / TEXT2 (L,)
+  int32, LABEL () int32 (label_key set)."""
 
   _warned = 0
 
@@ -313,31 +319,30 @@ class TrainExampleFn:
     record = self._read(index)
     out = {}
     if spec.label_key:
-      out['label'] = self._label(record)
+      out[batch_lib.LABEL] = self._label(record)
     if self.tokenizer is not None and (spec.alt_text_key or spec.caption_keys):
       if spec.alt_text_key:
         txt = self.captions.random_map(record, rng_cap)
-        pair = [txt['text'], txt['text2']]
+        pair = [txt[batch_lib.TEXT], txt[batch_lib.TEXT2]]
       else:
         _, cap = T.choose_caption(rng_cap, record, spec.caption_keys)
         if cap is None:
           raise T.SkipExample('missing_text', 'no usable caption field')
         pair = [cap, cap]
       ids = self.tokenizer(pair)
-      out['text'], out['text2'] = ids[0], ids[1]
+      out[batch_lib.TEXT], out[batch_lib.TEXT2] = ids[0], ids[1]
     img = T.open_image(record.get(spec.image_key), spec.limits)
     if self.views is None:
-      out['image'] = T.fixed_size_image(img, spec.global_size, 'center_crop', spec.limits)
-      if 'two_views' in spec.views:
-        out['image2'] = out['image']
+      image = T.fixed_size_image(img, spec.global_size, 'center_crop', spec.limits)
+      out.update((name, image) for name in batch_lib.GLOBAL_VIEWS[: spec.layout.global_views])
     else:
-      out.update((k, v) for k, v in self.views.random_map({'image': img}, rng_img).items())
+      out.update((k, v) for k, v in self.views.random_map({batch_lib.IMAGE: img}, rng_img).items())
     if spec.mask_ratio > 0:
       g = spec.mask_grid
       if spec.mask_prob >= 1.0 or rng_mask.random() < spec.mask_prob:
-        out['mask'] = masking.make_mask(rng_mask, g, g, spec.mask_ratio, spec.mask_type)
+        out[batch_lib.MASK] = masking.make_mask(rng_mask, g, g, spec.mask_ratio, spec.mask_type)
       else:
-        out['mask'] = np.zeros((g, g), bool)
+        out[batch_lib.MASK] = np.zeros((g, g), bool)
     return out
 
 

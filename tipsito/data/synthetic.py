@@ -15,41 +15,45 @@ from typing import Optional
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
+from tipsito.data import batch as batch_lib
+
 
 def synthetic_batch(config, batch_size: Optional[int] = None, seed: int = 0, vocab_size: int = 100) -> dict:
-  """A random host batch with every field the config's recipe/views need (bench, tests, info FLOPs).
+  """A random host batch with every field the config's recipe/views need (bench, tests, info FLOPs): the
+  fields and shapes of tipsito/data/batch.py's `BatchLayout`, images uniform uint8, token ids in
+  [1, vocab_size) with a random length (zero-padded), masks with `config.input.mask_ratio` of the patches.
 
   Why: step time and FLOPs must be measurable without any dataset on disk.
   """
   rs = np.random.RandomState(seed)
   inp = config.input
   b = int(batch_size or inp.batch_size)
-  g, loc = int(inp.global_size), int(inp.local_size)
-  p = int(config.model.image.patch_size)
-  length = int(config.max_len)
+  shapes = batch_lib.BatchLayout.from_config(config).shapes(b)
 
-  def img(*shape):
-    return rs.randint(0, 256, size=shape + (3,), dtype=np.uint8)
-
-  def text():
+  def text(length):
     ids = rs.randint(1, vocab_size, size=(b, length)).astype(np.int32)
     lens = rs.randint(2, length + 1, size=(b,))
     ids[np.arange(length)[None, :] >= lens[:, None]] = 0
     return ids
 
-  batch = {"image": img(b, g, g), "text": text(), "text2": text()}
-  if "two_views" in inp.views:
-    batch["image2"] = img(b, g, g)
-  if "multicrop" in inp.views and int(inp.num_local) > 0:
-    batch["local_crops"] = img(b, int(inp.num_local), loc, loc)
-  if float(inp.mask_ratio) > 0:
-    gh = -(-g // p)
+  def mask(gh):
     n = gh * gh
     k = int(round(float(inp.mask_ratio) * n))
-    mask = np.zeros((b, n), bool)
+    out = np.zeros((b, n), bool)
     for i in range(b):
-      mask[i, rs.permutation(n)[:k]] = True
-    batch["mask"] = mask.reshape(b, gh, gh)
+      out[i, rs.permutation(n)[:k]] = True
+    return out.reshape(b, gh, gh)
+
+  batch = {}
+  for name, (shape, dtype) in shapes.items():  # drawn in the layout's order (the same stream as before)
+    if dtype == np.uint8:
+      batch[name] = rs.randint(0, 256, size=shape, dtype=np.uint8)
+    elif dtype == np.int32:
+      batch[name] = text(shape[1])
+    elif dtype == np.bool_:
+      batch[name] = mask(shape[1])
+    else:
+      raise NotImplementedError(f"synthetic_batch: no random {dtype} field ({name!r}); add one here")
   return batch
 
 

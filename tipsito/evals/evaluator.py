@@ -36,6 +36,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from tipsito.data import batch as batch_lib
 from tipsito.data import eval_input
 from tipsito.data import sources
 from tipsito.data.tokenizer import Tokenizer
@@ -300,9 +301,9 @@ class Evaluator:
     n = int(self.cfg.get("num_pictures") or 0)
     if n <= 0 or f"{self.name}/pca" in self.pictures:
       return
-    k = int(min(n, int(np.sum(batch["_valid"]))))
+    k = int(min(n, int(np.sum(batch[batch_lib.VALID]))))
     if k == 0 or "patches" not in out:
       return
     maps = pictures_lib.pca_rgb(out["patches"][:k], joint=False)
-    images = batch["image"][:k]
+    images = batch[batch_lib.IMAGE][:k]
     self.pictures[f"{self.name}/pca"] = pictures_lib.pca_grid(images, maps)

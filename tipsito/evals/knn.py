@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tipsito.data import batch as batch_lib
 from tipsito.evals import evaluator
 from tipsito.evals import metrics as metrics_lib
 
@@ -36,10 +37,10 @@ class KnnEvaluator(evaluator.Evaluator):
     """Normalised CLS features and labels of the valid examples of a split."""
     feats, labels = [], []
     for batch in self.batches(split, max_examples=max_examples, need_label=True):
-      out = self.embed_images(encoder, batch["image"])
-      v = batch["_valid"]
+      out = self.embed_images(encoder, batch[batch_lib.IMAGE])
+      v = batch[batch_lib.VALID]
       feats.append(self.cls_features(out)[v])
-      labels.append(batch["label"][v])
+      labels.append(batch[batch_lib.LABEL][v])
       if split == self.cfg["split"]:
         self._collect_pca(out, batch)
     if not feats:

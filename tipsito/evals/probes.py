@@ -57,6 +57,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from tipsito.data import batch as batch_lib
 from tipsito.data import dense_benchmarks
 from tipsito.data import eval_input
 from tipsito.data import sources
@@ -240,10 +241,10 @@ class _ProbeEvaluator(evaluator.Evaluator):
     """(features, batch with only valid rows) per batch of a split, features = select(encoder output)."""
     collect = split == self.cfg["split"]
     for batch in self.batches(split, max_examples=max_examples, **need):
-      out = self.embed_images(encoder, batch["image"])
+      out = self.embed_images(encoder, batch[batch_lib.IMAGE])
       if collect:
         self._collect_pca(out, batch)
-      v = batch["_valid"]
+      v = batch[batch_lib.VALID]
       yield select(out)[v], {k: val[v] for k, val in batch.items() if isinstance(val, np.ndarray)}
 
   def gather(self, encoder, split: str, max_examples, select: Callable, target_key: str, **need):
@@ -305,7 +306,7 @@ class LinearSegmentationEvaluator(_ProbeEvaluator):
       self.cfg["train_split"],
       self.cfg["max_train_examples"],
       lambda o: o["patches"],
-      "segmentation",
+      batch_lib.SEGMENTATION,
       need_mask=True,
     )
     bad = (train_y != spec.ignore_index) & (train_y >= num_classes)
@@ -317,7 +318,7 @@ class LinearSegmentationEvaluator(_ProbeEvaluator):
     loss = functools.partial(segmentation_loss, ignore_index=spec.ignore_index)
     params = train_probe(train_x, train_y.astype(np.int32), num_classes, loss, **self.probe_options())
     eval_x, _ = self.gather(
-      encoder, self.cfg["split"], self.cfg["max_examples"], lambda o: o["patches"], "_valid"
+      encoder, self.cfg["split"], self.cfg["max_examples"], lambda o: o["patches"], batch_lib.VALID
     )
     predict = jax.jit(apply_probe)
     conf = metrics_lib.ConfusionMatrix(num_classes, spec.ignore_index)
@@ -398,7 +399,12 @@ class LinearDepthEvaluator(_ProbeEvaluator):
     self.pictures = {}
     lo, hi = self.depth_range()
     train_x, train_y = self.gather(
-      encoder, self.cfg["train_split"], self.cfg["max_train_examples"], self.select, "depth", need_depth=True
+      encoder,
+      self.cfg["train_split"],
+      self.cfg["max_train_examples"],
+      self.select,
+      batch_lib.DEPTH,
+      need_depth=True,
     )
     loss = functools.partial(depth_loss, min_depth=lo, max_depth=hi)
     valid = train_y[(train_y > lo) & (train_y < hi)]
@@ -406,7 +412,9 @@ class LinearDepthEvaluator(_ProbeEvaluator):
     params = train_probe(
       train_x, train_y.astype(np.float32), 1, loss, bias_init=start, **self.probe_options()
     )
-    eval_x, _ = self.gather(encoder, self.cfg["split"], self.cfg["max_examples"], self.select, "_valid")
+    eval_x, _ = self.gather(
+      encoder, self.cfg["split"], self.cfg["max_examples"], self.select, batch_lib.VALID
+    )
     predict = jax.jit(apply_probe)
     per_image = []
     spec = self.depth_spec()
@@ -440,11 +448,11 @@ class LinearClassificationEvaluator(_ProbeEvaluator):
       self.cfg["train_split"],
       self.cfg["max_train_examples"],
       self.cls_token,
-      "label",
+      batch_lib.LABEL,
       need_label=True,
     )
     eval_x, eval_y = self.gather(
-      encoder, self.cfg["split"], self.cfg["max_examples"], self.cls_token, "label", need_label=True
+      encoder, self.cfg["split"], self.cfg["max_examples"], self.cls_token, batch_lib.LABEL, need_label=True
     )
     num_classes = self.cfg.get("num_classes")
     if not num_classes:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tipsito.data import batch as batch_lib
 from tipsito.evals import evaluator
 from tipsito.evals import metrics as metrics_lib
 
@@ -32,11 +33,11 @@ class RetrievalEvaluator(evaluator.Evaluator):
     n_img = 0
     max_caps = self.cfg.get("max_captions_per_image")
     for batch in self.batches(need_captions=True):
-      out = self.embed_images(encoder, batch["image"])
+      out = self.embed_images(encoder, batch[batch_lib.IMAGE])
       feats = self.cls_features(out)
-      valid = batch["_valid"]
+      valid = batch[batch_lib.VALID]
       img_feats.append(feats[valid])
-      for caps in (c for c, v in zip(batch["captions"], valid) if v):
+      for caps in (c for c, v in zip(batch[batch_lib.CAPTIONS], valid) if v):
         if max_caps:
           caps = caps[: int(max_caps)]
         texts.extend(caps)

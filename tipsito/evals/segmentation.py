@@ -97,6 +97,7 @@ import jax.numpy as jnp
 import numpy as np
 from PIL import Image
 
+from tipsito.data import batch as batch_lib
 from tipsito.data import eval_input
 from tipsito.evals import config_checks
 from tipsito.evals import evaluator
@@ -360,7 +361,7 @@ class SegmentationEvaluator(evaluator.Evaluator):
       out, batch, valid, scores = self._encode_scores(encoder, [x for x, _ in items], scorer)
       sink.pca(out, batch, valid)
       for i, (_, ex) in enumerate(items):
-        hw = ex["segmentation"].shape
+        hw = ex[batch_lib.SEGMENTATION].shape
         preds = {}
         for kind, s in scores.items():
           if kind == "global_copy":  # one answer per image: the arg-max of its (constant) score grid
@@ -370,7 +371,7 @@ class SegmentationEvaluator(evaluator.Evaluator):
         sink.add(ex, preds, out.get("patches", out["values"])[i])
 
     for ex in examples:
-      x = to_patch_multiple(ex["image"], patch)
+      x = to_patch_multiple(ex[batch_lib.IMAGE], patch)
       queues.setdefault(x.shape, []).append((x, ex))
       if len(queues[x.shape]) == bs:
         flush(x.shape)
@@ -387,13 +388,13 @@ class SegmentationEvaluator(evaluator.Evaluator):
     for chunk in eval_input.chunks(examples, bs):
       plans, queues = [], {}
       for j, ex in enumerate(chunk):
-        h, w = ex["image"].shape[:2]
+        h, w = ex[batch_lib.IMAGE].shape[:2]
         crop = int(self.cfg.get("crop_size") or min(h, w))
         stride = int(self.cfg.get("stride") or max(1, crop * 2 // 3))
         boxes = tuple(window_boxes(h, w, crop, stride))
         plans.append(boxes)
         for k, (y1, x1, y2, x2) in enumerate(boxes):
-          x = to_patch_multiple(ex["image"][y1:y2, x1:x2], patch)
+          x = to_patch_multiple(ex[batch_lib.IMAGE][y1:y2, x1:x2], patch)
           queues.setdefault(x.shape, []).append(((j, k), x))
       window_scores = {}
       for items in queues.values():
@@ -406,8 +407,8 @@ class SegmentationEvaluator(evaluator.Evaluator):
         preds = {}
         for kind in self.kinds():  # 'global_copy': each window's CLS answer over its box, averaged
           ws = jnp.stack([window_scores[(j, k)][kind] for k in range(len(boxes))])
-          probs = slide_average(ws, boxes, tuple(ex["image"].shape[:2]))
-          preds[kind] = upsample_argmax(probs, ex["segmentation"].shape)
+          probs = slide_average(ws, boxes, tuple(ex[batch_lib.IMAGE].shape[:2]))
+          preds[kind] = upsample_argmax(probs, ex[batch_lib.SEGMENTATION].shape)
         sink.add(ex, preds, None)
 
   # ------------------------------------------------------------------ run
@@ -479,7 +480,7 @@ class _Sink:
   def add(self, ex: dict, preds: dict[str, np.ndarray], patches: np.ndarray | None) -> None:
     """One example's {kind: (H, W) prediction} at its label map's size, and its (h, w, D) patch tokens
     (None: no PCA panel)."""
-    gt = ex["segmentation"]
+    gt = ex[batch_lib.SEGMENTATION]
     ignore = int(self.ev.cfg["ignore_index"])
     for kind, pred in preds.items():
       self.cms[kind].update(pred, gt)
@@ -488,7 +489,7 @@ class _Sink:
       self.nonlargest[kind][1] += t
     self.count += 1
     if len(self.rows) < self.n_pics:
-      image = ex["image"]
+      image = ex[batch_lib.IMAGE]
       h, w = gt.shape
       if image.shape[:2] != (h, w):
         image = np.asarray(Image.fromarray(image).resize((w, h), Image.Resampling.BILINEAR))
@@ -501,4 +502,4 @@ class _Sink:
   def pca(self, out, batch, valid) -> None:
     """PCA pictures of the first encoded batch (`Evaluator._collect_pca`)."""
     if self.n_pics:
-      self.ev._collect_pca(out, {"image": batch, "_valid": valid})  # pylint: disable=protected-access
+      self.ev._collect_pca(out, {batch_lib.IMAGE: batch, batch_lib.VALID: valid})  # pylint: disable=protected-access

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tipsito.data import batch as batch_lib
 from tipsito.evals import evaluator
 from tipsito.evals import metrics as metrics_lib
 
@@ -33,7 +34,7 @@ class ZeroShotEvaluator(evaluator.Evaluator):
     correct = {k: 0 for k in ks}
     n = 0
     for batch in self.batches(need_label=True):
-      out = self.embed_images(encoder, batch["image"])
+      out = self.embed_images(encoder, batch[batch_lib.IMAGE])
       feats = self.cls_features(out)
       if feats.shape[1] != class_emb.shape[1]:
         raise ValueError(
@@ -41,9 +42,10 @@ class ZeroShotEvaluator(evaluator.Evaluator):
           " (set project=True for encoders with an image projection)"
         )
       scores = feats @ class_emb.T
-      for k, v in metrics_lib.topk_correct(scores, batch["label"], ks, batch["_valid"]).items():
+      valid = batch[batch_lib.VALID]
+      for k, v in metrics_lib.topk_correct(scores, batch[batch_lib.LABEL], ks, valid).items():
         correct[k] += v
-      n += int(batch["_valid"].sum())
+      n += int(valid.sum())
       self._collect_pca(out, batch)
     res = {self.key(f"top{k}"): (100.0 * correct[k] / n if n else float("nan")) for k in ks}
     res[self.key("num_examples")] = float(n)

@@ -23,6 +23,7 @@ from typing import NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
+from tipsito.data import batch as batch_lib
 from tipsito.models.layers import l2_normalize
 from tipsito.objective.context import LossContext, teacher_temperature
 from tipsito.objective.model import TrainModel
@@ -35,7 +36,7 @@ CONTRASTIVE_VIEW = "contrastive_view"  # view 1 as the contrastive terms see it
 STUDENT_MASK = "student_mask"  # view 1 masked for the student (when `masks_student_view`)
 VIEW2 = "view2"  # ITO's second view 'image2'
 TEACHER = "teacher"  # teacher features, teacher head params, teacher temperature
-LOCAL_CROPS = "local_crops"  # student CLS1 of the local crops
+LOCAL_CROPS = "local_cls"  # student CLS1 of the local crops
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +105,7 @@ def compute_features(
 
 def _student_mask(ctx: LossContext, needs: frozenset, batch: dict):
   """(the student's iBOT mask or None, whether view 1 also runs unmasked for the contrastive terms)."""
-  mask = batch.get("mask") if (ctx.masks_student_view and STUDENT_MASK in needs) else None
+  mask = batch.get(batch_lib.MASK) if (ctx.masks_student_view and STUDENT_MASK in needs) else None
   return mask, mask is not None and CONTRASTIVE_VIEW in needs and ctx.contrastive_view == "unmasked"
 
 
@@ -143,10 +144,10 @@ def encode(
     unmasked_pass = student if mask is None else (contrastive if unmasked_v1 else None)
     towers = _Towers(fwd, params)
     enc["teacher"] = jax.lax.stop_gradient(
-      teacher_features(ctx, towers, ema, frozen, batch["image"], unmasked_pass)
+      teacher_features(ctx, towers, ema, frozen, batch[batch_lib.IMAGE], unmasked_pass)
     )
-  if LOCAL_CROPS in needs and "local_crops" in batch:
-    loc = batch["local_crops"]
+  if LOCAL_CROPS in needs and batch_lib.LOCAL_CROPS in batch:
+    loc = batch[batch_lib.LOCAL_CROPS]
     b, m = loc.shape[:2]
     l_out = fwd(params, loc.reshape((b * m,) + loc.shape[2:]), train=True, method=TrainModel.encode_image)
     enc["local_cls"] = l_out["cls"][:, 0].reshape(b, m, -1)
@@ -169,7 +170,7 @@ def features_from_encodings(
   f = Features(
     forward=fwd,
     params=params,
-    batch_size=batch["image"].shape[0],
+    batch_size=batch[batch_lib.IMAGE].shape[0],
     student=student,
     contrastive=contrastive,
     contrastive_cls1=contrastive["cls"][:, 0],
@@ -199,23 +200,23 @@ def _student_pass(
   fwd: Forward, params: dict, batch: dict, mask, unmasked_v1: bool, with_view2: bool
 ) -> tuple[dict, dict, Optional[dict]]:
   """(student view 1, contrastive view 1, view 2 or None) from one encoder call over the stacked views."""
-  views = (
-    [batch["image"]] + ([batch["image"]] if unmasked_v1 else []) + ([batch["image2"]] if with_view2 else [])
-  )
+  view1 = batch[batch_lib.IMAGE]
+  views = [view1] + ([view1] if unmasked_v1 else []) + ([batch[batch_lib.IMAGE2]] if with_view2 else [])
   imgs = jnp.concatenate(views, 0) if len(views) > 1 else views[0]
   if mask is not None and len(views) > 1:
     mask = jnp.concatenate([mask] + [jnp.zeros_like(mask)] * (len(views) - 1), 0)
   allv = fwd(params, imgs, mask=mask, train=True, method=TrainModel.encode_image)
-  b = batch["image"].shape[0]
+  b = batch[batch_lib.IMAGE].shape[0]
   chunks = [jax.tree.map(lambda x, i=i: x[i * b : (i + 1) * b], allv) for i in range(len(views))]
   return chunks[0], (chunks[1] if unmasked_v1 else chunks[0]), (chunks[-1] if with_view2 else None)
 
 
 def _encode_captions(enc: dict, fwd: Forward, params: dict, batch: dict, synthetic: bool) -> None:
   """Text tower on 'text' (and 'text2' in the same call when CLS2 has a synthetic caption to match)."""
-  b = batch["text"].shape[0]
-  two_cls = synthetic and enc["student"]["cls"].shape[1] > 1 and "text2" in batch
-  ids = jnp.concatenate([batch["text"], batch["text2"]], 0) if two_cls else batch["text"]
+  text = batch[batch_lib.TEXT]
+  b = text.shape[0]
+  two_cls = synthetic and enc["student"]["cls"].shape[1] > 1 and batch_lib.TEXT2 in batch
+  ids = jnp.concatenate([text, batch[batch_lib.TEXT2]], 0) if two_cls else text
   txt_all = fwd(params, ids, train=True, method=TrainModel.encode_text)
   enc["caption"] = jax.tree.map(lambda x: x[:b], txt_all)
   if two_cls:

@@ -39,6 +39,7 @@ import jax.numpy as jnp
 
 from tipsito.choices import CLIP, CLIP_VIEW2, DINO, FEATURE, FUSION, IBOT, KOLEO, SIGLIP
 from tipsito.choices import VIEW_WEIGHTINGS  # noqa: F401 (re-exported)
+from tipsito.data.batch import IMAGE, IMAGE2, TEXT
 from tipsito.losses import contrastive as _con
 from tipsito.losses import self_distill as _sd
 from tipsito.objective.context import LossContext
@@ -339,14 +340,14 @@ def _term(fn, fields, features, centers=(), batch_weight=None) -> Term:
 # clip_view2 lists CONTRASTIVE_VIEW although it reads only view 2: with iBOT masking and head-only EMA the
 # unmasked view-1 chunk of the student pass it keeps is the teacher's input (see features.py).
 TERMS: dict[str, Term] = {
-  CLIP: _term(clip_term, ("image", "text"), (CAPTION, SYNTHETIC_CAPTION, CONTRASTIVE_VIEW)),
-  SIGLIP: _term(siglip_term, ("image", "text"), (CAPTION, CONTRASTIVE_VIEW)),
-  CLIP_VIEW2: _term(clip_view2_term, ("image2", "text"), (CAPTION, VIEW2, CONTRASTIVE_VIEW)),
-  FUSION: _term(fusion_term, ("image", "image2", "text"), (CAPTION, VIEW2, CONTRASTIVE_VIEW)),
-  KOLEO: _term(koleo_term, ("image",), (CONTRASTIVE_VIEW,)),
-  DINO: _term(dino_term, ("image",), (TEACHER, LOCAL_CROPS), centers=("dino",), batch_weight=examples),
+  CLIP: _term(clip_term, (IMAGE, TEXT), (CAPTION, SYNTHETIC_CAPTION, CONTRASTIVE_VIEW)),
+  SIGLIP: _term(siglip_term, (IMAGE, TEXT), (CAPTION, CONTRASTIVE_VIEW)),
+  CLIP_VIEW2: _term(clip_view2_term, (IMAGE2, TEXT), (CAPTION, VIEW2, CONTRASTIVE_VIEW)),
+  FUSION: _term(fusion_term, (IMAGE, IMAGE2, TEXT), (CAPTION, VIEW2, CONTRASTIVE_VIEW)),
+  KOLEO: _term(koleo_term, (IMAGE,), (CONTRASTIVE_VIEW,)),
+  DINO: _term(dino_term, (IMAGE,), (TEACHER, LOCAL_CROPS), centers=("dino",), batch_weight=examples),
   IBOT: _term(
-    ibot_term, ("image",), (TEACHER, STUDENT_MASK), centers=("ibot",), batch_weight=ibot_counted_tokens
+    ibot_term, (IMAGE,), (TEACHER, STUDENT_MASK), centers=("ibot",), batch_weight=ibot_counted_tokens
   ),
-  FEATURE: _term(feature_term, ("image",), (TEACHER,), batch_weight=examples),
+  FEATURE: _term(feature_term, (IMAGE,), (TEACHER,), batch_weight=examples),
 }
