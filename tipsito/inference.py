@@ -164,7 +164,7 @@ class Encoder:
     size = (self.config.get('extra') or {}).get('image_size')
     if size:
       return int(size)
-    g = self.image_model.posemb_grid  # the module's: an older export's absent keys take its defaults
+    g = self.image_model.posemb_grid  # the config's (an older export's filled: export_format.upgrade_config)
     g = g if isinstance(g, int) else int(g[0])
     return g * int(self.image_model.patch_size)
 
