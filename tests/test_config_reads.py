@@ -43,44 +43,14 @@ ALLOWED = {
   "Tipsv2Config's own defaults for keys it leaves out: not a tipsito config",
   ("tipsito/interop/hf_tipsv2.py", "vocab_size"): "a Hugging Face config.json's `text_config`, with "
   "Tipsv2Config's own defaults: not a tipsito config",
-  ("tipsito/train/teacher.py", "image"): "the EMA parameter tree (no EMA image tower: the student's); "
-  "and `enc.config`, an export's config.json (see PENDING for the export readers)",
+  ("tipsito/train/teacher.py", "image"): "the EMA parameter tree (no EMA image tower: the student's)",
 }
 
-# (file, key): config reads with a fallback not converted yet, and why. The export readers read an export's
-# config.json (tipsito/export_format.py: the towers' module kwargs, not the training config); its upgrade in
-# one place, like run_file.upgrade for a workdir's, is still to write.
-_EXPORT = "an export's config.json tower kwargs (tipsito/export_format.py), upgraded in no one place yet"
-_INTEROP = (
-  "tower kwargs from an export, a training config or a converted checkpoint (tipsito/interop/); "
-  "to read them once upgraded, like the export's"
-)
-PENDING = {
-  ("tipsito/evaluate.py", "tokenizer"): "a standalone eval config (configs/eval_*.py) is not a training "
-  "config: it may have `evals` alone; to be declared with the eval configs",
-  ("tipsito/evals/evaluator.py", "max_len"): _EXPORT,
-  ("tipsito/export_format.py", "pixel_mean"): _EXPORT,
-  ("tipsito/export_format.py", "pixel_std"): _EXPORT,
-  ("tipsito/interop/clip.py", "posemb_grid"): _INTEROP,
-  ("tipsito/interop/clip.py", "activation"): _INTEROP,
-  ("tipsito/interop/clip.py", "ln_eps"): _INTEROP,
-  ("tipsito/interop/clip.py", "num_cls_tokens"): _INTEROP,
-  ("tipsito/interop/clip.py", "flavour"): _INTEROP,
-  ("tipsito/interop/clip.py", "ffn"): _INTEROP,
-  ("tipsito/interop/clip.py", "max_len"): _INTEROP,
-  ("tipsito/interop/clip.py", "pixel_mean"): _INTEROP,
-  ("tipsito/interop/clip.py", "pixel_std"): _INTEROP,
-  ("tipsito/interop/hf_tipsv2.py", "posemb_grid"): _INTEROP,
-  ("tipsito/interop/hf_tipsv2.py", "ffn"): _INTEROP,
-  ("tipsito/interop/hf_tipsv2.py", "pixel_mean"): _INTEROP,
-  ("tipsito/interop/hf_tipsv2.py", "pixel_std"): _INTEROP,
-  ("tipsito/interop/hf_tipsv2.py", "max_len"): _INTEROP,
-  ("tipsito/interop/hf_tipsv2.py", "num_cls_tokens"): _INTEROP,
-  ("tipsito/interop/tips_npz.py", "flavour"): _INTEROP,
-  ("tipsito/interop/tips_npz.py", "pixel_mean"): _INTEROP,
-  ("tipsito/interop/tips_npz.py", "pixel_std"): _INTEROP,
-  ("tipsito/interop/tips_npz.py", "ffn"): _INTEROP,
-}
+# (file, key): config reads with a fallback not converted yet, and why. None is left: an export's config.json
+# (the towers' module kwargs) is upgraded in one place too (tipsito/export_format.py: upgrade_config, with
+# tipsito/models/kwargs.py: complete_tower_config), and a standalone eval config's optional keys are filled
+# from the schema (tipsito/config/defaults.py: eval_config_values).
+PENDING: dict[tuple[str, str], str] = {}
 
 
 @dataclasses.dataclass(frozen=True)

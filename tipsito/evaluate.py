@@ -34,6 +34,7 @@ from tipsito import distributed
 from tipsito.evals import registry as eval_registry
 from tipsito.evals import runner as eval_runner
 from tipsito import paths
+from tipsito.config import defaults
 from tipsito.evals import pictures as pictures_lib
 
 FLAGS = flags.FLAGS
@@ -127,7 +128,7 @@ def _evals_config(
     if missing:
       raise ValueError(f"--only names {missing} not in config.evals ({sorted(evals)})")
     evals = {k: v for k, v in evals.items() if k in only}
-  tokenizer = config.get("tokenizer", None) if hasattr(config, "get") else None
+  tokenizer = defaults.eval_config_values(config)["tokenizer"]
   for cfg in evals.values():
     if default_data_dir and not cfg.get("data_dir"):
       cfg["data_dir"] = default_data_dir

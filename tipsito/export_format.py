@@ -14,8 +14,14 @@ Export layout (FORMAT_VERSION 1):
 The tower kwargs state the structure in full (TIPS or OpenCLIP: `activation`, `ln_eps`, `patch_bias`,
 `cls_posemb`, `pre_norm`; text `flavour`, `activation`, `ln_eps`; tipsito/config/presets.py), so
 `tipsito.load` rebuilds the same towers; the text `flavour` also selects the tokenization ('clip':
-SOT/EOT on top of the SentencePiece ids, tipsito/data/tokenizer.py), as in training. Keys missing from
-an older config.json take the module defaults (the TIPS structure).
+SOT/EOT on top of the SentencePiece ids, tipsito/data/tokenizer.py), as in training.
+
+An export written by an older tipsito may lack tower keys that did not exist then: `upgrade_config`, run by
+`read_export`, fills them once with the tower modules' defaults (the TIPS structure;
+tipsito/models/kwargs.py: complete_tower_config, which `write_export` applies too, so an export written
+today states every key) and logs which, so every reader (`tipsito.load`, the interop writers, the
+evaluators, the distillation teacher) reads the keys directly. What has no default (a key fixing the
+parameter shapes, the temperature) is refused with the file and key.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import os
 from typing import Any, Mapping, Optional
 
 import numpy as np
+from absl import logging
 
 from tipsito import paths
 
@@ -139,7 +146,10 @@ def write_export(
   if pdir.exists():
     pdir.rmtree()
 
-  icfg = dict(jsonable(image_config))
+  from tipsito.models import kwargs as kwargs_lib  # lazy: JAX/Flax at use, as jax and orbax here
+
+  icfg, _ = kwargs_lib.complete_tower_config(jsonable(image_config), 'image', 'write_export image_config')
+  tcfg, _ = kwargs_lib.complete_tower_config(jsonable(text_config), 'text', 'write_export text_config')
   icfg['use_mask_token'] = False
   icfg.pop('remat', None)
   tok_name = None
@@ -154,10 +164,10 @@ def write_export(
   cfg = {
     'format_version': FORMAT_VERSION,
     'image': jsonable(icfg),
-    'text': jsonable(text_config),
+    'text': tcfg,
     'temperature': float(temperature),
-    'pixel_mean': jsonable(icfg.get('pixel_mean', (0.0, 0.0, 0.0))),
-    'pixel_std': jsonable(icfg.get('pixel_std', (1.0, 1.0, 1.0))),
+    'pixel_mean': icfg['pixel_mean'],
+    'pixel_std': icfg['pixel_std'],
     'tokenizer': tok_name,
     'image_proj': bool(image_proj),
     'extra': jsonable(extra or {}),
@@ -210,8 +220,58 @@ def _not_an_export(path) -> str:
   )
 
 
+class ExportConfigError(ValueError):
+  """An export's config.json lacks what cannot be filled with a default (says which file and key)."""
+
+
+# Top-level keys of config.json that an older export may lack, and their values then. 'image_proj' is
+# filled from the params by `read_export`.
+_TOP_DEFAULTS = {'tokenizer': None, 'extra': {}}
+_TOP_REQUIRED = ('image', 'text', 'temperature')
+
+
+def upgrade_config(cfg: dict, source: str) -> dict:
+  """An export's config.json as this tipsito writes it: the tower keys an older export lacks filled with
+  the tower modules' defaults (tipsito/models/kwargs.py: complete_tower_config), the top-level pixel
+  statistics with the image tower's, `tokenizer` None and `extra` {}. Logs one line naming the filled
+  keys (nothing when none is); raises ExportConfigError naming `source` and the key for what has no
+  default. `cfg` itself is not changed."""
+  from tipsito.models import kwargs as kwargs_lib  # lazy: JAX/Flax at use, as jax and orbax here
+
+  missing = [k for k in _TOP_REQUIRED if k not in cfg]
+  if missing:
+    raise ExportConfigError(
+      f'{source}: no {missing} (every export states them; write the export again with '
+      '`python -m tipsito.export`)'
+    )
+  out = dict(cfg)
+  filled = []
+  for tower in ('image', 'text'):
+    try:
+      out[tower], keys = kwargs_lib.complete_tower_config(cfg[tower], tower, source)
+    except kwargs_lib.TowerConfigError as e:
+      raise ExportConfigError(str(e)) from None
+    filled += [f'{tower}.{k}' for k in keys]
+  for k in ('pixel_mean', 'pixel_std'):
+    if k not in out:
+      out[k] = out['image'][k]
+      filled.append(k)
+  for k, v in _TOP_DEFAULTS.items():
+    if k not in out:
+      out[k] = v
+      filled.append(k)
+  if filled:
+    logging.info(
+      '%s: written by an older tipsito; filled %s with the defaults (the tower modules\' in tipsito/models/)',
+      source,
+      ', '.join(filled),
+    )
+  return out
+
+
 def read_export(path) -> tuple[dict, dict]:
-  """Reads (config dict, params tree of numpy/jax arrays) of an export (local or gs://)."""
+  """Reads (config dict, params tree of numpy/jax arrays) of an export (local or gs://); the config is
+  upgraded to this tipsito's (`upgrade_config`), so it states every key."""
   import orbax.checkpoint as ocp
 
   path = as_path(path)
@@ -231,8 +291,11 @@ def read_export(path) -> tuple[dict, dict]:
     raise NotAnExportError(
       f"{os.fspath(path)}: config.json but no params/ folder (an interrupted export? write it again)"
     )
+  cfg = upgrade_config(cfg, os.fspath(cfg_path))
   ckptr = ocp.StandardCheckpointer(multiprocessing_options=_this_process_only())
   params = ckptr.restore(path / 'params')
+  if 'image_proj' not in cfg:
+    cfg['image_proj'] = 'image_proj' in params
   return cfg, params
 
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from tipsito import export_format
 from tipsito import inference_tools
-from tipsito.models.kwargs import module_kwargs
+from tipsito.models.kwargs import complete_tower_config, module_kwargs
 from tipsito.models.text import TextEncoder
 from tipsito.models.vit import VisionTransformer
 
@@ -108,7 +108,8 @@ class Encoder:
   """Frozen image + text encoders of one exported model.
 
   Attributes: `temperature` (T of logits = cos / T), `tokenizer` (or None),
-  `config` (the export's config dict), `params`.
+  `config` (the export's config dict), `params`, `image_config` / `text_config` (the towers' configs,
+  every key of their module stated: tipsito/models/kwargs.py complete_tower_config).
   """
 
   def __init__(
@@ -121,8 +122,8 @@ class Encoder:
     config: Optional[dict] = None,
     tokenizer_error: Optional[str] = None,
   ):
-    self.image_config = dict(image_config)
-    self.text_config = dict(text_config)
+    self.image_config, _ = complete_tower_config(image_config, 'image', 'Encoder image_config')
+    self.text_config, _ = complete_tower_config(text_config, 'text', 'Encoder text_config')
     # Device arrays once (Orbax restores numpy): no host->device copy per call.
     self.params = jax.tree_util.tree_map(
       lambda a: a if isinstance(a, jax.Array) else jax.device_put(a), params
@@ -163,7 +164,7 @@ class Encoder:
     size = (self.config.get('extra') or {}).get('image_size')
     if size:
       return int(size)
-    g = self.image_model.posemb_grid  # the module's: an older export's absent keys take its defaults
+    g = self.image_model.posemb_grid  # the config's (an older export's filled: export_format.upgrade_config)
     g = g if isinstance(g, int) else int(g[0])
     return g * int(self.image_model.patch_size)
 
@@ -247,7 +248,7 @@ def load(path) -> Encoder:
   """Loads an exported checkpoint directory (tipsito.export_format.write_export)."""
   cfg, params = export_format.read_export(path)
   tok, err = None, None
-  if cfg.get('tokenizer'):
+  if cfg['tokenizer']:
     tok_path = os.fspath(export_format.as_path(path) / cfg['tokenizer'])
     tok, err = _make_tokenizer(tok_path, cfg['text'])
   else:

@@ -19,6 +19,7 @@ from typing import Any, Mapping, Optional
 import numpy as np
 
 from tipsito.config import presets
+from tipsito.models import kwargs as kwargs_lib
 from tipsito.models.text import TextEncoder
 from tipsito.models.vit import VisionTransformer
 
@@ -229,7 +230,8 @@ def _convert_strict(
 
 
 def import_tips_vision(image_npz) -> tuple[dict[str, Any], dict[str, Any]]:
-  """(VisionTransformer kwargs, params) from an official TIPS vision .npz."""
+  """(VisionTransformer kwargs, params) from an official TIPS vision .npz; the kwargs state every key of
+  the module (tipsito/models/kwargs.py: complete_tower_config), as an export's config does."""
   import jax.numpy as jnp
 
   flat = _load_flat(image_npz)
@@ -237,6 +239,7 @@ def import_tips_vision(image_npz) -> tuple[dict[str, Any], dict[str, Any]]:
   p = cfg['patch_size']
   expected = _expected_flat(VisionTransformer(**cfg), jnp.zeros((1, p, p, 3), jnp.float32))
   params = _convert_strict(flat, expected, _VISION_MAP, 'encoder/transformer/', 'vision')
+  cfg, _ = kwargs_lib.complete_tower_config(cfg, 'image', 'official TIPS vision weights')
   return cfg, params
 
 
@@ -259,7 +262,8 @@ def _pop_temperature(flat: dict[str, Any]) -> np.ndarray:
 
 
 def import_tips_text(text_npz) -> tuple[dict[str, Any], dict[str, Any], float]:
-  """(TextEncoder kwargs, params, temperature) from an official text .npz."""
+  """(TextEncoder kwargs, params, temperature) from an official text .npz; the kwargs state every key
+  of the module, as `import_tips_vision`'s."""
   import jax.numpy as jnp
 
   flat = _load_flat(text_npz)
@@ -267,6 +271,7 @@ def import_tips_text(text_npz) -> tuple[dict[str, Any], dict[str, Any], float]:
   cfg = infer_text_config(flat)
   expected = _expected_flat(TextEncoder(**cfg), jnp.zeros((1, 4), jnp.int32))
   params = _convert_strict(flat, expected, _TEXT_MAP, 'transformer/', 'text')
+  cfg, _ = kwargs_lib.complete_tower_config(cfg, 'text', 'official TIPS text weights')
   return cfg, params, float(temp)
 
 

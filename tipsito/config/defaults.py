@@ -26,6 +26,18 @@ from tipsito.config import recipes
 # (`--config.data.build_options="{'image_size': 32}"`); '*' matches any user-named entry.
 OPTIONAL_KEYS = schema.optional_keys()
 
+# Top-level keys of a training config that a standalone eval config (configs/eval_*.py, read by
+# `python -m tipsito.evaluate --config`) may leave out beside `evals`: `eval_config_values` gives them the
+# schema's defaults, so the evaluator reads no key with a default of its own.
+EVAL_CONFIG_KEYS = ("tokenizer",)
+
+
+def eval_config_values(config: Any) -> dict[str, Any]:
+  """{key: value} of EVAL_CONFIG_KEYS in a training or standalone eval `config`: the config's own value,
+  else the schema's default (tipsito/config/schema.py)."""
+  declared = {k.path: k.default for k in schema.KEYS}
+  return {k: config[k] if k in config else declared[k] for k in EVAL_CONFIG_KEYS}
+
 
 def typed_optionals(c: mlc.ConfigDict, prefix: str = "") -> mlc.ConfigDict:
   """Makes every OPTIONAL_KEYS entry under `c` (whose path is `prefix`) a typed field reference, in place.

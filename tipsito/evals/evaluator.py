@@ -269,13 +269,13 @@ class Evaluator:
     if getattr(encoder, "tokenizer", "n/a") is not None:
       return texts
     if self._tokenizer is None:
-      text_cfg = getattr(encoder, "text_config", None) or {}
+      text_cfg = encoder.text_config  # every key stated (tipsito/inference.py: Encoder)
       self._tokenizer = Tokenizer(
         self.cfg.get("tokenizer"),
-        max_len=int(text_cfg.get("max_len", 64)),
-        flavour=text_cfg.get("flavour") or "tips",
+        max_len=int(text_cfg["max_len"]),
+        flavour=text_cfg["flavour"],
       )
-      vocab = text_cfg.get("vocab_size")
+      vocab = text_cfg["vocab_size"]
       if vocab is not None and self._tokenizer.vocab_size > int(vocab):
         raise ValueError(
           f"eval {self.name!r}: tokenizer vocab {self._tokenizer.vocab_size} exceeds the "

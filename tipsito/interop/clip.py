@@ -49,7 +49,7 @@ OPENCLIP_LN_EPS = 1e-5  # torch.nn.LayerNorm's default, which OpenCLIP uses unle
 
 
 def _grid(image_config: Mapping[str, Any], fmt: str) -> int:
-  g = image_config.get('posemb_grid', 32)
+  g = image_config['posemb_grid']
   if isinstance(g, (list, tuple)):
     if len(g) != 2 or int(g[0]) != int(g[1]):
       raise NotRepresentableError(
@@ -60,19 +60,21 @@ def _grid(image_config: Mapping[str, Any], fmt: str) -> int:
 
 
 def _image_act(image_config) -> str:
-  return image_config.get('activation', 'gelu')
+  return image_config['activation']
 
 
 def _text_act(text_config) -> str:
-  return text_config.get('activation') or 'gelu_exact'
+  """None: the 'clip' flavour's own (tipsito/models/text.py), the only flavour these formats take."""
+  return text_config['activation'] or 'gelu_exact'
 
 
 def _image_eps(image_config) -> float:
-  return float(image_config.get('ln_eps', 1e-6))
+  return float(image_config['ln_eps'])
 
 
 def _text_eps(text_config) -> float:
-  return float(text_config.get('ln_eps') or OPENCLIP_LN_EPS)
+  """None: the 'clip' flavour's own (tipsito/models/text.py)."""
+  return float(text_config['ln_eps'] or OPENCLIP_LN_EPS)
 
 
 def is_siglip(extra: Optional[Mapping[str, Any]]) -> bool:
@@ -91,37 +93,37 @@ def check_clip_style(
   tips_hint = (
     'TIPS-style models (recipes tips, tipsv2, tipsito, distill) go to --format hf_tipsv2 or tips_npz'
   )
-  n_cls = int(image_config.get('num_cls_tokens', 1))
+  n_cls = int(image_config['num_cls_tokens'])
   if n_cls != 1:
     raise NotRepresentableError(
       f'--format {fmt}: the image tower has {n_cls} CLS tokens; CLIP has one class token. {tips_hint}.'
     )
-  if text_config.get('flavour', 'tips') != 'clip':
+  if text_config['flavour'] != 'clip':
     raise NotRepresentableError(
-      f"--format {fmt}: the text tower is flavour {text_config.get('flavour', 'tips')!r} (the TIPS text "
+      f"--format {fmt}: the text tower is flavour {text_config['flavour']!r} (the TIPS text "
       f"tower: sinusoidal positions, mean pooling); CLIP's pools the EOT token. {tips_hint}."
     )
-  if 'image_proj' not in params or text_config.get('out_dim') is None:
+  if 'image_proj' not in params or text_config['out_dim'] is None:
     raise NotRepresentableError(
       f'--format {fmt}: CLIP needs an image projection and a text projection (this model has '
-      f"image_proj: {'image_proj' in params}, text out_dim: {text_config.get('out_dim')})"
+      f"image_proj: {'image_proj' in params}, text out_dim: {text_config['out_dim']})"
     )
   missing = [
     k
     for k, want in (('patch_bias', False), ('cls_posemb', True), ('pre_norm', True))
-    if bool(image_config.get(k, {'patch_bias': True}.get(k, False))) != want
+    if bool(image_config[k]) != want
   ]
   if missing:
     raise NotRepresentableError(
       f'--format {fmt}: the image tower is not OpenCLIP-shaped ({", ".join(missing)} differ from '
       "tipsito/config/presets.py IMAGE_STRUCTURE['openclip']). " + tips_hint + '.'
     )
-  if image_config.get('ffn', 'mlp') != 'mlp':
+  if image_config['ffn'] != 'mlp':
     raise NotRepresentableError(
-      f"--format {fmt}: the image FFN is {image_config.get('ffn')!r}; CLIP's is a 2-layer MLP"
+      f"--format {fmt}: the image FFN is {image_config['ffn']!r}; CLIP's is a 2-layer MLP"
     )
   for tower, cfg in (('image', image_config), ('text', text_config)):
-    if cfg.get('scan'):
+    if cfg['scan']:
       raise NotRepresentableError(
         f'--format {fmt}: the {tower} tower is scanned; exports are per-layer '
         '(tipsito/models/layer_stack.py: to_per_layer)'
@@ -337,7 +339,7 @@ def hf_clip_config(image_config, text_config, temperature: float, tokenizer_path
     projection_dim=embed,
     num_hidden_layers=int(text_config['depth']),
     num_attention_heads=int(text_config['num_heads']),
-    max_position_embeddings=int(text_config.get('max_len', 64)),
+    max_position_embeddings=int(text_config['max_len']),
     hidden_act=HF_ACT[_text_act(text_config)],
     layer_norm_eps=_text_eps(text_config),
     attention_dropout=0.0,
@@ -368,8 +370,8 @@ def hf_preprocessor_config(image_config, size: int) -> dict:
     do_rescale=True,
     rescale_factor=1 / 255,
     do_normalize=True,
-    image_mean=[float(x) for x in image_config.get('pixel_mean', (0.0, 0.0, 0.0))],
-    image_std=[float(x) for x in image_config.get('pixel_std', (1.0, 1.0, 1.0))],
+    image_mean=[float(x) for x in image_config['pixel_mean']],
+    image_std=[float(x) for x in image_config['pixel_std']],
     do_convert_rgb=True,
   )
 
@@ -389,7 +391,7 @@ def open_clip_config(
     patch_size=int(image_config['patch_size']),
   )
   text = dict(
-    context_length=int(text_config.get('max_len', 64)),
+    context_length=int(text_config['max_len']),
     vocab_size=int(text_config['vocab_size']),
     width=twidth,
     heads=int(text_config['num_heads']),
@@ -418,8 +420,8 @@ def open_clip_config(
   pre = dict(
     size=size,
     mode='RGB',
-    mean=[float(x) for x in image_config.get('pixel_mean', (0.0, 0.0, 0.0))],
-    std=[float(x) for x in image_config.get('pixel_std', (1.0, 1.0, 1.0))],
+    mean=[float(x) for x in image_config['pixel_mean']],
+    std=[float(x) for x in image_config['pixel_std']],
     interpolation='bicubic',
     resize_mode='shortest',
     fill_color=0,

@@ -45,6 +45,7 @@ from tipsito import export_format
 from tipsito import paths
 from tipsito import tips_import
 from tipsito.interop.tips_npz import NotRepresentableError, _flat, check_tips_style
+from tipsito.models import kwargs as kwargs_lib
 from tipsito.models import layer_stack
 from tipsito.config import presets
 from tipsito.models.text import TextEncoder
@@ -96,7 +97,7 @@ def mlp_ratio_for(width: int, mlp_dim: int) -> float | int:
 
 def _grid(image_config: Mapping[str, Any]) -> int:
   """The square position-embedding grid (HF's interpolation assumes a square grid)."""
-  g = image_config.get('posemb_grid', 32)
+  g = image_config['posemb_grid']
   if isinstance(g, (list, tuple)):
     if len(g) != 2 or int(g[0]) != int(g[1]):
       raise NotRepresentableError(
@@ -124,8 +125,8 @@ def hf_config(image_config: Mapping[str, Any], text_config: Mapping[str, Any], t
     num_channels=3,
     qkv_bias=True,
     layerscale_value=1.0,
-    use_swiglu_ffn=image_config.get('ffn', 'mlp') == 'swiglu',
-    num_register_tokens=int(image_config.get('num_cls_tokens', 1)) - 1,
+    use_swiglu_ffn=image_config['ffn'] == 'swiglu',
+    num_register_tokens=int(image_config['num_cls_tokens']) - 1,
     hidden_dropout_prob=0.0,
     attention_probs_dropout_prob=0.0,
     drop_path_rate=0.0,
@@ -137,7 +138,7 @@ def hf_config(image_config: Mapping[str, Any], text_config: Mapping[str, Any], t
     intermediate_size=int(text_config['mlp_dim']),
     num_hidden_layers=int(text_config['depth']),
     num_attention_heads=int(text_config['num_heads']),
-    max_position_embeddings=int(text_config.get('max_len', 64)),
+    max_position_embeddings=int(text_config['max_len']),
     hidden_act='relu',
     layer_norm_eps=LN_EPS,
     attention_dropout=0.0,
@@ -198,7 +199,7 @@ def to_hub_state(
       get(f'{b}attn/out/bias'),
     )
 
-  swiglu = image_config.get('ffn', 'mlp') == 'swiglu'
+  swiglu = image_config['ffn'] == 'swiglu'
   for i in range(int(image_config['depth'])):
     b, o = f'block_{i}/', f'{_V}blocks.{i}.'
     for n in ('norm1', 'norm2'):
@@ -250,8 +251,8 @@ def to_hub_state(
 def preprocessor_config(image_config: Mapping[str, Any], size: int) -> dict:
   """`Tipsv2ImageProcessor` settings: bicubic resize to `size` (tipsito's eval resize is PIL bicubic,
   tipsito/data/transforms.py: fixed_resize), /255, the model's mean/std (none for TIPS)."""
-  mean = [float(x) for x in image_config.get('pixel_mean', (0.0, 0.0, 0.0))]
-  std = [float(x) for x in image_config.get('pixel_std', (1.0, 1.0, 1.0))]
+  mean = [float(x) for x in image_config['pixel_mean']]
+  std = [float(x) for x in image_config['pixel_std']]
   return dict(
     image_processor_type='Tipsv2ImageProcessor',
     do_resize=True,
@@ -313,7 +314,7 @@ def write_hf_tipsv2(
   if tokenizer_path:
     (out / TOKENIZER_FILE).write_bytes(epath.Path(os.fspath(tokenizer_path)).read_bytes())
     (out / 'tokenizer_config.json').write_text(
-      json.dumps(tokenizer_config(int(text_config.get('max_len', 64))), indent=2, sort_keys=True)
+      json.dumps(tokenizer_config(int(text_config['max_len'])), indent=2, sort_keys=True)
     )
   return os.fspath(out)
 
@@ -680,6 +681,9 @@ def read_hf_tipsv2(path) -> dict[str, Any]:
       f'config.json): {sorted(take.state)[:8]}'
     )
   _check_against_modules(icfg, tcfg, params)
+  # Every key of the tower modules, as an export's config states them (tipsito/models/kwargs.py).
+  icfg, _ = kwargs_lib.complete_tower_config(icfg, 'image', os.fspath(folder))
+  tcfg, _ = kwargs_lib.complete_tower_config(tcfg, 'text', os.fspath(folder))
   size = pre.get('size') or {}
   image_size = size.get('height') if isinstance(size, dict) else None
   tok = folder / TOKENIZER_FILE

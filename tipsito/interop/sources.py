@@ -23,6 +23,7 @@ from tipsito import tips_import
 from tipsito.interop import clip
 from tipsito.interop import hf_tipsv2
 from tipsito.interop import tips_npz
+from tipsito.models import kwargs as kwargs_lib
 
 
 @dataclasses.dataclass
@@ -36,6 +37,13 @@ class Model:
   temperature: float
   tokenizer_path: Optional[str] = None
   extra: dict = dataclasses.field(default_factory=dict)
+
+  def __post_init__(self):
+    """Both tower configs state every key of their module, whoever built the Model (the writers read
+    them directly): tipsito/models/kwargs.py complete_tower_config, as the export reader does."""
+    source = f"the model from {self.extra.get('from') or self.extra.get('source') or 'memory'}"
+    self.image_config, _ = kwargs_lib.complete_tower_config(self.image_config, 'image', source)
+    self.text_config, _ = kwargs_lib.complete_tower_config(self.text_config, 'text', source)
 
   @property
   def image_size(self) -> Optional[int]:
@@ -51,8 +59,8 @@ def _numpy(tree: Any) -> Any:
 def from_export(path) -> Model:
   """A tipsito export (tipsito/export_format.py)."""
   cfg, params = export_format.read_export(path)
-  tok = os.fspath(export_format.as_path(path) / cfg['tokenizer']) if cfg.get('tokenizer') else None
-  extra = dict(cfg.get('extra') or {})
+  tok = os.fspath(export_format.as_path(path) / cfg['tokenizer']) if cfg['tokenizer'] else None
+  extra = dict(cfg['extra'])
   extra['from'] = os.fspath(export_format.as_path(path))
   return Model(dict(cfg['image']), dict(cfg['text']), _numpy(params), float(cfg['temperature']), tok, extra)
 

@@ -55,17 +55,17 @@ def check_tips_style(
       f'{fmt} holds TIPS-style towers only (shared width, no projection). Use --format hf_clip or '
       'open_clip (or the tipsito export).'
     )
-  if text_config.get('flavour', 'tips') != 'tips' or text_config.get('out_dim') is not None:
+  if text_config['flavour'] != 'tips' or text_config['out_dim'] is not None:
     raise NotRepresentableError(
-      f"--format {fmt}: the text tower is {text_config.get('flavour')!r} with out_dim "
-      f"{text_config.get('out_dim')}; {fmt} holds the TIPS text tower (flavour 'tips', no projection)"
+      f"--format {fmt}: the text tower is {text_config['flavour']!r} with out_dim "
+      f"{text_config['out_dim']}; {fmt} holds the TIPS text tower (flavour 'tips', no projection)"
     )
   if int(image_config['width']) != int(text_config['width']):
     raise NotRepresentableError(
       f"--format {fmt}: image width {image_config['width']} != text width {text_config['width']}"
     )
   for tower, cfg in (('image', image_config), ('text', text_config)):
-    if cfg.get('scan'):
+    if cfg['scan']:
       raise NotRepresentableError(
         f'--format {fmt}: the {tower} tower is scanned; exports are per-layer '
         '(tipsito/models/layer_stack.py: to_per_layer)'
@@ -78,7 +78,7 @@ def to_official(
   """(vision, text) flat official arrays of tipsito {'image', 'text'} params (no arithmetic: renames)."""
   top_v = {v: k for k, v in tips_import._VISION_MAP.items()}  # pylint: disable=protected-access
   top_t = {v: k for k, v in tips_import._TEXT_MAP.items()}  # pylint: disable=protected-access
-  parts = dict(_BLOCK_PARTS, mlp=_FFN_PART[image_config.get('ffn', 'mlp')])
+  parts = dict(_BLOCK_PARTS, mlp=_FFN_PART[image_config['ffn']])
   text_parts = dict(_BLOCK_PARTS, mlp=_FFN_PART['mlp'])
 
   def rename(flat, top, block_prefix, block_parts, what):
@@ -119,8 +119,8 @@ def write_tips_npz(
   """Writes `vision.npz` + `text.npz` (+ `tokenizer.model`) that tipsito/tips_import.py reads back to the
   same params, bit for bit (checked here before anything is written)."""
   check_tips_style(image_config, text_config, params, 'tips_npz')
-  mean = [float(x) for x in image_config.get('pixel_mean', (0.0, 0.0, 0.0))]
-  std = [float(x) for x in image_config.get('pixel_std', (1.0, 1.0, 1.0))]
+  mean = [float(x) for x in image_config['pixel_mean']]
+  std = [float(x) for x in image_config['pixel_std']]
   if mean != [0.0, 0.0, 0.0] or std != [1.0, 1.0, 1.0]:
     raise NotRepresentableError(
       f'--format tips_npz: this model normalises its pixels (mean {mean}, std {std}) but the official '

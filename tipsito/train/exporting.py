@@ -27,6 +27,7 @@ from tipsito import inference
 from tipsito import objective
 from tipsito.data import tokenizer as tok_lib
 from tipsito.interop import sources
+from tipsito.models import kwargs as kwargs_lib
 from tipsito.models import layer_stack
 from tipsito.objective.model import TrainModel
 from tipsito.train import checkpointing
@@ -67,18 +68,16 @@ def export_configs(setup) -> tuple[dict, dict]:
 
 
 def _tower_configs(model: TrainModel) -> tuple[dict, dict]:
-  """`export_configs` of the training model `model`."""
-  img = dict(model.image_cfg)
+  """`export_configs` of the training model `model`; both state every key of their module
+  (tipsito/models/kwargs.py: complete_tower_config), as the export writer and reader require."""
+  img, _ = kwargs_lib.complete_tower_config(model.image_cfg, 'image', 'the training model')
+  txt, _ = kwargs_lib.complete_tower_config(model.text_cfg, 'text', 'the training model')
   img['use_mask_token'] = False
   img['remat'] = False
-  txt = dict(model.text_cfg)
   txt['remat'] = False
   for d in (img, txt):
-    if 'scan' in d:
-      d['scan'] = False  # export_params unstacks scanned towers
-    for k in ('dtype', 'param_dtype'):
-      if k in d:
-        d[k] = 'float32'
+    d['scan'] = False  # export_params unstacks scanned towers
+    d['dtype'] = d['param_dtype'] = 'float32'
   return img, txt
 
 

@@ -142,9 +142,6 @@ def _workdir_teacher(workdir: str, mesh: Optional[Mesh]) -> tuple[dict, dict, di
 
 
 def _encoder_image_parts(enc) -> tuple[dict, dict]:
-  """(image config, {'image': params}) from a tipsito.inference.Encoder, tolerant to attribute names."""
-  cfg = getattr(enc, "image_config", None) or enc.config.get("image", enc.config.get("image_config"))
-  params = getattr(enc, "params", None)
-  if params is None:
-    raise AttributeError("tipsito.inference.Encoder exposes no `params`; cannot use it as a teacher")
-  return dict(cfg), params
+  """(image config, {'image': params}) of a tipsito.inference.Encoder (`tipsito.load` of an export, whose
+  config states every key: tipsito/export_format.py upgrade_config)."""
+  return dict(enc.image_config), enc.params
