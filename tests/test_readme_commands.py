@@ -41,6 +41,7 @@ ABSL_TOOLS = {
   "step_bench": "tipsito.step_bench",
   "plan": "tipsito.plan",
   "sweep": "tipsito.sweep",
+  "bench_vs_big_vision": "tipsito.bench_vs_big_vision",
 }
 ARGPARSE_TOOLS = ("data.convert", "data.pipeline_bench", "data.convert_bench", "data.train_tokenizer")
 

@@ -1,0 +1,473 @@
+"""Side-by-side train step against big_vision's two-tower CLIP:
+`python -m tipsito.bench_vs_big_vision --big_vision PATH [--recipes clip,ito] [--variant B/16] [--batch 8]
+[--steps 5] [--toggles tanh_gelu,no_ln_pre] [--jsonl F]`.
+
+Why: "as fast and as lean as big_vision" is a claim about a measurement, so this tool makes it in ONE process:
+tipsito's jitted train step (`tipsito/train/step.py`, the same build as `tipsito/step_bench.py`) and a step
+of big_vision's own model (`big_vision/models/proj/image_text/two_towers.py` with its `vit` image and
+`text_transformer` text towers), its softmax contrastive loss (`softmax_loss` of
+`big_vision/trainers/proj/image_text/_deprecated_contrastive.py`, the CLIP trainer) and its optimizer
+(`big_vision/optax.py: make` with `big_vision.scale_by_adafactor`), at the same shapes, float32, on the same
+synthetic batch. Each side's row: FLOPs (XLA cost analysis of the compiled step), compiled temporary memory
+(`memory_analysis().temp_size_in_bytes`) and the median step time; the steps of all rows are timed
+interleaved (one step of each row per round), so machine load affects them alike.
+
+big_vision is RUN, not copied: PATH is a local checkout (the directory holding the `big_vision` package;
+nothing is downloaded). Its model and optimizer modules are imported from there; the loss is read from the
+trainer file and only its two loss functions are executed (importing the trainer would define absl flags
+and import the input pipeline). Modules those files import that are not installed (e.g. TensorFlow, used
+only for file I/O by `big_vision/utils.py`) are replaced by stubs that fail if called.
+
+What each big_vision row computes: the CLIP trainer's `update_fn` (value_and_grad of the softmax loss, the
+optimizer update, the gradient / parameter / update norms it logs), under `shard_map` on a one-device mesh
+with axis 'batch' (the loss all-gathers over it); params and optimizer state donated. For `ito` the image
+tower runs on both views and the loss is the mean of the two views' softmax losses (ITO's L_align); ITO's
+fusion module has no big_vision counterpart, so its cost is part of the `ito` gap (row `ito -fusion`
+removes it on our side).
+
+Toggles (`--toggles`, each one extra row of tipsito's `clip`, one thing changed; see docs/performance.md):
+  tanh_gelu    both towers' MLP GELU is flax's tanh approximation (big_vision's) instead of exact erf
+  no_ln_pre    no `norm_pre` (OpenCLIP's ln_pre) in the image tower
+  tips_image   the TIPS / big_vision-style image tower (tanh GELU, no ln_pre, patch bias, eps 1e-6)
+  adamw        AdamW instead of Adafactor
+  bv_exact_gelu  big_vision's rows with exact-erf GELU (its towers' `nn.gelu(approximate=False)`)
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import importlib
+import importlib.util
+import json
+import pathlib
+import sys
+import time
+import types
+from typing import Any, Callable, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_collections as mlc
+import numpy as np
+import optax
+from absl import app
+from absl import flags
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+from tipsito.config import defaults
+from tipsito.config import validation as config_validation
+from tipsito.data.synthetic import synthetic_batch
+from tipsito.train import assembly
+from tipsito.train import sharding
+from tipsito.train import step as step_lib
+
+FLAGS = flags.FLAGS
+
+# The text tower of each image variant, as the paper configs set it (configs/clip_b16.py, configs/ito_b16.py:
+# OpenCLIP ViT-B-16's text tower), plus a tiny one for the quick test.
+TEXT_SHAPES = {
+  "B/16": dict(width=512, depth=12, num_heads=8, mlp_dim=2048, vocab_size=49408, max_len=77, out_dim=512),
+  "tiny/16": dict(width=64, depth=2, num_heads=4, mlp_dim=128, vocab_size=1000, max_len=16, out_dim=64),
+}
+RECIPES = ("clip", "ito")
+TOGGLES = ("tanh_gelu", "no_ln_pre", "tips_image", "adamw", "bv_exact_gelu")
+# big_vision's Adafactor settings (`big_vision/optax.py: scale_by_adafactor` defaults), given to both sides.
+ADAFACTOR = dict(momentum=0.9, momentum_dtype="bfloat16", decay_rate=0.8, beta2_cap=0.999, eps=1e-30)
+# The modules big_vision's model/optimizer files import that this tool may replace by stubs when they are
+# not installed: they serve checkpoint I/O and logging only, never the numerics measured here.
+STUBBABLE = ("tensorflow", "tensorflow.io", "tensorflow.io.gfile", "einops", "clu", "clu.parameter_overview")
+CONTRASTIVE_TRAINER = "big_vision/trainers/proj/image_text/_deprecated_contrastive.py"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# big_vision, imported from a local checkout
+
+
+def big_vision_root(path: Optional[str]) -> pathlib.Path:
+  """The directory that holds the `big_vision` package (PATH itself or its parent), or a clear error."""
+  if not path:
+    raise app.UsageError(
+      "--big_vision is required: the path of a local big_vision checkout (git clone "
+      "https://github.com/google-research/big_vision, or any copy holding big_vision/models/vit.py). "
+      "This tool runs big_vision's own code next to tipsito's and downloads nothing."
+    )
+  p = pathlib.Path(path).expanduser().resolve()
+  for root in (p, p.parent):
+    if (root / "big_vision" / "models" / "proj" / "image_text" / "two_towers.py").is_file():
+      return root
+  raise app.UsageError(
+    f"--big_vision={path}: no big_vision/models/proj/image_text/two_towers.py under it or its parent; "
+    "pass the checkout's root (the directory holding the big_vision package)."
+  )
+
+
+def _stub(name: str) -> None:
+  """A module `name` whose attributes fail when used (see STUBBABLE)."""
+
+  class _Missing(types.ModuleType):
+    def __getattr__(self, attr):
+      if attr.startswith("__"):
+        raise AttributeError(attr)
+      raise RuntimeError(f"{name}.{attr}: not installed (a stub of tipsito/bench_vs_big_vision.py)")
+
+  sys.modules[name] = _Missing(name)
+  parent, _, child = name.rpartition(".")
+  if parent in sys.modules:
+    setattr(sys.modules[parent], child, sys.modules[name])
+
+
+def import_big_vision(root: pathlib.Path) -> types.SimpleNamespace:
+  """big_vision's two-tower model, ViT and text modules, optimizer module and softmax loss from `root`."""
+  for name in STUBBABLE:
+    top = name.split(".")[0]
+    if name not in sys.modules and importlib.util.find_spec(top) is None:
+      _stub(name)
+  if str(root) not in sys.path:
+    sys.path.insert(0, str(root))
+  bv = types.SimpleNamespace(
+    root=root,
+    two_towers=importlib.import_module("big_vision.models.proj.image_text.two_towers"),
+    vit=importlib.import_module("big_vision.models.vit"),
+    text=importlib.import_module("big_vision.models.proj.image_text.text_transformer"),
+    optax=importlib.import_module("big_vision.optax"),
+  )
+  bv.softmax_loss = _trainer_functions(root / CONTRASTIVE_TRAINER, ("all_gather", "softmax_loss"))[
+    "softmax_loss"
+  ]
+  return bv
+
+
+def _trainer_functions(path: pathlib.Path, names: Sequence[str]) -> dict[str, Callable]:
+  """The top-level functions `names` of big_vision's trainer file, executed alone (the module's own import
+  would define absl flags and import the input pipeline)."""
+  tree = ast.parse(path.read_text(), filename=str(path))
+  defs = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in names]
+  missing = set(names) - {d.name for d in defs}
+  if missing:
+    raise app.UsageError(f"{path}: no function(s) {sorted(missing)}; is this a big_vision checkout?")
+  ns: dict[str, Any] = {"jax": _JaxWithTreeMap(), "jnp": jnp}
+  exec(compile(ast.Module(body=defs, type_ignores=[]), str(path), "exec"), ns)  # pylint: disable=exec-used
+  return {n: ns[n] for n in names}
+
+
+class _JaxWithTreeMap:
+  """`jax` with the `jax.tree_map` the trainer file calls (removed in JAX 0.6; it is `jax.tree.map`)."""
+
+  tree_map = staticmethod(jax.tree.map)
+
+  def __getattr__(self, name):
+    return getattr(jax, name)
+
+
+def _exact_gelu_namespace(nn_module: types.ModuleType) -> types.SimpleNamespace:
+  """flax.linen as big_vision's vit.py sees it, with `gelu` exact erf (toggle bv_exact_gelu)."""
+  ns = types.SimpleNamespace(**{k: getattr(nn_module, k) for k in dir(nn_module) if not k.startswith("__")})
+  ns.gelu = functools.partial(nn_module.gelu, approximate=False)
+  return ns
+
+
+def big_vision_entry(bv, config, batch: dict, *, exact_gelu: bool = False) -> dict:
+  """big_vision's CLIP trainer step (its update_fn) for the shapes of tipsito's `config`, compiled."""
+  img, txt = config.model.image, config.model.text
+  model = bv.two_towers.Model(
+    image=dict(
+      patch_size=(img.patch_size, img.patch_size),
+      width=img.width,
+      depth=img.depth,
+      num_heads=img.num_heads,
+      mlp_dim=img.mlp_dim,
+      pool_type="tok",  # a class token, as OpenCLIP's and tipsito's CLIP image tower
+      posemb="learn",
+    ),
+    text=dict(
+      width=txt.width,
+      depth=txt.depth,
+      num_heads=txt.num_heads,
+      mlp_dim=txt.mlp_dim,
+      vocab_size=txt.vocab_size,
+      pool_type="last",
+    ),
+    out_dim=int(config.model.embed_dim),
+    temperature_init=10.0,
+  )
+  two_views = "image2" in batch
+  images = jnp.asarray(
+    np.asarray(batch["image"], np.float32) / 127.5 - 1.0
+  )  # big_vision's value_range(-1, 1)
+  images2 = jnp.asarray(np.asarray(batch["image2"], np.float32) / 127.5 - 1.0) if two_views else None
+  text = jnp.asarray(batch["text"])
+  o = config.optim
+  bv_config = mlc.ConfigDict(
+    dict(
+      optax_name="big_vision.scale_by_adafactor",
+      optax=dict(
+        momentum=float(o.momentum),
+        dtype_momentum=jnp.dtype(o.momentum_dtype),
+        decay_rate=float(o.decay_rate),
+        beta2_cap=float(o.beta2_cap),
+        eps=float(o.eps),
+        min_dim_size_to_factor=int(o.min_dim_size_to_factor),
+      ),
+      lr=float(o.lr),
+      wd=float(o.weight_decay),
+      grad_clip_norm=float(o.clip_norm),
+      schedule=dict(decay_type="cosine", warmup_steps=int(o.warmup_steps)),
+    )
+  )
+  saved_nn = bv.vit.nn
+  if exact_gelu:
+    bv.vit.nn = _exact_gelu_namespace(saved_nn)
+  try:
+    params = jax.jit(lambda: model.init(jax.random.PRNGKey(0), images[:1], text[:1])["params"])()
+    tx, _ = bv.optax.make(
+      bv_config, params, sched_kw=dict(total_steps=int(config.total_steps), batch_size=images.shape[0])
+    )
+    opt = jax.jit(tx.init)(params)
+
+    def update_fn(params, opt, images, images2, text):
+      def loss_fn(params):
+        zimg, ztxt, extras = model.apply({"params": params}, images, text, train=True)
+        loss, _ = bv.softmax_loss(zimg, ztxt, extras["t"])
+        if images2 is not None:  # ITO's L_align: the mean over the two views
+          zimg2, _, _ = model.apply({"params": params}, images2, None, train=True)
+          loss = 0.5 * loss + 0.5 * bv.softmax_loss(zimg2, ztxt, extras["t"])[0]
+        return loss, {"t": extras["t"], "train/nimg": jnp.mean(extras["img/norm"])}
+
+      (loss, measurements), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+      loss, measurements, grads = jax.lax.pmean((loss, measurements, grads), axis_name="batch")
+      updates, opt = tx.update(grads, opt, params)
+      params = optax.apply_updates(params, updates)
+      measurements["l2_grads"] = jnp.sqrt(sum(jnp.vdot(g, g) for g in jax.tree.leaves(grads)))
+      measurements["l2_params"] = jnp.sqrt(sum(jnp.vdot(p, p) for p in jax.tree.leaves(params)))
+      measurements["l2_updates"] = jnp.sqrt(sum(jnp.vdot(u, u) for u in jax.tree.leaves(updates)))
+      return params, opt, loss, measurements
+
+    mesh = Mesh(np.asarray(jax.devices()[:1]), ("batch",))
+    data = P("batch")
+    step = jax.jit(
+      jax.shard_map(
+        update_fn,
+        mesh=mesh,
+        in_specs=(P(), P(), data, data if two_views else None, data),
+        out_specs=(P(), P(), P(), P()),
+        check_vma=False,
+      ),
+      donate_argnums=(0, 1),
+    )
+    compiled = step.lower(params, opt, images, images2, text).compile()
+  finally:
+    bv.vit.nn = saved_nn
+  carry = {"state": (params, opt)}
+
+  def run():
+    p, s = carry["state"]
+    p, s, loss, _ = compiled(p, s, images, images2, text)
+    carry["state"] = (p, s)
+    return loss
+
+  return dict(compiled=compiled, run=run)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# tipsito
+
+
+def tipsito_config(recipe: str, variant: str, batch: int, *, toggles: Sequence[str] = ()) -> mlc.ConfigDict:
+  """The paper config's towers (configs/clip_b16.py, configs/ito_b16.py) in float32 with big_vision's
+  Adafactor, at `batch`; `toggles` (TOGGLES) change one thing each."""
+  if variant not in TEXT_SHAPES:
+    raise app.UsageError(f"--variant={variant!r}: one of {sorted(TEXT_SHAPES)}")
+  c = defaults.base_config(recipe, variant, total_steps=1000, batch_size=batch)
+  shape = TEXT_SHAPES[variant]
+  c.model.embed_dim = shape["out_dim"]
+  c.model.text.update(dict(shape, dtype="float32"))
+  c.max_len = shape["max_len"]
+  c.model.image.dtype = "float32"
+  if recipe == "ito":
+    c.model.fusion.max_text_len = shape["max_len"]
+    c.input.update(dict(views="two_views", num_local=0))
+  c.optim.update(
+    dict(name="adafactor", lr=1e-3, weight_decay=1e-4, clip_norm=1.0, warmup_steps=100, **ADAFACTOR)
+  )
+  for t in toggles:
+    if t in ("tanh_gelu", "tips_image"):
+      c.model.image.activation = "gelu"
+      c.model.text.activation = "gelu" if t == "tanh_gelu" else c.model.text.activation
+    if t in ("no_ln_pre", "tips_image"):
+      c.model.image.pre_norm = False
+    if t == "tips_image":
+      c.model.image.update(dict(patch_bias=True, cls_posemb=False, ln_eps=1e-6))
+    if t == "adamw":
+      c.optim.update(dict(name="adamw", eps=1e-6, momentum_dtype="float32"))
+    if t == "no_fusion":
+      c.loss.fusion = 0.0
+  return c
+
+
+def tipsito_entry(config) -> tuple[dict, dict]:
+  """tipsito's jitted train step for `config` (as tipsito/step_bench.py builds it), compiled; and the host
+  batch (given to big_vision too)."""
+  config_validation.validate(config, num_devices=jax.device_count(), check_tokenizer=False)  # synthetic ids
+  setup = assembly.build(config)
+  host = synthetic_batch(
+    config, batch_size=int(config.input.batch_size), vocab_size=int(config.model.text.vocab_size)
+  )
+  batch = sharding.global_batch(host, setup.mesh)
+  frozen = setup.frozen()
+  carry = {"state": setup.init_state()}
+  compiled = step_lib.jit_train_step(setup).lower(carry["state"], batch, frozen).compile()
+
+  def run():
+    carry["state"], metrics = compiled(carry["state"], batch, frozen)
+    return metrics
+
+  return dict(compiled=compiled, run=run), host
+
+
+# ---------------------------------------------------------------------------------------------------------
+# measuring
+
+
+def compiled_numbers(compiled) -> dict[str, Any]:
+  """FLOPs (XLA cost analysis) and temporary / argument memory (XLA memory analysis) of a compiled step."""
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  mem = compiled.memory_analysis()
+  flops = float(cost.get("flops", 0.0))
+  return {
+    "flops": flops,
+    "gflop": round(flops / 1e9, 2),
+    "temp_MiB": round(mem.temp_size_in_bytes / 2**20, 1),
+    "args_MiB": round(mem.argument_size_in_bytes / 2**20, 1),
+  }
+
+
+def time_interleaved(entries: Sequence[dict], steps: int) -> None:
+  """One warmup step per entry, then `steps` rounds of one step per entry; each entry's `step_s` is its
+  median (rounds interleave the entries, so load on a shared machine hits all of them alike)."""
+  for e in entries:
+    jax.block_until_ready(e["run"]())
+  times: list[list[float]] = [[] for _ in entries]
+  for _ in range(steps):
+    for e, ts in zip(entries, times):
+      t = time.perf_counter()
+      jax.block_until_ready(e["run"]())
+      ts.append(time.perf_counter() - t)
+  for e, ts in zip(entries, times):
+    e["row"]["step_s"] = round(float(np.median(ts)), 4)
+
+
+def run_side_by_side(
+  bv_path: str,
+  recipes: Sequence[str] = RECIPES,
+  *,
+  variant: str = "B/16",
+  batch: int = 8,
+  steps: int = 5,
+  toggles: Sequence[str] = (),
+  log: Callable[[str], None] = print,
+) -> list[dict]:
+  """The rows: per recipe, tipsito and big_vision (then each toggle on tipsito's `clip`, or big_vision's),
+  with FLOPs, temporaries, step time and the ratios of each tipsito row to big_vision's of its recipe."""
+  for r in recipes:
+    if r not in RECIPES:
+      raise app.UsageError(f"--recipes: {r!r} is not one of {RECIPES}")
+  for t in toggles:
+    if t not in TOGGLES:
+      raise app.UsageError(f"--toggles: {t!r} is not one of {TOGGLES}")
+  bv = import_big_vision(big_vision_root(bv_path))
+  entries = []
+
+  def add(side: str, name: str, entry: dict, recipe: str) -> None:
+    entry["row"] = dict(side=side, row=name, recipe=recipe, **compiled_numbers(entry["compiled"]))
+    log(f"compiled {name}: {entry['row']}")
+    entries.append(entry)
+
+  for r in recipes:
+    config = tipsito_config(r, variant, batch)
+    ours, host = tipsito_entry(config)
+    add("tipsito", r, ours, r)
+    add("big_vision", f"big_vision {r}", big_vision_entry(bv, config, host), r)
+    if r == "ito":
+      add(
+        "tipsito",
+        "ito -fusion",
+        tipsito_entry(tipsito_config(r, variant, batch, toggles=["no_fusion"]))[0],
+        r,
+      )
+    for t in toggles if r == recipes[0] else ():
+      if t == "bv_exact_gelu":
+        add(
+          "big_vision", f"big_vision {r} +exact_gelu", big_vision_entry(bv, config, host, exact_gelu=True), r
+        )
+      else:
+        add("tipsito", f"{r} {t}", tipsito_entry(tipsito_config(r, variant, batch, toggles=[t]))[0], r)
+  time_interleaved(entries, steps)
+  rows = [e["row"] for e in entries]
+  for row in rows:
+    ref = next(x for x in rows if x["row"] == f"big_vision {row['recipe']}")
+    for k in ("flops", "temp_MiB", "step_s"):
+      row[f"{k}_vs_bv"] = round(row[k] / ref[k], 3) if ref[k] else None
+    row["gflop_vs_bv"] = row.pop("flops_vs_bv")
+  return rows
+
+
+def markdown_table(rows: Sequence[dict]) -> str:
+  """The rows as a markdown table (docs/performance.md)."""
+  lines = [
+    "| row | GFLOP/step | temporaries (MiB) | step (s, median) | FLOPs vs big_vision | temporaries vs big_vision "
+    "| time vs big_vision |",
+    "|---|---|---|---|---|---|---|",
+  ]
+  for r in rows:
+    lines.append(
+      f"| {r['row']} | {r['gflop']:.1f} | {r['temp_MiB']:.1f} | {r['step_s']:.3f} | {r['gflop_vs_bv']:.3f} "
+      f"| {r['temp_MiB_vs_bv']:.3f} | {r['step_s_vs_bv']:.3f} |"
+    )
+  return "\n".join(lines)
+
+
+def _define_flags() -> None:
+  if "big_vision" in FLAGS:
+    return
+  flags.DEFINE_string(
+    "big_vision", None, "Path of a local big_vision checkout (the directory holding big_vision/)."
+  )
+  flags.DEFINE_list("recipes", list(RECIPES), f"tipsito recipes to compare ({', '.join(RECIPES)}).")
+  flags.DEFINE_string("variant", "B/16", f"Image tower ({', '.join(TEXT_SHAPES)}); the text tower follows.")
+  flags.DEFINE_integer("batch", 8, "Global batch.")
+  flags.DEFINE_integer("steps", 5, "Timed steps per row (after one warmup step), interleaved across rows.")
+  flags.DEFINE_list("toggles", [], f"Extra tipsito/big_vision rows, one change each: {', '.join(TOGGLES)}.")
+  flags.DEFINE_string("jsonl", None, "Also append every row as one JSON line to this file.")
+
+
+def main(argv: Sequence[str]) -> None:
+  """Prints one line per compiled row, the markdown table and one JSON line."""
+  del argv
+  rows = run_side_by_side(
+    FLAGS.big_vision,
+    FLAGS.recipes,
+    variant=FLAGS.variant,
+    batch=FLAGS.batch,
+    steps=FLAGS.steps,
+    toggles=FLAGS.toggles,
+  )
+  if FLAGS.jsonl:
+    with open(FLAGS.jsonl, "a") as f:
+      for r in rows:
+        f.write(json.dumps(r) + "\n")
+  print(markdown_table(rows))
+  print(json.dumps({"side_by_side": rows, "backend": jax.default_backend(), "jax": jax.__version__}))
+  sys.stdout.flush()
+
+
+def run() -> None:
+  """Entry point (`python -m tipsito.bench_vs_big_vision`)."""
+  _define_flags()
+  app.run(main)
+
+
+if __name__ == "__main__":
+  run()
