@@ -56,8 +56,10 @@ from absl import flags
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+from tipsito import distributed
 from tipsito.config import defaults
 from tipsito.config import validation as config_validation
+from tipsito.data import batch as batch_lib
 from tipsito.data.synthetic import synthetic_batch
 from tipsito.train import assembly
 from tipsito.train import sharding
@@ -192,12 +194,12 @@ def big_vision_entry(bv, config, batch: dict, *, exact_gelu: bool = False) -> di
     out_dim=int(config.model.embed_dim),
     temperature_init=10.0,
   )
-  two_views = "image2" in batch
+  two_views = batch_lib.IMAGE2 in batch
   images = jnp.asarray(
-    np.asarray(batch["image"], np.float32) / 127.5 - 1.0
+    np.asarray(batch[batch_lib.IMAGE], np.float32) / 127.5 - 1.0
   )  # big_vision's value_range(-1, 1)
-  images2 = jnp.asarray(np.asarray(batch["image2"], np.float32) / 127.5 - 1.0) if two_views else None
-  text = jnp.asarray(batch["text"])
+  images2 = jnp.asarray(np.asarray(batch[batch_lib.IMAGE2], np.float32) / 127.5 - 1.0) if two_views else None
+  text = jnp.asarray(batch[batch_lib.TEXT])
   o = config.optim
   bv_config = mlc.ConfigDict(
     dict(
@@ -446,6 +448,7 @@ def _define_flags() -> None:
 def main(argv: Sequence[str]) -> None:
   """Prints one line per compiled row, the markdown table and one JSON line."""
   del argv
+  distributed.configure_jax()  # as every tipsito program: CPU without libtpu probing, partitionable RNG
   rows = run_side_by_side(
     FLAGS.big_vision,
     FLAGS.recipes,
