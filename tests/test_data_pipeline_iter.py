@@ -5,16 +5,14 @@ the data, resume to the very next batch, and survive bad records while counting 
 use an in-memory random-access source and a tiny tokenizer so they run in seconds on CPU.
 """
 
-import dataclasses
 import io
 
-import ml_collections as mlc
 import numpy as np
 import pytest
 from PIL import Image
 
+from tipsito.config import defaults
 from tipsito.data import pipeline
-from tipsito.data import transforms as T
 
 CAPS = ('caption_a', 'caption_b', 'caption_c')
 WORDS = {'alt': 1, 'a': 2, 'b': 3, 'c': 4}
@@ -58,50 +56,27 @@ def make_source(n, fmt='PNG'):
 def make_config(
   batch_size=4, views='single', augment='none', mask_ratio=0.0, num_local=0, num_workers=0, **data_kw
 ):
-  data = dict(
-    name='toyset',
-    split='train',
-    data_dir=None,
-    image_key='image',
-    alt_text_key='alt_text',
-    caption_keys=CAPS,
-    label_key='idx',
-    max_skip_fraction=0.05,
-    min_records_for_skip_check=20,
-    **dataclasses.asdict(T.DEFAULT_LIMITS),
-  )
-  data.update(data_kw)
-  return mlc.ConfigDict(
+  """A complete config (the schema's defaults, tipsito/config/schema.py) with the pipeline keys these
+  tests choose: a key the schema adds reaches these tests with its default, as it reaches a real run."""
+  c = defaults.base_config('clip', 'tiny/16', batch_size=batch_size)
+  c.update(dict(seed=7, tokenizer=None, max_len=6))
+  c.model.image.patch_size = 8
+  c.model.text.flavour = 'tips'
+  data = dict(name='toyset', caption_keys=CAPS, label_key='idx', min_records_for_skip_check=20)
+  c.data = defaults.data_config('shapes', **{**data, **data_kw})
+  c.input.update(
     dict(
-      seed=7,
-      tokenizer=None,
-      max_len=6,
-      model=dict(image=dict(patch_size=8), text=dict(flavour='tips')),
-      data=data,
-      input=dict(
-        batch_size=batch_size,
-        views=views,
-        global_size=16,
-        local_size=8,
-        num_local=num_local,
-        mask_ratio=mask_ratio,
-        mask_type='random',
-        augment=augment,
-        num_workers=num_workers,
-        prefetch=2,
-        shuffle_seed=3,
-        shuffle=True,
-        num_epochs=None,
-        read_threads=None,
-        augment_view2=None,
-        mask_prob=1.0,
-        global_crop_scale=None,
-        local_crop_scale=None,
-        view2_crop_scale=None,
-        crop_ratio=None,
-      ),
+      views=views,
+      global_size=16,
+      local_size=8,
+      num_local=num_local,
+      mask_ratio=mask_ratio,
+      augment=augment,
+      num_workers=num_workers,
+      shuffle_seed=3,
     )
   )
+  return c
 
 
 def take(it, k):
@@ -326,3 +301,19 @@ def test_examples_identical_with_and_without_workers():
   for lab in range(8):
     for k in outs[0][lab]:
       np.testing.assert_array_equal(outs[0][lab][k], outs[2][lab][k])
+
+
+@pytest.mark.parametrize('mode', ['ito', 'tips'])
+def test_pipeline_bench_config_spells_every_schema_key(mode):
+  """tipsito/data/pipeline_bench.py spells its `input` and `data` sections out (tipsito/data/ may not
+  import tipsito/config/); every key the schema declares there must be in them, so a key the schema adds
+  fails here instead of a KeyError in `python -m tipsito.data.pipeline_bench`."""
+  from tipsito.config import schema  # pylint: disable=g-import-not-at-top
+  from tipsito.data import pipeline_bench  # pylint: disable=g-import-not-at-top
+
+  cfg = pipeline_bench._bench_config(mode, batch_size=8, workers=0)  # pylint: disable=protected-access
+  for section in ('input', 'data'):
+    declared = {k.path.split('.', 1)[1] for k in schema.KEYS if k.path.startswith(section + '.')}
+    declared = {k for k in declared if '.' not in k}
+    missing = sorted(declared - set(cfg[section].keys()))
+    assert not missing, f'pipeline_bench._bench_config lacks config.{section} keys {missing}'

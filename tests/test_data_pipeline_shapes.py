@@ -4,17 +4,14 @@ Why: the in-memory tests pin the pipeline's logic; this one pins the seams with 
 reader (field renaming, caption discovery, encoded bytes) and the shipped SentencePiece tokenizer.
 """
 
-import dataclasses
-
-import ml_collections as mlc
 import numpy as np
 import pytest
 
+from tipsito.config import defaults
 from tipsito.data import convert
 from tipsito.data import eval_input
 from tipsito.data import pipeline
 from tipsito.data import tokenizer as tok_lib
-from tipsito.data import transforms as T
 
 
 @pytest.fixture(scope='module')
@@ -32,60 +29,29 @@ def shapes_dir(tmp_path_factory):
   return str(d)
 
 
-def _config(data_dir, **inp):
-  c = mlc.ConfigDict(
+def _config(data_dir):
+  """A complete config (the schema's defaults, tipsito/config/schema.py) reading the converted dataset
+  with TIPSv2's crops and tipsito's second view, at test sizes."""
+  c = defaults.base_config('tipsito', 'tiny/16', batch_size=4)
+  c.update(dict(seed=0, tokenizer=None, max_len=16))
+  c.model.image.patch_size = 8
+  c.model.text.flavour = 'tips'
+  c.data = defaults.data_config(
+    'shapes', name='shapes/tiny', data_dir=data_dir, caption_keys=(), label_key='label'
+  )
+  c.input.update(
     dict(
-      seed=0,
-      tokenizer=None,
-      max_len=16,
-      model=dict(image=dict(patch_size=8), text=dict(flavour='tips')),
-      data=dict(
-        name='shapes/tiny',
-        split='train',
-        data_dir=data_dir,
-        image_key='image',
-        alt_text_key='alt_text',
-        caption_keys=(),
-        label_key='label',
-        max_skip_fraction=0.05,
-        min_records_for_skip_check=None,
-        **dataclasses.asdict(T.DEFAULT_LIMITS),
-      ),
-      input=dict(
-        batch_size=4,
-        views='multicrop_two_views',
-        global_size=32,
-        local_size=16,
-        num_local=2,
-        mask_ratio=0.5,
-        mask_type='block',
-        augment='tips',
-        num_workers=0,
-        prefetch=1,
-        shuffle_seed=0,
-        shuffle=True,
-        num_epochs=None,
-        read_threads=None,
-        augment_view2=None,
-        mask_prob=1.0,
-        global_crop_scale=None,
-        local_crop_scale=None,
-        view2_crop_scale=None,
-        crop_ratio=None,
-      ),
-      evals=dict(
-        seg=dict(
-          type='segmentation',
-          dataset='shapes/tiny',
-          split='test',
-          data_dir=data_dir,
-          batch_size=4,
-          image_size=24,
-        )
-      ),
+      global_size=32,
+      local_size=16,
+      num_local=2,
+      mask_ratio=0.5,
+      mask_type='block',
+      augment='tips',
+      augment_view2=None,
+      view2_crop_scale=None,
+      prefetch=1,
     )
   )
-  c.input.update(inp)
   return c
 
 

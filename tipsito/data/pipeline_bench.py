@@ -133,8 +133,9 @@ def _tokenizer():
 def _bench_config(mode: str, batch_size: int, workers: int):
   """The config keys the pipeline reads, for the ITO (two views) or TIPSv2 (1+6 crops, mask) pipeline.
 
-  Every key the pipeline reads is spelled out: it reads them as they are, as in a validated config, and
-  tipsito/data/ cannot build one (tipsito/config/ imports tipsito/data/tokenizer.py, not the reverse)."""
+  Every key the schema declares in `input` and `data` is spelled out, as in a validated config, because
+  tipsito/data/ cannot build one (tipsito/config/ imports tipsito/data/tokenizer.py, not the reverse);
+  tests/test_data_pipeline_iter.py fails when the schema gains a key this lacks."""
   import dataclasses  # pylint: disable=g-import-not-at-top
   import ml_collections as mlc  # pylint: disable=g-import-not-at-top
 
@@ -148,6 +149,9 @@ def _bench_config(mode: str, batch_size: int, workers: int):
       data=dict(
         name=f'synthetic_{mode}',
         split='train',
+        data_dir=None,
+        build_if_missing=False,
+        build_options=None,
         image_key='image',
         alt_text_key='alt_text',
         caption_keys=('caption_paligemma', 'caption_gemini'),
@@ -177,6 +181,7 @@ def _bench_config(mode: str, batch_size: int, workers: int):
         local_crop_scale=None,
         view2_crop_scale=None,
         crop_ratio=None,
+        microbatches=1,
       ),
     )
   )
