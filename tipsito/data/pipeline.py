@@ -39,7 +39,6 @@ import grain.python as grain
 from grain import experimental as grain_exp
 import numpy as np
 
-from tipsito.choices import AUGMENTS, VIEWS, ViewLayout, view_layout
 from tipsito import choices
 from tipsito.data import batch as batch_lib
 from tipsito.data import masking
@@ -54,8 +53,6 @@ __all__ = [
   'TrainExampleFn',
   'make_train_iterator',
   'open_source',
-  'VIEWS',
-  'AUGMENTS',
 ]
 
 _REASON_INDEX = {r: i for i, r in enumerate(T.SKIP_REASONS)}
@@ -141,14 +138,14 @@ class ExampleSpec:
     inp, data = config.input, config.data
     views = inp.views
     augment = inp.augment
-    if views not in VIEWS:
-      raise ValueError(f'config.input.views={views!r}; valid values: {list(VIEWS)}')
-    if augment not in AUGMENTS:
-      raise ValueError(f'config.input.augment={augment!r}; valid values: {list(AUGMENTS)}')
+    if views not in choices.VIEWS:
+      raise ValueError(f'config.input.views={views!r}; valid values: {list(choices.VIEWS)}')
+    if augment not in choices.AUGMENTS:
+      raise ValueError(f'config.input.augment={augment!r}; valid values: {list(choices.AUGMENTS)}')
     augment_view2 = inp.augment_view2
-    if augment_view2 not in (None,) + tuple(AUGMENTS):
+    if augment_view2 not in (None,) + tuple(choices.AUGMENTS):
       raise ValueError(
-        f'config.input.augment_view2={augment_view2!r}; valid values: {[None] + list(AUGMENTS)}'
+        f'config.input.augment_view2={augment_view2!r}; valid values: {[None] + list(choices.AUGMENTS)}'
       )
     mask_type = inp.mask_type
     if mask_type not in masking.MASK_TYPES:
@@ -166,7 +163,7 @@ class ExampleSpec:
       augment_view2=augment_view2,
       global_size=int(inp.global_size),
       local_size=int(inp.local_size),
-      num_local=int(inp.num_local) if view_layout(views).local_crops else 0,
+      num_local=int(inp.num_local) if choices.view_layout(views).local_crops else 0,
       global_scale=tuple(inp.global_crop_scale or choices.GLOBAL_CROP_SCALE_BY_AUGMENT[augment]),
       local_scale=tuple(inp.local_crop_scale or choices.LOCAL_CROP_SCALE),
       view2_scale=tuple(inp.view2_crop_scale or ITO_VIEW2_SCALE),
@@ -183,9 +180,9 @@ class ExampleSpec:
     )
 
   @property
-  def layout(self) -> ViewLayout:
+  def layout(self) -> choices.ViewLayout:
     """`views` decoded (tipsito/choices.py: `view_layout`)."""
-    return view_layout(self.views)
+    return choices.view_layout(self.views)
 
   def view_transform(self):
     """The grain RandomMapTransform producing the image fields for these views/augment."""
