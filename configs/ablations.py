@@ -351,7 +351,7 @@ def _captions(a):
         "two_cls_multi_granularity",
         "tipsv2",
         {"data.caption_keys": ("caption", "caption_detailed")},
-        "two CLS: alt-text + a short or a detailed caption sampled per step (TIPSv2)",
+        "two CLS: alt-text + a short or a detailed caption sampled per example (TIPSv2)",
       ),
     )
   return dict(
