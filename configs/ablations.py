@@ -13,7 +13,8 @@ multiple of log_every, so that a resumed run logs the same per-step losses), opt
 (configs/demo.py's args: 'adamw' and 'clip' by default, 'adafactor' and 'tips' for the paper's; the
 `optimizer` study varies both itself), width / depth (0 = configs/demo.py's tiny tower, width 64 and
 depth 2: both towers' width, with head dim 16 and MLP 2 x width as that tower, and their layer count; the
-heads and the fusion keep the demo's size).
+heads and the fusion keep the demo's size), primary ('' = the study's own primary metric; a metric key
+replaces it, e.g. `primary=segmentation/miou`, with which Round II is read).
 
 What a study is (read by tipsito/studies/arms.py):
   study    the name; claim: the sentence the study tests; metrics: the columns of results.md (a metric is
@@ -22,7 +23,14 @@ What a study is (read by tipsito/studies/arms.py):
   bases    complete training configs (name -> config) the arms start from;
   arms     ordered tuple of dicts: name, base, overrides ({'dotted.key': value}: each must be an existing
            key), optionally note and depends_on. An override value may name another arm's run directory
-           of the same seed, '{workdir:ARM}' (the distillation teacher): the arm then depends on ARM.
+           of the same seed, '{workdir:ARM}' (the distillation teacher): the arm then depends on ARM;
+  primary  the comparison the study's verdict is about, declared before any run: dict(metric, arm, vs,
+           direction='higher' | 'lower': the expected sign of arm - vs), optionally note. results.md says
+           whether it "reproduces", "reverses" or "cannot tell" (tipsito/studies/results.py). The dense
+           claims' primary is `segmentation/margin/object_miou` on scenes (zero-shot segmentation over the
+           object pixels minus the model's own within-image shuffle null: what a location-blind model
+           cannot fake, issue 42); the arg `primary=METRIC` replaces every study's primary metric (Round
+           II was read with `primary=segmentation/miou`, the paper's column; docs/results.md).
 
 The base is configs/demo.py at the study's budget (its tiny/16 tower with patch 8, AdamW 3e-3 and CLIP
 pixel statistics unless a study varies them; see that file for why), on openclipart at 64 px for
@@ -49,7 +57,12 @@ DENSE = ("segmentation/miou",)
 # zero-shot segmentation with both feature kinds and on the non-largest objects (with the copied-CLS
 # reference and the chance levels as reference columns), and the masked / visible patch cross-entropy of
 # Fig. 2 (last logged value).
+# `segmentation/object_miou` and `segmentation/margin/object_miou` (the object-only mIoU and its margin over
+# the within-image shuffle null; tipsito/evals/) are the dense primaries from Round III on; Round II's
+# results have no value of them (reported absent).
 SCENES_DENSE = (
+  "segmentation/margin/object_miou",
+  "segmentation/object_miou",
   "segmentation/miou",
   "segmentation/nonlargest_acc",
   "segmentation/patches/miou",
@@ -175,6 +188,17 @@ def _tower_size(c: mlc.ConfigDict, width: int, depth: int) -> None:
       tower.depth = depth
 
 
+def _primary(a, arm: str, vs: str, direction: str = "higher", metric: str = "", note: str = "") -> dict:
+  """The study's declared primary comparison (see the module docstring): `metric` ('' = the dense
+  primary of the data: the localisation margin of the object-only mIoU on scenes, zero-shot segmentation
+  mIoU elsewhere); the arg `primary` replaces it."""
+  if a.primary:
+    metric = a.primary
+  elif not metric:
+    metric = "segmentation/margin/object_miou" if a.data == "scenes" else "segmentation/miou"
+  return dict(metric=metric, arm=arm, vs=vs, direction=direction, **({"note": note} if note else {}))
+
+
 def _arm(name: str, base: str, overrides: dict | None = None, note: str = "", **kw) -> dict:
   return dict(name=name, base=base, overrides=dict(overrides or {}), note=note, **kw)
 
@@ -185,6 +209,7 @@ def _smoke(a):
   return dict(
     claim="(no paper claim) the sweep runner itself: two tiny CLIP arms, kill and resume",
     metrics=("zeroshot/top1", "loss/total"),
+    primary=_primary(a, "augment_ito", "augment_none", metric="zeroshot/top1"),
     bases={"clip": _base(a, "clip")},
     arms=(
       _arm("augment_ito", "clip", {}, "ITO's crop, flip and colour augmentation"),
@@ -209,6 +234,8 @@ def _ito(a):
       "views, no fusion) separates the second view from the fusion loss"
     ),
     metrics=_columns(a) + ("loss/clip",),
+    # ITO's claim is about the global embedding (its tables: zero-shot classification and retrieval).
+    primary=_primary(a, "ito_lambda2", "clip", metric="zeroshot/top1"),
     bases={"clip": _base(a, "clip"), "ito": _base(a, "ito")},
     arms=(
       _arm("clip", "clip"),
@@ -227,6 +254,7 @@ def _ibot(a):
         "segmentation over iBOT at the same budget"
       ),
       metrics=DENSE + GLOBAL,
+      primary=_primary(a, "ibot_pp", "ibot"),
       bases={"tipsv2": _base(a, "tipsv2")},
       arms=(
         _arm("ibot", "tipsv2", {"loss_opts.ibot_all_patches": False}, "masked patches only"),
@@ -252,6 +280,7 @@ def _ibot(a):
       "(the patch loss on every patch) more, because the visible tokens' loss falls only with iBOT++"
     ),
     metrics=_columns(a, mechanism=True),
+    primary=_primary(a, "ibot_pp", "ibot"),
     bases={"tipsv2": _base(a, "tipsv2")},
     arms=(
       _arm(
@@ -277,6 +306,7 @@ def _mask(a):
   return dict(
     claim="TIPSv2 Table 12: iBOT++'s mask ratio; 0.75 (the paper's) against 0.4 and no masking",
     metrics=_columns(a, mechanism=True),
+    primary=_primary(a, "mask_75", "mask_00"),
     bases={"tipsv2": _base(a, "tipsv2")},
     arms=tuple(
       _arm(f"mask_{int(r * 100):02d}", "tipsv2", {"input.mask_ratio": r}, note)
@@ -294,6 +324,7 @@ def _distill(a):
       "mask 0.75 or a student initialised from the teacher removes the gain"
     ),
     metrics=_columns(a),
+    primary=_primary(a, "student_mask0", "teacher"),
     bases={"tipsv2": _base(a, "tipsv2"), "distill": _base(a, "distill")},
     arms=(
       _arm("teacher", "tipsv2", {}, "pretrained teacher (the students' frozen teacher)"),
@@ -321,6 +352,16 @@ def _ema(a):
       "stop-gradient) matches a full EMA teacher at a smaller train state"
     ),
     metrics=_columns(a, state=True) + ("state/ema_params_M",),
+    primary=_primary(
+      a,
+      "ema_head",
+      "ema_full",
+      note=(
+        "the claim is that the head-only EMA *matches* the full one: `reverses` (head-only worse) refutes "
+        "it, `cannot tell` is consistent with it without showing it (no equivalence test), `reproduces` "
+        "(head-only better) goes beyond it"
+      ),
+    ),
     bases={"tipsv2": _base(a, "tipsv2")},
     arms=(
       _arm("ema_head", "tipsv2", {"ema.mode": "head"}, "TIPSv2"),
@@ -360,6 +401,7 @@ def _captions(a):
       "over granularities in TIPSv2), beat one CLS trained on the alt-text only"
     ),
     metrics=_columns(a),
+    primary=_primary(a, arms[-1]["name"], "alt_text_1cls"),
     bases={"tipsv2": _base(a, "tipsv2")},
     arms=arms,
   )
@@ -376,6 +418,7 @@ def _tipsito(a):
   return dict(
     claim="tipsito: ITO's second view and fusion loss added to TIPSv2 help at the same budget",
     metrics=_columns(a),
+    primary=_primary(a, "tipsito", "tipsv2"),
     bases={"tipsv2": _base(a, "tipsv2"), "tipsito": _base(a, "tipsito")},
     arms=tuple(arms),
   )
@@ -398,6 +441,7 @@ def _weighting(a):
       "default) and `mean` with fusion 4 (the composition before, twice ITO's ratio)"
     ),
     metrics=_columns(a),
+    primary=_primary(a, "mean_lambda2", "mean_fusion4"),
     bases={"demo": base},
     arms=(
       _arm("mean_lambda2", "demo", {}, "the demo: mean, fusion lambda 2 (weight 1)"),
@@ -424,6 +468,7 @@ def _optimizer(a):
       "learns faster than the paper's Adafactor with TIPS pixels; here at three learning rates each"
     ),
     metrics=GLOBAL + DENSE,
+    primary=_primary(a, "adamw_clippx_lr3e-3", "adafactor_tipspx_lr1e-3", metric="zeroshot/top1"),
     bases=bases,
     arms=tuple(arms),
   )
@@ -467,6 +512,7 @@ def get_config(arg=None):
     pixels="",
     width=0,
     depth=0,
+    primary="",
   )
   args_lib.check_choice("study", a.study, STUDIES)
   if a.study in ("optimizer", "weighting") and (a.optim or a.pixels):
@@ -489,6 +535,7 @@ def get_config(arg=None):
   c.study = a.study
   c.claim = s["claim"]
   c.metrics = tuple(s["metrics"])
+  c.primary = mlc.ConfigDict(s["primary"])
   c.bases = mlc.ConfigDict(s["bases"])
   c.arms = tuple(s["arms"])
   return c

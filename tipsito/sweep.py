@@ -9,7 +9,9 @@ never rerun, a half-finished run resumes from its latest checkpoint.
 Flags: --config (a study config: configs/ablations.py; `--config.key=value` overrides work as usual),
 --seeds (number of seeds: F..F+N-1 with --first_seed F, 0 by default), --workdir, --parallel (runs at the same time; 1 = in this process),
 --only (comma-separated arms; the arms they depend on are added), --dry_run (list the runs and their
-overrides and status, run nothing), --noplots. The library is tipsito/studies/.
+overrides and status, run nothing), --noplots, --render_only (recompute the statistics of W/results.json
+from its stored per-seed values and rewrite it and W/results.md; runs nothing, e.g. for a study that ran
+before the statistics existed). The library is tipsito/studies/.
 
 Exit status: 0 when every run is finished, 1 when a run failed (the others still ran), 75 when stopped by
 SIGTERM / Ctrl-C after the running jobs saved a checkpoint (rerun to resume), 2 for a wrong study config
@@ -57,8 +59,25 @@ def _define_flags() -> None:
   flags.DEFINE_list("only", None, "Run only these arms (and the arms they depend on).")
   flags.DEFINE_bool("dry_run", False, "List the runs, their overrides and status; run nothing.")
   flags.DEFINE_bool("plots", True, "Write the PNG plots (needs matplotlib: the `studies` extra).")
+  flags.DEFINE_bool(
+    "render_only",
+    False,
+    "Recompute the statistics (paired differences, BH-adjusted p, the primary's verdict) of W/results.json "
+    "from its stored per-seed values with the config's metrics and primary; rewrite it and W/results.md; "
+    "run nothing.",
+  )
   flags.mark_flags_as_required(["config", "workdir"])
-  for name in ("config", "workdir", "seeds", "first_seed", "parallel", "only", "dry_run", "plots"):
+  for name in (
+    "config",
+    "workdir",
+    "seeds",
+    "first_seed",
+    "parallel",
+    "only",
+    "dry_run",
+    "plots",
+    "render_only",
+  ):
     FLAGS.register_key_flag_for_module(sys.argv[0], FLAGS[name])
 
 
@@ -72,6 +91,18 @@ def main(argv: Sequence[str]) -> None:
 
   command = " ".join(["python -m tipsito.sweep"] + [shlex.quote(a) for a in sys.argv[1:]])
   try:
+    if FLAGS.render_only:
+      if FLAGS.dry_run or FLAGS.only:
+        raise arms.StudyError("--render_only runs nothing: drop --dry_run / --only")
+      sys.exit(
+        runner.render_only(
+          FLAGS.config,
+          workdir=FLAGS.workdir,
+          plots=FLAGS.plots,
+          command=command,
+          out=lambda line: print(line, flush=True),
+        )
+      )
     code = runner.run_sweep(
       FLAGS.config,
       seeds=list(range(FLAGS.first_seed, FLAGS.first_seed + FLAGS.seeds)),

@@ -9,6 +9,12 @@ override key must already exist in the base (as `--config.key=value` on the comm
 `config.seed` and `config.input.shuffle_seed`. A string value may contain '{workdir:ARM}', the run
 directory of arm ARM for the same seed (e.g. `distill.teacher`); the arm then depends on ARM, which must
 come earlier in the study.
+
+A study also declares its **primary** comparison before any run: `primary = dict(metric=..., arm=...,
+vs=..., direction='higher' | 'lower')` (optionally `note`), the one reading results.md's verdict is about
+(tipsito/studies/results.py, tipsito/studies/paired.py). `check_primary` rejects a missing declaration, a
+metric that is not one of the study's `metrics` or that no eval of the arms writes, an arm that is not
+the study's, and any other direction, so that the claim is fixed before its numbers exist.
 """
 
 from __future__ import annotations
@@ -104,6 +110,63 @@ def arms_of(study: mlc.ConfigDict) -> list[Arm]:
   return out
 
 
+DIRECTIONS = ("higher", "lower")
+PRIMARY_KEYS = ("metric", "arm", "vs", "direction")
+# Metrics that come from the training logs and the state size, not from an eval (tipsito/studies/results.py).
+NON_EVAL_PREFIXES = ("loss/", "ibot/", "state/")
+
+
+def check_primary(
+  study: mlc.ConfigDict, arm_names: Sequence[str], evals: Sequence[str] | None = None
+) -> dict:
+  """The study's declared primary comparison, checked; returns {metric, arm, vs, direction}.
+
+  evals: the eval names of the arms' configs (`config.evals`); when given, the metric's `<eval>/` must be
+  one of them (or a training-log / state metric), so that a typo in the eval name fails here and not
+  as an absent column after hours of training."""
+  p = study.get("primary")
+  example = "primary=dict(metric='segmentation/miou', arm='ibot_pp', vs='ibot', direction='higher')"
+  if not p:
+    raise StudyError(
+      f"study {study.study!r} declares no primary comparison; add to its study in configs/ablations.py "
+      f"e.g. {example}"
+    )
+  p = dict(p)
+  missing = [k for k in PRIMARY_KEYS if not p.get(k)]
+  unknown = sorted(set(p) - set(PRIMARY_KEYS) - {"note"})
+  if missing or unknown:
+    raise StudyError(
+      f"study {study.study!r}: primary {p}: missing {missing}, unknown {unknown}; expected keys "
+      f"{list(PRIMARY_KEYS)} (and optionally note), e.g. {example}"
+    )
+  metrics = list(study.get("metrics", ()))
+  if p["metric"] not in metrics:
+    close = difflib.get_close_matches(p["metric"], metrics, n=1)
+    raise StudyError(
+      f"study {study.study!r}: primary metric {p['metric']!r} is not one of the study's metrics "
+      f"{metrics}{f'; did you mean {close[0]!r}?' if close else ''}"
+    )
+  if evals is not None and not p["metric"].startswith(NON_EVAL_PREFIXES):
+    if p["metric"].split("/", 1)[0] not in evals:
+      raise StudyError(
+        f"study {study.study!r}: primary metric {p['metric']!r}: no eval {p['metric'].split('/', 1)[0]!r} "
+        f"in the arms' configs (evals: {sorted(evals)}; or a metric starting with {list(NON_EVAL_PREFIXES)})"
+      )
+  for k in ("arm", "vs"):
+    if p[k] not in arm_names:
+      raise StudyError(
+        f"study {study.study!r}: primary {k}={p[k]!r} is not an arm of the study (arms: {list(arm_names)})"
+      )
+  if p["arm"] == p["vs"]:
+    raise StudyError(f"study {study.study!r}: primary compares arm {p['arm']!r} with itself")
+  if p["direction"] not in DIRECTIONS:
+    raise StudyError(
+      f"study {study.study!r}: primary direction={p['direction']!r}; valid: {list(DIRECTIONS)} "
+      f"(the expected sign of {p['arm']} - {p['vs']})"
+    )
+  return {k: str(p[k]) for k in PRIMARY_KEYS}
+
+
 def _resolve(value: Any, sweep_dir: str, seed: int) -> Any:
   """'{workdir:ARM}' -> the run directory of ARM for `seed`."""
   if isinstance(value, str):
@@ -154,6 +217,7 @@ def plan(
   """
   arms = arms_of(study)
   names = [a.name for a in arms]
+  check_primary(study, names)  # the cheap checks first; the metric's eval once the configs exist
   wanted = set(names)
   if only:
     unknown = [n for n in only if n not in names]
@@ -183,6 +247,8 @@ def plan(
           config=config,
         )
       )
+  evals = set.intersection(*(set(j.config.evals.keys()) for j in jobs)) if jobs else None
+  check_primary(study, names, evals)
   _check_builds(jobs)
   return jobs
 

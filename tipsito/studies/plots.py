@@ -94,6 +94,12 @@ def loss_plot(summary: dict[str, Any], path: str) -> str:
 def write_plots(summary: dict[str, Any], directory: str) -> list[str]:
   """Every plot of the study into `directory`; returns the paths."""
   os.makedirs(directory, exist_ok=True)
-  out = [metric_plot(summary, m, os.path.join(directory, file_name(m))) for m in summary["metrics"]]
+  # A metric no run has (an eval added after the runs) gets no empty plot: results.md reports it absent.
+  present = [
+    m
+    for m in summary["metrics"]
+    if any((a["summary"].get(m) or {}).get("mean") is not None for a in summary["arms"].values())
+  ]
+  out = [metric_plot(summary, m, os.path.join(directory, file_name(m))) for m in present]
   out.append(loss_plot(summary, os.path.join(directory, "loss_curves.png")))
   return out

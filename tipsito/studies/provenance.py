@@ -4,14 +4,23 @@ Why: a study's number is only comparable with another if both ran the same code 
 times in particular mean nothing without the cores they had. Every finished run records this next to its
 metrics (tipsito/studies/jobs.py), and results.json lists the commits and machines of all its runs
 (tipsito/studies/results.py), so a table mixing two commits or two machine kinds says so.
+
+`environment` adds, once per sweep, what else decides a number: the versions of the packages that compute
+it (jax, jaxlib, flax, optax, numpy, tensorflow-datasets), the XLA flags of the process (`XLA_FLAGS`,
+inherited by the sweep's subprocess jobs) and a fingerprint of every dataset the runs read: the sha256
+of each built split's files (`dataset_fingerprint`), so that two results.json files that read different
+builds of `scenes` (another size, another builder version) say so.
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
 import os
 import platform
+import re
 import subprocess
-from typing import Any
+from typing import Any, Iterable
 
 import jax
 
@@ -65,3 +74,72 @@ _LOADED = commit()
 def describe() -> dict[str, Any]:
   """The provenance of a run of this process: the commit its code was loaded from, and the machine."""
   return {**_LOADED, "machine": machine()}
+
+
+# The packages whose versions results.json records (distribution names).
+PACKAGES = ("jax", "jaxlib", "flax", "optax", "numpy", "tensorflow-datasets")
+# `<name>-<split>.<format>-00000-of-00001`: a TFDS split file (tipsito/data/conversion.py writes them).
+_SPLIT_FILE = re.compile(r"^[^-]+-(?P<split>[A-Za-z0-9_]+)\.(array_record|tfrecord|riegeli)\b")
+
+
+def packages(names: Iterable[str] = PACKAGES) -> dict[str, str | None]:
+  """{distribution: installed version} (None when not installed)."""
+  out = {}
+  for n in names:
+    try:
+      out[n] = importlib.metadata.version(n)
+    except importlib.metadata.PackageNotFoundError:
+      out[n] = None
+  return out
+
+
+def dataset_fingerprint(dataset_dir: str) -> dict[str, str]:
+  """{split: sha256} over the built split files of a TFDS dataset folder (`<data_dir>/<name>/<version>`):
+  per split, the file names and contents in name order. Files of no split (dataset_info.json, ...) are
+  left out: they hold timestamps-free metadata that a rebuild may reorder without changing an example."""
+  groups: dict[str, list[str]] = {}
+  for f in sorted(os.listdir(dataset_dir)):
+    m = _SPLIT_FILE.match(f)
+    if m and os.path.isfile(os.path.join(dataset_dir, f)):
+      groups.setdefault(m.group("split"), []).append(f)
+  out = {}
+  for split, files in sorted(groups.items()):
+    h = hashlib.sha256()
+    for f in files:
+      h.update(f.encode() + b"\0")
+      with open(os.path.join(dataset_dir, f), "rb") as fh:
+        for chunk in iter(lambda fh=fh: fh.read(1 << 20), b""):
+          h.update(chunk)
+    out[split] = h.hexdigest()
+  return out
+
+
+def _datasets(configs) -> list[tuple[str, str]]:
+  """(name, data_dir) of the training data and of every eval of `configs`, in order, once each."""
+  seen: list[tuple[str, str]] = []
+  for c in configs:
+    pairs = [(c.data.name, c.data.data_dir)]
+    for ev in c.get("evals", {}).values():
+      if hasattr(ev, "get") and ev.get("dataset"):
+        pairs.append((ev.dataset, ev.get("data_dir") or c.data.data_dir))
+    for p in pairs:
+      if p[1] and p not in seen:
+        seen.append(p)
+  return seen
+
+
+def environment(configs) -> dict[str, Any]:
+  """The packages, XLA flags and dataset fingerprints of a sweep whose runs have `configs` (call once the
+  data is built; a dataset that is not there is recorded with `splits: None` and why)."""
+  from tipsito.data import sources  # pylint: disable=import-outside-toplevel
+
+  datasets = []
+  for name, data_dir in _datasets(configs):
+    entry: dict[str, Any] = {"name": name, "data_dir": str(data_dir)}
+    try:
+      d = os.fspath(sources.resolve_dataset_dir(name, data_dir))
+      entry.update(dataset_dir=d, splits=dataset_fingerprint(d))
+    except (FileNotFoundError, ValueError, OSError) as e:
+      entry.update(splits=None, error=f"{type(e).__name__}: {e}"[:300])
+    datasets.append(entry)
+  return {"packages": packages(), "xla_flags": os.environ.get("XLA_FLAGS", ""), "datasets": datasets}

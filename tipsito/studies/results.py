@@ -22,6 +22,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from tipsito.studies import paired as paired_lib
+
 # The logged training scalars a result keeps as curves (and their last value as a metric): the loss terms,
 # and the masked / visible patch cross-entropy of TIPSv2 Fig. 2 (`ibot/ce_masked`, `ibot/ce_visible`),
 # the mechanism the ibot and mask studies read.
@@ -149,6 +151,20 @@ def budget(config) -> dict[str, Any]:
   }
 
 
+def _arm_numbers(arm_runs: Mapping[int, dict], ref_runs: Mapping[int, dict], names) -> dict[str, Any]:
+  """An arm's summary (mean, std, n per metric) and Cohen's d against the reference arm, from its runs."""
+  return {
+    "summary": {m: _stats([r["metrics"].get(m) for r in arm_runs.values()]) for m in names},
+    "effect_vs_reference": {
+      m: effect_size(
+        [r["metrics"].get(m) for r in arm_runs.values()],
+        [r["metrics"].get(m) for r in ref_runs.values()],
+      )
+      for m in names
+    },
+  }
+
+
 def summarize(
   study,
   arm_list,
@@ -156,9 +172,11 @@ def summarize(
   runs: Mapping[str, Mapping[int, dict]],
   seeds: Sequence[int],
   command: str,
+  environment: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
   """results.json's content. `configs`: one config per arm (its budget); `runs`: arm -> seed -> result
-  of the finished runs."""
+  of the finished runs; `environment`: the packages, XLA flags and dataset fingerprints of the sweep
+  (tipsito/studies/provenance.py's `environment`)."""
   arms_out = {}
   ref_name = arm_list[0].name if arm_list else None
   ref_runs = {int(s): r for s, r in runs.get(ref_name, {}).items()} if ref_name else {}
@@ -173,17 +191,10 @@ def summarize(
       "depends_on": list(arm.depends_on),
       "budget": budget(configs[arm.name]),
       "runs": {str(s): arm_runs[s] for s in sorted(arm_runs)},
-      "summary": {m: _stats([r["metrics"].get(m) for r in arm_runs.values()]) for m in names},
-      "effect_vs_reference": {
-        m: effect_size(
-          [r["metrics"].get(m) for r in arm_runs.values()],
-          [r["metrics"].get(m) for r in ref_runs.values()],
-        )
-        for m in names
-      },
+      **_arm_numbers(arm_runs, ref_runs, names),
       "seconds": _stats([r["seconds"] for r in arm_runs.values()]),
     }
-  return {
+  summary = {
     "study": study.study,
     "claim": study.get("claim", ""),
     "metrics": list(study.get("metrics", ())),
@@ -191,8 +202,122 @@ def summarize(
     "command": command,
     "reference_arm": ref_name,
     "provenance": provenance_summary(runs),
+    "environment": dict(environment or {}),
     "arms": arms_out,
   }
+  return add_statistics(summary, primary_of(study))
+
+
+def primary_of(study) -> dict[str, str] | None:
+  """The study's declared primary comparison ({metric, arm, vs, direction}; tipsito/studies/arms.py
+  checks it before any run), or None for a study config without one."""
+  p = study.get("primary") if hasattr(study, "get") else None
+  if not p:
+    return None
+  out = {k: str(p[k]) for k in ("metric", "arm", "vs", "direction")}
+  if p.get("note"):
+    out["note"] = str(p["note"])
+  return out
+
+
+def _values(summary: dict, arm: str, metric: str) -> dict[int, float | None]:
+  runs = summary["arms"].get(arm, {}).get("runs", {})
+  return {int(s): r["metrics"].get(metric) for s, r in runs.items()}
+
+
+FAMILY = (
+  "every declared metric of the study x every arm against the reference arm (paired t-tests with a "
+  "defined p: at least two shared seeds and a spread in the differences), plus the primary comparison "
+  "when it is not one of them"
+)
+
+
+def add_statistics(summary: dict, primary: Mapping[str, str] | None, q: float = paired_lib.Q) -> dict:
+  """Adds to `summary` (results.json's content, in place; returned) the paired statistics
+  (tipsito/studies/paired.py): per arm `paired_vs_reference` (metric -> the paired comparison against
+  the reference arm with its Benjamini-Hochberg adjusted `p_bh`), `bh` (q, the family and its size) and
+  `primary` (the declared comparison, its statistics, verdict and the seeds a decision would need).
+
+  Works from the per-seed values in `summary["arms"][arm]["runs"]` alone, so a stored results.json can
+  be re-read with it (`rerender`). A metric some results lack is reported absent (n = 0), not an error."""
+  ref = summary.get("reference_arm")
+  metrics = list(summary.get("metrics", ()))
+  tests: list[tuple[str, str]] = []  # (arm, metric) of the family, in table order
+  for name, a in summary["arms"].items():
+    if name == ref:
+      a["paired_vs_reference"] = {}
+      continue
+    a["paired_vs_reference"] = {
+      m: paired_lib.paired(_values(summary, name, m), _values(summary, ref, m)) for m in metrics
+    }
+    tests += [(name, m) for m in metrics]
+  family = [summary["arms"][a]["paired_vs_reference"][m] for a, m in tests]
+  prim = None
+  if primary:
+    arm, vs, metric = primary["arm"], primary["vs"], primary["metric"]
+    comp = paired_lib.paired(_values(summary, arm, metric), _values(summary, vs, metric))
+    in_family = (vs == ref and arm != ref) or (arm == ref and vs != ref)
+    prim = {
+      **primary,
+      "comparison": comp,
+      "in_family": in_family,
+      "cohen_d": effect_size(
+        list(_values(summary, arm, metric).values()), list(_values(summary, vs, metric).values())
+      ),
+    }
+    if not in_family:
+      family.append(comp)
+  adjusted = paired_lib.bh_adjust([c["p"] for c in family])
+  for c, p_bh in zip(family, adjusted):
+    c["p_bh"] = p_bh
+  m = sum(p is not None for p in adjusted)
+  summary["bh"] = {"q": q, "family": FAMILY, "family_size": m}
+  if prim is not None:
+    comp = prim["comparison"]
+    p_bh = comp.get("p_bh")
+    if prim["in_family"]:  # the same test as arm (or vs) against the reference: its adjusted p
+      other = arm if vs == ref else vs
+      p_bh = summary["arms"][other]["paired_vs_reference"][metric].get("p_bh")
+      comp["p_bh"] = p_bh
+    alpha = q / max(m, 1)
+    prim.update(
+      q=q,
+      verdict=paired_lib.verdict(comp, p_bh, prim["direction"], q),
+      alpha_for_seeds=alpha,
+      power=paired_lib.POWER,
+      seeds_needed=paired_lib.seeds_needed(comp["d_z"], alpha),
+    )
+  summary["primary"] = prim
+  return summary
+
+
+def rerender(stored: dict, study=None, command: str = "") -> dict:
+  """A stored results.json recomputed from its per-seed values: the per-arm summaries and Cohen's d for
+  every metric the runs have, the paired statistics, and the primary of `study` (its declared metrics and
+  primary replace the stored ones; None keeps the stored). Nothing is rerun; the runs, budgets,
+  provenance and the original command are kept, and `rendered_by` records `command`."""
+  out = {k: v for k, v in stored.items() if k not in ("primary", "bh")}
+  if study is not None:
+    out["metrics"] = list(study.get("metrics", ()))
+  ref = out.get("reference_arm")
+  ref_runs = {int(s): r for s, r in out["arms"].get(ref, {}).get("runs", {}).items()}
+  for a in out["arms"].values():
+    arm_runs = {int(s): r for s, r in a.get("runs", {}).items()}
+    names = sorted({k for r in arm_runs.values() for k in r["metrics"]})
+    a.update(_arm_numbers(arm_runs, ref_runs, names))
+  out.setdefault("environment", {})
+  if command:
+    out["rendered_by"] = command
+  primary = primary_of(study) if study is not None else (stored.get("primary") or None)
+  if primary:
+    primary = {k: primary[k] for k in ("metric", "arm", "vs", "direction", "note") if primary.get(k)}
+    absent = [primary[k] for k in ("arm", "vs") if primary[k] not in out["arms"]]
+    if absent:
+      raise ValueError(
+        f"primary arms {absent} are not arms of the stored results (arms: {list(out['arms'])}); "
+        "the study config must be the one that produced them"
+      )
+  return add_statistics(out, primary)
 
 
 def best_arms(summary: dict, metric: str) -> set[str]:
@@ -227,6 +352,130 @@ def _duration(seconds: float | None) -> str:
   return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
+def _num(x: float | None, digits: int = 2) -> str:
+  return "–" if x is None else f"{x:+.{digits}f}"
+
+
+def _p(p: float | None) -> str:
+  if p is None:
+    return "–"
+  return f"{p:.2g}" if p < 0.01 else f"{p:.3f}"
+
+
+def _diff_ci(c: Mapping[str, Any]) -> str:
+  """'+1.23 [-0.40, +2.86]' (the mean paired difference and its 95 % interval)."""
+  if not c or c.get("n", 0) == 0:
+    return "absent"
+  if c.get("ci_lo") is None:
+    return _fmt_signed(c["mean_diff"]) + " (no interval)"
+  return f"{_fmt_signed(c['mean_diff'])} [{_fmt_signed(c['ci_lo'])}, {_fmt_signed(c['ci_hi'])}]"
+
+
+def _fmt_signed(x: float) -> str:
+  return ("+" if x >= 0 else "-") + _fmt(abs(x))
+
+
+def primary_lines(summary: dict) -> list[str]:
+  """results.md's primary-metric verdict: the declared comparison, its paired difference with the 95 %
+  interval, p, BH-adjusted p and whether it reproduces, reverses or cannot tell (with the seeds a
+  decision would need at the observed effect)."""
+  prim = summary.get("primary")
+  bh = summary.get("bh") or {}
+  if not prim:
+    return ["## Primary metric", "", "No primary metric was declared for this study.", ""]
+  c = prim["comparison"]
+  expect = "above" if prim["direction"] == "higher" else "below"
+  lines = [
+    "## Primary metric",
+    "",
+    f"Declared in the study config before any run: `{prim['metric']}`, `{prim['arm']}` expected {expect} "
+    f"`{prim['vs']}`.",
+    "",
+    "| primary | comparison | seeds paired | paired diff [95% CI] | d_z | Cohen's d | p (paired t) | "
+    "BH-adjusted p | verdict |",
+    "|---|---|---:|---:|---:|---:|---:|---:|---|",
+    f"| `{prim['metric']}` | `{prim['arm']}` - `{prim['vs']}` | {c['n']} | {_diff_ci(c)} | "
+    f"{_num(c.get('d_z'))} | {_num(prim.get('cohen_d'))} | {_p(c.get('p'))} | {_p(c.get('p_bh'))} | "
+    f"**{prim['verdict']}** |",
+    "",
+  ]
+  if prim.get("note"):
+    lines += [f"Reading the verdict: {prim['note']}", ""]
+  lines += [
+    f"Verdict: *reproduces* when the BH-adjusted p is <= q = {prim['q']} with the difference in the "
+    "expected direction, *reverses* when it is <= q the other way, *cannot tell* otherwise.",
+    "",
+  ]
+  if prim["verdict"] == paired_lib.ABSENT:
+    lines += [f"These results have no value of `{prim['metric']}` (an eval added after they ran).", ""]
+  elif prim["verdict"] == paired_lib.CANNOT_TELL:
+    n = prim.get("seeds_needed")
+    lines += [
+      (
+        f"Cannot tell: a decision at the observed effect (d_z {abs(c['d_z']):.2f}) would need about {n} "
+        f"seeds (n = ((z_{{1-alpha/2}} + z_{{{prim['power']}}}) / d_z)^2, alpha = q / m = "
+        f"{prim['q']} / {bh.get('family_size')} = {prim['alpha_for_seeds']:.3g}, the normal approximation: a "
+        "lower bound)."
+      )
+      if n
+      else "Cannot tell: no spread-adjusted effect to plan for (fewer than two paired seeds or no difference).",
+      "",
+    ]
+  return lines
+
+
+def paired_lines(summary: dict) -> list[str]:
+  """results.md's paired table: every arm against the reference arm on every declared metric."""
+  ref = summary.get("reference_arm")
+  bh = summary.get("bh") or {}
+  rows = [(n, a) for n, a in summary["arms"].items() if n != ref]
+  if ref is None or not rows:
+    return []
+  lines = [
+    "## Paired differences and effect sizes",
+    "",
+    f"Against `{ref}`, runs paired by seed: mean of the per-seed differences (arm - `{ref}`) with its 95% "
+    "t-interval, d_z = mean / std of the differences, Cohen's d (difference of means / pooled std of the "
+    "seeds, unpaired), the two-sided paired t-test's p and the Benjamini-Hochberg adjusted p over the "
+    f"family of {bh.get('family_size', 0)} tests ({bh.get('family', FAMILY)}); **bold**: survives at "
+    f"q = {bh.get('q', paired_lib.Q)}. `–`: no test (fewer than two shared seeds, or no spread: a chance "
+    "level or a state size); `absent`: the runs have no value of the metric.",
+    "",
+    "| arm | metric | seeds | paired diff [95% CI] | d_z | Cohen's d | p | BH-adjusted p |",
+    "|---|---|---:|---:|---:|---:|---:|---:|",
+  ]
+  q = bh.get("q", paired_lib.Q)
+  for name, a in rows:
+    for m in summary["metrics"]:
+      c = a.get("paired_vs_reference", {}).get(m) or {"n": 0}
+      p_bh = c.get("p_bh")
+      cell = _p(p_bh)
+      if p_bh is not None and p_bh <= q:
+        cell = f"**{cell}**"
+      lines.append(
+        f"| {name} | `{m}` | {c['n']} | {_diff_ci(c)} | {_num(c.get('d_z'))} | "
+        f"{_num(a.get('effect_vs_reference', {}).get(m))} | {_p(c.get('p'))} | {cell} |"
+      )
+  lines.append("")
+  return lines
+
+
+def environment_lines(env: Mapping[str, Any] | None) -> list[str]:
+  """The packages, XLA flags and dataset fingerprints results.json records (or that it does not)."""
+  if not env:
+    return ["Environment: not recorded (these runs predate the record of packages, XLA flags and data).", ""]
+  pk = ", ".join(f"{k} {v}" for k, v in (env.get("packages") or {}).items())
+  data = "; ".join(
+    f"{d.get('name')} ({', '.join(f'{s} {h[:12]}' for s, h in (d.get('splits') or {}).items())})"
+    for d in env.get("datasets") or []
+  )
+  return [
+    f"Environment: {pk or 'packages not recorded'}; XLA_FLAGS `{env.get('xla_flags') or ''}`; data: "
+    f"{data or 'not recorded'} (sha256 of the built split files, results.json `environment`).",
+    "",
+  ]
+
+
 def markdown(summary: dict) -> str:
   """results.md: the study's table and what was run."""
   metrics = summary["metrics"]
@@ -252,8 +501,8 @@ def markdown(summary: dict) -> str:
   for name, a in summary["arms"].items():
     cells = [_cell(a["summary"].get(m), name in best[m]) for m in metrics]
     lines.append(f"| {name} | " + " | ".join(cells) + f" | {_duration(a['seconds']['mean'])} |")
+  lines += [""] + primary_lines(summary)
   lines += [
-    "",
     "## Arms",
     "",
     "| arm | base (recipe) | overrides | note | steps | batch | image px | image tower | params (M) |",
@@ -278,22 +527,7 @@ def markdown(summary: dict) -> str:
     + ".",
     "",
   ]
-  ref = summary.get("reference_arm")
-  if ref is not None:
-    lines += [
-      "## Effect sizes",
-      "",
-      f"Against `{ref}`: difference of means / pooled std of the seeds (Cohen's d; `–` with fewer than "
-      "two seeds a side). |d| below about 1 cannot be told from seed noise at 3-5 seeds.",
-      "",
-      "| arm | " + " | ".join(f"`{m}`" for m in metrics) + " |",
-      "|---|" + "---:|" * len(metrics),
-    ]
-    for name, a in summary["arms"].items():
-      eff = a.get("effect_vs_reference", {})
-      cells = ["–" if eff.get(m) is None else f"{eff[m]:+.2f}" for m in metrics]
-      lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    lines.append("")
+  lines += paired_lines(summary)
   prov = summary.get("provenance")
   if prov:
     lines += [
@@ -304,6 +538,9 @@ def markdown(summary: dict) -> str:
       + f". Resumed runs: {prov['resumed_runs']}.",
       "",
     ]
+  lines += environment_lines(summary.get("environment"))
+  if summary.get("rendered_by"):
+    lines += [f"Statistics recomputed from the stored per-seed values by: `{summary['rendered_by']}`", ""]
   return "\n".join(lines)
 
 

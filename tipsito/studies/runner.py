@@ -40,6 +40,7 @@ from tipsito.data import prepare as data_prepare
 from tipsito.studies import arms as arms_lib
 from tipsito.studies import jobs as job_lib
 from tipsito.studies import plots as plots_lib
+from tipsito.studies import provenance
 from tipsito.studies import results as results_lib
 from tipsito.train import checkpointing
 from tipsito.train import workdir as workdir_lib
@@ -226,8 +227,11 @@ def _run_subprocesses(todo, sweep_dir, parallel, progress, on_finished) -> bool:
   return bool(stop)
 
 
-def collect(study, seeds: Sequence[int], sweep_dir: str, command: str) -> dict:
-  """results.json's content from the finished runs of every arm of the study (for `seeds`)."""
+def collect(
+  study, seeds: Sequence[int], sweep_dir: str, command: str, environment: dict | None = None
+) -> dict:
+  """results.json's content from the finished runs of every arm of the study (for `seeds`);
+  `environment`: provenance.environment of the sweep (packages, XLA flags, dataset fingerprints)."""
   arm_list = arms_lib.arms_of(study)
   configs = {a.name: arms_lib.arm_config(study, a, seeds[0], sweep_dir) for a in arm_list}
   runs = {}
@@ -236,7 +240,7 @@ def collect(study, seeds: Sequence[int], sweep_dir: str, command: str) -> dict:
       d = arms_lib.run_dir(sweep_dir, a.name, s)
       if job_lib.is_finished(d):
         runs.setdefault(a.name, {})[int(s)] = job_lib.read_json(os.path.join(d, job_lib.RESULT_FILE))
-  return results_lib.summarize(study, arm_list, configs, runs, seeds, command)
+  return results_lib.summarize(study, arm_list, configs, runs, seeds, command, environment)
 
 
 def _changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
@@ -299,9 +303,11 @@ def run_sweep(
     job_lib.write_job(job.run_dir, study=study.study, arm=job.arm.name, seed=job.seed, config=job.config)
     todo.append(job)
   _build_datasets(todo)
+  # Once per sweep, the data built: package versions, XLA flags and the built splits' fingerprints.
+  environment = provenance.environment([j.config for j in jobs])
 
   def on_finished(job, result):
-    results_lib.write(collect(study, seeds, sweep_dir, command), sweep_dir)
+    results_lib.write(collect(study, seeds, sweep_dir, command, environment), sweep_dir)
     return list(study.get("metrics", ()))
 
   progress = Progress(jobs, parallel, out)
@@ -312,7 +318,7 @@ def run_sweep(
   else:
     stopped = _run_subprocesses(todo, sweep_dir, parallel, progress, on_finished)
 
-  summary = collect(study, seeds, sweep_dir, command)
+  summary = collect(study, seeds, sweep_dir, command, environment)
   js, md = results_lib.write(summary, sweep_dir)
   written = [js, md]
   if plots:
@@ -327,6 +333,52 @@ def run_sweep(
   if unfinished:
     out(f"[sweep] unfinished: {', '.join(j.label for j in unfinished)}; the same command reruns them")
     return 1
+  return 0
+
+
+def _p(p: float | None) -> str:
+  return "–" if p is None else f"{p:.3g}"
+
+
+def render_only(
+  study, *, workdir: str, plots: bool = True, command: str = "", out: Callable[[str], None] = print
+) -> int:
+  """Rewrites `W/results.json`'s statistics and `W/results.md` (and, with `plots`, `W/plots/`) from the
+  per-seed values stored in `W/results.json`, with `study`'s metrics and declared primary; runs nothing.
+
+  Why: the statistics (paired intervals, Benjamini-Hochberg, the primary's verdict) are a function of the
+  stored numbers, so a study that ran before they existed (Round II, docs/results/scenes/) is read with
+  them by one command anyone can rerun. Raises StudyError when results.json is missing or the primary
+  does not fit it (before anything is written)."""
+  sweep_dir = os.path.abspath(workdir)
+  path = os.path.join(sweep_dir, "results.json")
+  if not os.path.isfile(path):
+    raise arms_lib.StudyError(
+      f"--render_only: no results.json in --workdir {sweep_dir}; run the sweep first (without --render_only)"
+    )
+  stored = job_lib.read_json(path)
+  if stored.get("study") != study.study:
+    raise arms_lib.StudyError(
+      f"--render_only: {path} holds study {stored.get('study')!r}, the config is study {study.study!r}"
+    )
+  primary = arms_lib.check_primary(study, list(stored.get("arms", {})))
+  if plots:
+    plots_lib.check_available()
+  summary = results_lib.rerender(stored, study, command)
+  js, md = results_lib.write(summary, sweep_dir)
+  written = [js, md] + (plots_lib.write_plots(summary, os.path.join(sweep_dir, PLOTS_DIR)) if plots else [])
+  p = summary["primary"]
+  c = p["comparison"]
+  shown = (
+    "absent"
+    if not c["n"]
+    else f"diff {c['mean_diff']:+.3g}, p {_p(c['p'])}, BH-adjusted p {_p(c.get('p_bh'))}"
+  )
+  out(
+    f"[sweep] study {study.study}: statistics recomputed from {path}; primary {primary['metric']} "
+    f"{primary['arm']} - {primary['vs']}: {shown}: {p['verdict']}; wrote "
+    f"{', '.join(os.path.relpath(x, sweep_dir) for x in written)}"
+  )
   return 0
 
 
