@@ -68,11 +68,17 @@ def test_benjamini_hochberg_by_hand():
 
 
 def test_seeds_needed_and_verdicts():
-  # n = ((1.959964 + 0.841621) / 0.5)^2 = 31.40 -> 32 (the textbook normal-approximation count).
-  assert paired.seeds_needed(0.5, 0.05) == 32
-  assert paired.seeds_needed(-0.5, 0.05) == 32
-  assert paired.seeds_needed(2.0, 0.05) == 2  # (2.8016 / 2)^2 = 1.96 -> 2
+  # Normal approximation: n = ((1.959964 + 0.841621) / 0.5)^2 = 31.40 -> 32; (2.8016 / 2)^2 = 1.96 -> 2.
+  assert paired.seeds_needed_normal(0.5, 0.05) == 32 and paired.seeds_needed_normal(-0.5, 0.05) == 32
+  assert paired.seeds_needed_normal(2.0, 0.05) == 2
+  # The paired t-test's own power (noncentral t): the published sample sizes for a paired / one-sample
+  # t-test at alpha 0.05, power 0.8 (Cohen 1988; G*Power): d_z 0.5 -> 34, 0.8 -> 15, 1.0 -> 10.
+  for d_z, n in ((0.5, 34), (-0.8, 15), (1.0, 10)):
+    assert paired.seeds_needed(d_z, 0.05) == n, d_z
+    assert paired.t_power(n, abs(d_z), 0.05) >= 0.8 > paired.t_power(n - 1, abs(d_z), 0.05)
+  assert paired.t_power(10, 0.0, 0.05) == pytest.approx(0.05)  # no effect: power = alpha
   assert paired.seeds_needed(0.0, 0.05) is None and paired.seeds_needed(None, 0.05) is None
+  assert paired.seeds_needed(0.01, 0.05) == 1000  # capped: "1000 or more" in results.md
   up, down = {"n": 3, "mean_diff": 1.0}, {"n": 3, "mean_diff": -1.0}
   assert paired.verdict(up, 0.05, "higher") == "reproduces"
   assert paired.verdict(down, 0.05, "higher") == "reverses"
@@ -179,10 +185,12 @@ def test_render_only_writes_the_paired_statistics_and_the_verdict(tmp_path):
   # test) and loss/total (no spread: no test) -> one test, so the BH-adjusted p is the p itself.
   assert res["bh"]["family_size"] == 1 and c["p_bh"] == pytest.approx(c["p"])
   # p = 1 - sqrt(12/14) = 0.074 <= q = 0.1, in the declared direction.
-  assert p["verdict"] == "reproduces" and p["seeds_needed"] == 2
+  assert p["verdict"] == "reproduces"
   md = (w / "results.md").read_text()
   assert "| `zeroshot/top1` | `augment_ito` - `augment_none` | 3 | +2.00 [-0.484, +4.48] |" in md
   assert "Statistics recomputed from the stored per-seed values by: `python -m tipsito.sweep" in md
+  # The stored results declared no primary: results.md says it was declared after they ran.
+  assert res["primary_declared"] == "after the runs" and "Declared after these runs ran" in md
   ref = res["arms"]["augment_none"]["paired_vs_reference"]["zeroshot/top1"]
   assert ref["mean_diff"] == pytest.approx(-2.0) and ref["p_bh"] == pytest.approx(c["p"])
 

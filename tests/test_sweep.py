@@ -194,10 +194,78 @@ def test_results_record_provenance_and_effect_sizes(sweeps):
   if pooled > 0:
     assert res["arms"][SECOND]["effect_vs_reference"][m] == pytest.approx((np.mean(a) - np.mean(b)) / pooled)
   md = (sweeps["w2"] / "results.md").read_text()
-  assert "## Effect sizes" in md and "Ran on: commit " in md and "Resumed runs: 1." in md
+  assert (
+    "## Paired differences and effect sizes" in md and "Ran on: commit " in md and "Resumed runs: 1." in md
+  )
   # Known values: means 3 and 1, both stds 1 -> d = 2; one seed -> undefined.
   assert results_lib.effect_size([2.0, 3.0, 4.0], [0.0, 1.0, 2.0]) == pytest.approx(2.0)
   assert results_lib.effect_size([2.0], [0.0, 1.0]) is None
+
+
+def test_results_record_paired_statistics_primary_and_environment(sweeps):
+  """The sweep writes the paired comparison against the reference arm, the BH-adjusted p and the declared
+  primary's verdict (recomputed here from the runs), and the environment: package versions, XLA flags
+  and the sha256 of the built data's split files (recomputed here from the files)."""
+  import hashlib  # pylint: disable=import-outside-toplevel
+
+  from tipsito.data import sources  # pylint: disable=import-outside-toplevel
+  from tipsito.studies import paired  # pylint: disable=import-outside-toplevel
+
+  res = _results(sweeps["w1"])
+  m = "zeroshot/top1"
+  a = {s: r["metrics"][m] for s, r in res["arms"][SECOND]["runs"].items()}
+  b = {s: r["metrics"][m] for s, r in res["arms"][FIRST]["runs"].items()}
+  c = res["arms"][SECOND]["paired_vs_reference"][m]
+  assert c["diffs"] == [a["0"] - b["0"], a["1"] - b["1"]] and c["n"] == 2
+  if c["p"] is not None:  # two seeds: t on 1 df, P(|T| > t) = 1 - 2 atan(|t|) / pi
+    assert c["p"] == pytest.approx(1 - 2 * np.arctan(abs(c["t"])) / np.pi)
+  prim = res["primary"]
+  assert (prim["metric"], prim["arm"], prim["vs"]) == (m, FIRST, SECOND)  # configs/ablations.py's smoke
+  assert prim["comparison"]["diffs"] == [-d for d in c["diffs"]]
+  assert prim["verdict"] == paired.verdict(prim["comparison"], prim["comparison"]["p_bh"], "higher")
+  assert res["bh"]["q"] == 0.1
+  md = (sweeps["w1"] / "results.md").read_text()
+  assert f"| `{m}` | `{FIRST}` - `{SECOND}` | 2 |" in md and f"**{prim['verdict']}**" in md
+  env = res["environment"]
+  assert set(env["packages"]) >= {"jax", "flax", "optax", "numpy", "tensorflow-datasets"}
+  assert env["packages"]["jax"] == __import__("jax").__version__ and "xla_flags" in env
+  (data,) = env["datasets"]  # training and eval read the one built `shapes`
+  assert data["name"] == "shapes" and set(data["splits"]) == {"train", "test"}
+  d = sources.resolve_dataset_dir("shapes", data["data_dir"])
+  for split, digest in data["splits"].items():
+    h = hashlib.sha256()
+    for f in sorted(x for x in os.listdir(d) if x.startswith(f"shapes-{split}.")):
+      h.update(f.encode() + b"\0" + (pathlib.Path(d) / f).read_bytes())
+    assert digest == h.hexdigest(), split
+  assert "Environment: jax " in md and "data: shapes (test " in md
+
+
+def test_primary_must_be_declared_before_anything_runs(tmp_path):
+  """A study without a primary, or with one naming an unknown metric, arm, eval or direction, fails before
+  anything runs, naming the key."""
+  from tipsito.studies import arms, runner
+
+  cases = (
+    (None, r"study 'smoke' declares no primary comparison"),
+    (dict(metric="zeroshot/top1", arm=FIRST, vs=SECOND), r"missing \['direction'\]"),
+    (
+      dict(metric="zeroshot/top1", arm=FIRST, vs="nope", direction="higher"),
+      r"primary vs='nope' is not an arm",
+    ),
+    (dict(metric="zeroshot/top1", arm=FIRST, vs=SECOND, direction="up"), r"direction='up'; valid"),
+    (dict(metric="zeroshot/top5", arm=FIRST, vs=SECOND, direction="higher"), r"did you mean 'zeroshot/top1'"),
+  )
+  for primary, error in cases:
+    study = _study()
+    study.primary = primary
+    with pytest.raises(arms.StudyError, match=error):
+      runner.run_sweep(study, seeds=[0], workdir=str(tmp_path / "w"), plots=False)
+  study = _study()  # a declared metric whose eval the arms do not run (evals=zeroshot)
+  study.metrics = study.metrics + ("knn/top1",)
+  study.primary.metric = "knn/top1"
+  with pytest.raises(arms.StudyError, match=r"primary metric 'knn/top1': no eval 'knn' in the arms' configs"):
+    runner.run_sweep(study, seeds=[0], workdir=str(tmp_path / "w"), plots=False)
+  assert not (tmp_path / "w").exists()
 
 
 def _ablations():

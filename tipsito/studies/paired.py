@@ -15,11 +15,13 @@ What is computed, for the per-seed differences d_i = arm_i - other_i (i over the
 - Benjamini-Hochberg adjusted p over a family of tests (`bh_adjust`): a comparison survives at level q
   when its adjusted p is <= q; the studies use q = 0.1 over the study's declared metrics x arms
   (`results.py` says which tests form the family);
-- the seeds a decision would need at the observed effect (`seeds_needed`): the normal approximation of
-  the paired t-test's power, n = ((z_{1 - alpha/2} + z_{power}) / |d_z|)^2, rounded up, with power 0.8 and
-  alpha = q / m (m tests in the family: the level Benjamini-Hochberg asks of the family's smallest p, so
-  the count holds whatever the other tests do). With t instead of z the count would be one or two
-  seeds higher at these sizes: it is a lower bound, said so where it is printed.
+- the seeds a decision would need at the observed effect (`seeds_needed`): the smallest n whose paired
+  t-test at level alpha has power 0.8 against a true effect d_z, power(n) = P(|T'| > t_{1-alpha/2, n-1})
+  with T' noncentral t (n - 1 degrees of freedom, noncentrality d_z sqrt(n)); its closed-form normal
+  approximation is n = ((z_{1-alpha/2} + z_{0.8}) / |d_z|)^2 (`seeds_needed_normal`), which undercounts at
+  the few seeds of a study (2 instead of 6 at d_z 3, alpha 0.004). alpha = q / m with m the tests of the
+  family: the level Benjamini-Hochberg asks of the family's smallest p, so the count holds whatever the
+  other tests do. The observed d_z of 3-5 seeds is itself uncertain: the count is a planning figure.
 
 The t and normal distributions are scipy's (`scipy.stats`), which JAX itself requires (jax's
 install_requires), so it is present wherever tipsito is; tests/test_paired.py checks them against
@@ -124,13 +126,38 @@ def bh_adjust(pvalues: Sequence[float | None]) -> list[float | None]:
   return out
 
 
-def seeds_needed(d_z: float | None, alpha: float, power: float = POWER) -> int | None:
-  """Seeds (pairs) a two-sided paired test at level `alpha` needs to detect an effect of size `d_z`
-  with probability `power`: ceil(((z_{1-alpha/2} + z_{power}) / |d_z|)^2), the normal approximation
-  (a lower bound for the t-test). None when there is no effect to detect (d_z 0 or undefined)."""
+def seeds_needed_normal(d_z: float | None, alpha: float, power: float = POWER) -> int | None:
+  """The closed-form count: ceil(((z_{1-alpha/2} + z_{power}) / |d_z|)^2), the normal approximation of
+  the paired t-test's power (too few seeds at small n, where t's tails are heavier). None when there is no
+  effect to detect (d_z 0 or undefined)."""
   if d_z is None or not math.isfinite(d_z) or d_z == 0:
     return None
   return max(2, math.ceil(((z_quantile(1.0 - alpha / 2.0) + z_quantile(power)) / abs(d_z)) ** 2))
+
+
+def t_power(n: int, d_z: float, alpha: float) -> float:
+  """Power of the two-sided paired t-test with n pairs at level alpha for a true effect d_z:
+  P(|T'| > t_{1-alpha/2, n-1}) with T' noncentral t, n - 1 degrees of freedom, noncentrality d_z sqrt(n)."""
+  df, nc = n - 1, d_z * math.sqrt(n)
+  crit = t_quantile(1.0 - alpha / 2.0, df)
+  return float(sp_stats.nct.sf(crit, df, nc) + sp_stats.nct.cdf(-crit, df, nc))
+
+
+def seeds_needed(d_z: float | None, alpha: float, power: float = POWER, max_seeds: int = 1000) -> int | None:
+  """Seeds (pairs) the two-sided paired t-test at level `alpha` needs to detect an effect of size `d_z`
+  with probability `power`: the smallest n >= 2 with `t_power(n, d_z, alpha) >= power`, searched upwards
+  from the normal approximation's count minus a few (which it never exceeds by more). d_z 0.5 at alpha
+  0.05 and power 0.8: 34 pairs (32 by the normal approximation). `max_seeds` when even that many are not
+  enough (an effect near 0); None when there is no effect to detect."""
+  start = seeds_needed_normal(d_z, alpha, power)
+  if start is None:
+    return None
+  n = min(max(2, start - 3), max_seeds)
+  while n > 2 and t_power(n - 1, abs(d_z), alpha) >= power:
+    n -= 1
+  while t_power(n, abs(d_z), alpha) < power and n < max_seeds:
+    n += 1
+  return n
 
 
 REPRODUCES, REVERSES, CANNOT_TELL, ABSENT = "reproduces", "reverses", "cannot tell", "absent"

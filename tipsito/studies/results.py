@@ -203,6 +203,7 @@ def summarize(
     "reference_arm": ref_name,
     "provenance": provenance_summary(runs),
     "environment": dict(environment or {}),
+    "primary_declared": "before the runs",
     "arms": arms_out,
   }
   return add_statistics(summary, primary_of(study))
@@ -286,6 +287,7 @@ def add_statistics(summary: dict, primary: Mapping[str, str] | None, q: float = 
       alpha_for_seeds=alpha,
       power=paired_lib.POWER,
       seeds_needed=paired_lib.seeds_needed(comp["d_z"], alpha),
+      seeds_needed_normal=paired_lib.seeds_needed_normal(comp["d_z"], alpha),
     )
   summary["primary"] = prim
   return summary
@@ -296,7 +298,7 @@ def rerender(stored: dict, study=None, command: str = "") -> dict:
   every metric the runs have, the paired statistics, and the primary of `study` (its declared metrics and
   primary replace the stored ones; None keeps the stored). Nothing is rerun; the runs, budgets,
   provenance and the original command are kept, and `rendered_by` records `command`."""
-  out = {k: v for k, v in stored.items() if k not in ("primary", "bh")}
+  out = {k: v for k, v in stored.items() if k not in ("primary", "bh", "primary_declared")}
   if study is not None:
     out["metrics"] = list(study.get("metrics", ()))
   ref = out.get("reference_arm")
@@ -311,6 +313,9 @@ def rerender(stored: dict, study=None, command: str = "") -> dict:
   primary = primary_of(study) if study is not None else (stored.get("primary") or None)
   if primary:
     primary = {k: primary[k] for k in ("metric", "arm", "vs", "direction", "note") if primary.get(k)}
+    before = stored.get("primary") or {}
+    same = all(before.get(k) == primary.get(k) for k in ("metric", "arm", "vs", "direction"))
+    out["primary_declared"] = stored.get("primary_declared", "before the runs") if same else "after the runs"
     absent = [primary[k] for k in ("arm", "vs") if primary[k] not in out["arms"]]
     if absent:
       raise ValueError(
@@ -388,8 +393,13 @@ def primary_lines(summary: dict) -> list[str]:
   lines = [
     "## Primary metric",
     "",
-    f"Declared in the study config before any run: `{prim['metric']}`, `{prim['arm']}` expected {expect} "
-    f"`{prim['vs']}`.",
+    (
+      f"Declared in the study config before any run: `{prim['metric']}`, `{prim['arm']}` expected {expect} "
+      f"`{prim['vs']}`."
+      if summary.get("primary_declared", "before the runs") == "before the runs"
+      else f"Declared after these runs ran (their statistics recomputed from the stored values, below): "
+      f"`{prim['metric']}`, `{prim['arm']}` expected {expect} `{prim['vs']}`."
+    ),
     "",
     "| primary | comparison | seeds paired | paired diff [95% CI] | d_z | Cohen's d | p (paired t) | "
     "BH-adjusted p | verdict |",
@@ -412,10 +422,11 @@ def primary_lines(summary: dict) -> list[str]:
     n = prim.get("seeds_needed")
     lines += [
       (
-        f"Cannot tell: a decision at the observed effect (d_z {abs(c['d_z']):.2f}) would need about {n} "
-        f"seeds (n = ((z_{{1-alpha/2}} + z_{{{prim['power']}}}) / d_z)^2, alpha = q / m = "
-        f"{prim['q']} / {bh.get('family_size')} = {prim['alpha_for_seeds']:.3g}, the normal approximation: a "
-        "lower bound)."
+        f"Cannot tell: a decision at the observed effect (d_z {abs(c['d_z']):.2f}) would need "
+        f"{'1000 or more' if n >= 1000 else f'about {n}'} seeds: the smallest n with power >= {prim['power']} of the paired t-test at alpha = q / m = "
+        f"{prim['q']} / {bh.get('family_size')} = {prim['alpha_for_seeds']:.3g} (P(|T'| > t_{{1-alpha/2, n-1}}), "
+        "T' noncentral t with noncentrality d_z sqrt(n); the normal approximation "
+        f"n = ((z_{{1-alpha/2}} + z_{{{prim['power']}}}) / d_z)^2 gives {prim.get('seeds_needed_normal')})."
       )
       if n
       else "Cannot tell: no spread-adjusted effect to plan for (fewer than two paired seeds or no difference).",
