@@ -6,10 +6,18 @@ its train state (`state/...`, what `python -m tipsito.info` computes: tipsito/in
 hold every logged loss value per step. A resumed run reads the events of all its attempts; where two
 attempts logged the same step (after the checkpoint the second resumed from) the later one counts.
 
-results.json: every number per arm and seed, plus mean, sample std and n over the seeds. results.md:
-one table (rows = arms, columns = the study's metrics, mean ± std (n), best mean per column in bold:
-the lowest for `loss/`, `ibot/ce_`, `state/` and RMSE metrics, the highest otherwise), the arms' overrides and budget, the
-seeds, the command and the wall time per arm.
+results.json: every number per arm and seed, plus mean, sample std and n over the seeds, Cohen's d and
+the paired statistics of every arm against the reference arm (tipsito/studies/paired.py: per-seed
+differences, 95 % t-interval, paired t-test, Benjamini-Hochberg adjusted p within the study), the declared
+primary comparison with its verdict, and the sweep's environment (packages, XLA flags, data
+fingerprints; tipsito/studies/provenance.py). results.md: one table (rows = arms, columns = the study's
+metrics, mean ± std (n), best mean per column in bold: the lowest for `loss/`, `ibot/ce_`, `state/` and
+RMSE metrics, the highest otherwise), the primary's verdict, the arms' overrides and budget, the seeds,
+the command, the wall time per arm and the paired table.
+
+Everything after the per-seed values is a function of them (`add_statistics`), so `rerender` reads a
+stored results.json again with today's statistics (`python -m tipsito.sweep --render_only`); a metric the
+stored runs lack is reported absent.
 """
 
 from __future__ import annotations
