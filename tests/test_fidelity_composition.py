@@ -25,7 +25,7 @@ from tipsito import objective
 from tipsito.config import validation as config_validation
 from tipsito.config.validation import ConfigError
 from tipsito.losses import contrastive as con_lib
-from tipsito.losses import self_distill as sd_lib
+from tipsito import losses as sd_lib
 
 from test_fidelity_objective import build, close, run_losses, tiny
 

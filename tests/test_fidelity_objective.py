@@ -23,7 +23,7 @@ from tipsito.config import defaults
 from tipsito.config import validation as config_validation
 from tipsito.config.validation import ConfigError
 from tipsito.losses import contrastive as con_lib
-from tipsito.losses import self_distill as sd_lib
+from tipsito import losses as sd_lib
 from tipsito.objective.features import unit
 from tipsito.objective.model import TrainModel
 from tipsito.data.synthetic import synthetic_batch

@@ -1,4 +1,4 @@
-"""Conformance tests for tipsito.losses.self_distill against dinov2's DINO / iBOT / KoLeo losses.
+"""Conformance tests for tipsito.losses (dino.py, ibot.py, teacher_targets.py, koleo.py) against dinov2's DINO / iBOT / KoLeo losses.
 
 Why: TIPSv2's self-distillation terms must reproduce dinov2 (README section 2 of the conformance
 vectors) to rtol 1e-5 / atol 1e-5 for losses and atol 1e-6 / rtol 1e-5 for probabilities, centres and
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tipsito import losses
-from tipsito.losses import self_distill
+from tipsito.losses import dino, ibot, koleo, teacher_targets
 
 from conftest import DATA_DIR
 
@@ -321,9 +321,17 @@ def test_koleo_duplicate_and_zero_rows_are_finite():
 
 
 def test_module_exports():
-  for name in self_distill.__all__:
-    assert getattr(losses, name) is getattr(self_distill, name)
-    assert getattr(self_distill, name).__doc__
+  """Every public loss of the one-concept modules is exported by the package and documented."""
+  for module in (dino, ibot, koleo, teacher_targets):
+    public = [
+      n for n, v in vars(module).items() if callable(v) and getattr(v, "__module__", "") == module.__name__
+    ]
+    public = [n for n in public if not n.startswith("_") and n not in ("as_f32", "teacher_side")]
+    public = [n for n in public if n not in ("flat_center", "check_method", "batch_weights")]
+    assert public, module.__name__
+    for name in public:
+      assert getattr(losses, name) is getattr(module, name), name
+      assert getattr(module, name).__doc__, name
 
 
 # --- masked / visible cross-entropy (TIPSv2 Fig. 2) and the 'separate' iBOT++ norm (ours) -----------
@@ -348,16 +356,16 @@ def _patch_case(seed=0, b=3, n=8, k=5):
 
 def test_masked_visible_cross_entropy_is_the_token_mean_of_each_set():
   s, p, mask, ce = _patch_case()
-  out = self_distill.ibot_masked_visible_cross_entropy(s, p, mask, 0.1)
+  out = ibot.ibot_masked_visible_cross_entropy(s, p, mask, 0.1)
   np.testing.assert_allclose(out["masked"][0], ce[mask].mean(), rtol=1e-5)
   np.testing.assert_allclose(out["visible"][0], ce[~mask].mean(), rtol=1e-5)
   assert float(out["masked"][1]) == mask.sum() and float(out["visible"][1]) == (~mask).sum()
   # No mask: every token is visible and there is no masked entry.
-  out = self_distill.ibot_masked_visible_cross_entropy(s, p, None, 0.1)
+  out = ibot.ibot_masked_visible_cross_entropy(s, p, None, 0.1)
   assert set(out) == {"visible"}
   np.testing.assert_allclose(out["visible"][0], ce.mean(), rtol=1e-5)
   # The metric carries no gradient.
-  g = jax.grad(lambda x: self_distill.ibot_masked_visible_cross_entropy(x, p, mask, 0.1)["visible"][0])(s)
+  g = jax.grad(lambda x: ibot.ibot_masked_visible_cross_entropy(x, p, mask, 0.1)["visible"][0])(s)
   assert not np.any(np.asarray(g))
 
 
@@ -365,15 +373,15 @@ def test_masked_cross_entropy_equals_ibot_when_every_image_masks_as_many_tokens(
   s, p, _, _ = _patch_case()
   mask = np.zeros(s.shape[:2], bool)
   mask[:, ::2] = True
-  out = self_distill.ibot_masked_visible_cross_entropy(s, p, mask, 0.1)
-  ibot = self_distill.ibot_loss_from_probs(s, p, mask, 0.1, False)
-  np.testing.assert_allclose(out["masked"][0], ibot, rtol=1e-6)
+  out = ibot.ibot_masked_visible_cross_entropy(s, p, mask, 0.1)
+  plain = ibot.ibot_loss_from_probs(s, p, mask, 0.1, False)
+  np.testing.assert_allclose(out["masked"][0], plain, rtol=1e-6)
 
 
 @pytest.mark.parametrize("w_v", [1.0, 0.25, 0.0])
 def test_separate_norm_is_the_masked_mean_plus_weighted_visible_mean(w_v):
   s, p, mask, ce = _patch_case(seed=1)
-  got = self_distill.ibot_loss_from_probs(s, p, mask, 0.1, True, token_norm="separate", visible_weight=w_v)
+  got = ibot.ibot_loss_from_probs(s, p, mask, 0.1, True, token_norm="separate", visible_weight=w_v)
   per_image = [
     (ce[i][mask[i]].mean() if mask[i].any() else 0.0)
     + w_v * (ce[i][~mask[i]].mean() if (~mask[i]).any() else 0.0)
@@ -381,12 +389,10 @@ def test_separate_norm_is_the_masked_mean_plus_weighted_visible_mean(w_v):
   ]
   np.testing.assert_allclose(got, np.mean(per_image), rtol=1e-5)
   if w_v == 0.0:  # only the masked tokens: iBOT (images with nothing masked count 0)
-    np.testing.assert_allclose(got, self_distill.ibot_loss_from_probs(s, p, mask, 0.1, False), rtol=1e-6)
+    np.testing.assert_allclose(got, ibot.ibot_loss_from_probs(s, p, mask, 0.1, False), rtol=1e-6)
   # Its gradient flows through every token it weighs.
   g = jax.grad(
-    lambda x: self_distill.ibot_loss_from_probs(
-      x, p, mask, 0.1, True, token_norm="separate", visible_weight=w_v
-    )
+    lambda x: ibot.ibot_loss_from_probs(x, p, mask, 0.1, True, token_norm="separate", visible_weight=w_v)
   )(jnp.asarray(s))
   visible_grad = np.abs(np.asarray(g)).sum(-1)[~mask]
   assert np.all(visible_grad > 0) if w_v else not np.any(visible_grad)
@@ -395,4 +401,4 @@ def test_separate_norm_is_the_masked_mean_plus_weighted_visible_mean(w_v):
 def test_separate_norm_is_an_ibotpp_option():
   s, p, mask, _ = _patch_case()
   with pytest.raises(ValueError, match="'separate' is an iBOT\\+\\+ option"):
-    self_distill.ibot_loss_from_probs(s, p, mask, 0.1, False, token_norm="separate")
+    ibot.ibot_loss_from_probs(s, p, mask, 0.1, False, token_norm="separate")

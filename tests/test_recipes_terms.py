@@ -45,3 +45,20 @@ def test_missing_batch_field_names_the_term():
 def test_masks_student_view(ratio, token, want):
   c = mlc.ConfigDict(dict(input=dict(mask_ratio=ratio), model=dict(image=dict(use_mask_token=token))))
   assert objective.masks_student_view(c) is want
+
+
+@pytest.mark.parametrize(
+  "term,flag,field",
+  [(terms.IBOT, "masks_student_view", "mask"), (terms.DINO, "local_crops", "local_crops")],
+)
+def test_term_needs_its_run_dependent_field(term, flag, field):
+  """A tipsv2 batch without its iBOT mask (or multi-crop batch without its local crops) is refused by
+  the field's name: read with a fallback, iBOT would quietly score every patch (iBOT++) and DINO would
+  lose its local views."""
+  ctx = objective.LossContext(**{f.name: None for f in dataclasses.fields(objective.LossContext)})
+  ctx = dataclasses.replace(ctx, weights={term: 1.0}, masks_student_view=False, local_crops=False)
+  assert field not in objective.TERMS[term].required_fields(ctx)
+  ctx = dataclasses.replace(ctx, **{flag: True})
+  assert field in objective.TERMS[term].required_fields(ctx)
+  with pytest.raises(KeyError, match=rf"{term!r} needs batch fields \[{field!r}\]"):
+    objective.compute_losses(ctx, {}, {}, {}, {}, {"image": None, "text": None}, 0, None)

@@ -18,7 +18,7 @@ from tipsito.train import exporting
 from tipsito import objective
 from tipsito.config import defaults
 from tipsito.losses import contrastive as con_lib
-from tipsito.losses import self_distill as sd_lib
+from tipsito import losses as sd_lib
 from tipsito.objective.features import unit
 from tipsito.objective.model import TrainModel
 from tipsito.data.synthetic import synthetic_batch

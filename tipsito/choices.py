@@ -81,10 +81,10 @@ SECOND_VIEW_TERMS = (CLIP_VIEW2, FUSION)
 # `config.loss_opts.view_weighting`: how the alt-text InfoNCE of ITO's two views combine
 # (tipsito/objective/terms.py: `contrastive_pair_weights`).
 VIEW_WEIGHTINGS = ("mean", "sum")
-# `config.loss_opts.teacher_method`: how the teacher's outputs become targets (tipsito/losses/self_distill.py).
+# `config.loss_opts.teacher_method`: how the teacher's outputs become targets (tipsito/losses/teacher_targets.py).
 TEACHER_METHODS = ("centering", "sinkhorn")
 # `config.loss_opts.dino_reduction`: how the DINO cross-entropies of the (student crop, teacher crop) pairs
-# are combined (tipsito/losses/self_distill.py: `dino_loss_from_probs`).
+# are combined (tipsito/losses/dino.py: `dino_loss_from_probs`).
 DINO_REDUCTIONS = ("mean", "sum")
 
 # `config.model.*.activation`: the keys of `ACTIVATIONS` in tipsito/models/layers.py.

@@ -1,4 +1,5 @@
-"""tipsito losses: contrastive (CLIP, SigLIP, ITO NT-Xent) and self-distillation (DINO, iBOT(++), KoLeo).
+"""tipsito losses: contrastive (CLIP, SigLIP, ITO NT-Xent) and self-distillation (DINO, iBOT(++),
+their teacher targets, KoLeo), one concept per module.
 
 Why a package of plain functions: the loss terms in tipsito/objective compose these terms freely under one
 jitted train step on globally sharded arrays; no loss keeps state (centres are explicit inputs/outputs).
@@ -9,20 +10,20 @@ from tipsito.losses.contrastive import clip_loss
 from tipsito.losses.contrastive import ntxent_logits
 from tipsito.losses.contrastive import ntxent_loss
 from tipsito.losses.contrastive import siglip_loss
-from tipsito.losses.self_distill import dino_loss
-from tipsito.losses.self_distill import dino_loss_from_probs
-from tipsito.losses.self_distill import ibot_loss
-from tipsito.losses.self_distill import ibot_loss_from_probs
-from tipsito.losses.self_distill import ibot_masked_visible_cross_entropy
-from tipsito.losses.self_distill import ibot_teacher_probs
-from tipsito.losses.self_distill import ibot_token_cross_entropy
-from tipsito.losses.self_distill import koleo_loss
-from tipsito.losses.self_distill import koleo_neighbors
-from tipsito.losses.self_distill import sinkhorn_knopp
-from tipsito.losses.self_distill import teacher_probs
-from tipsito.losses.self_distill import teacher_probs_centered
-from tipsito.losses.self_distill import update_center
-from tipsito.losses.self_distill import update_patch_center
+from tipsito.losses.dino import dino_loss
+from tipsito.losses.dino import dino_loss_from_probs
+from tipsito.losses.ibot import ibot_loss
+from tipsito.losses.ibot import ibot_loss_from_probs
+from tipsito.losses.ibot import ibot_masked_visible_cross_entropy
+from tipsito.losses.ibot import ibot_teacher_probs
+from tipsito.losses.ibot import ibot_token_cross_entropy
+from tipsito.losses.koleo import koleo_loss
+from tipsito.losses.koleo import koleo_neighbors
+from tipsito.losses.teacher_targets import sinkhorn_knopp
+from tipsito.losses.teacher_targets import teacher_probs
+from tipsito.losses.teacher_targets import teacher_probs_centered
+from tipsito.losses.dino import update_center
+from tipsito.losses.ibot import update_patch_center
 
 __all__ = [
   "clip_logits",

@@ -44,7 +44,7 @@ from typing import Callable, Optional
 import jax
 import jax.numpy as jnp
 
-from tipsito.losses import self_distill
+from tipsito.losses import dino as dino_lib
 from tipsito.models.activation_sharding import constrain_batch, constrain_microbatches
 from tipsito.objective.compute import evaluate_terms, needed_features
 from tipsito.objective.context import LossContext
@@ -122,7 +122,7 @@ def _combine(
     out_metrics.update({name: _average(v, own.get(name, w)) for name, v in metrics[n].items()})
     for c, mean_k in means[n].items():
       # `update_center` of one row (the weighted mean): its EMA, applied once.
-      new = self_distill.update_center(centers[c], _average(mean_k, w)[None], ctx.center_momentum)
+      new = dino_lib.update_center(centers[c], _average(mean_k, w)[None], ctx.center_momentum)
       out_centers[c] = jnp.where(jnp.sum(w) > 0, new, centers[c])
   return out_losses, out_metrics, out_centers
 

@@ -26,7 +26,7 @@ def needed_features(ctx: LossContext, batch: dict) -> tuple[dict[str, Term], fro
   """(the active terms, the union of the features they read); raises when the batch lacks a field."""
   terms = active_terms(ctx)
   for name, term in terms.items():
-    missing = [k for k in term.fields if k not in batch]
+    missing = [k for k in term.required_fields(ctx) if k not in batch]
     if missing:
       raise KeyError(f"loss term {name!r} needs batch fields {missing}; the batch has {sorted(batch)}")
   return terms, frozenset().union(*(term.features for term in terms.values()))

@@ -38,9 +38,11 @@ class LossContext:
     frozen_teacher: the recipe's teacher is a frozen distillation teacher (`Recipe.teacher == 'frozen'`):
       the teacher features and heads come from `frozen`, and `dino_global_crop` applies.
     weights: term -> float, zero weights removed (the active terms).
-    masks_student_view: see `masks_student_view`.
+    masks_student_view: see `masks_student_view`; when true the `ibot` term requires the batch's MASK.
+    local_crops: the batch carries multi-crop's LOCAL_CROPS (`BatchLayout.num_local` > 0 in
+      tipsito/data/batch.py); when true the `dino` term requires them.
     student_temp ... fusion_cls, dino_reduction, view_weighting: `config.loss_opts` of the same names
-      (ibot_token_norm, ibot_visible_weight: see `ibot_loss_from_probs` in tipsito/losses/self_distill.py;
+      (ibot_token_norm, ibot_visible_weight: see `ibot_loss_from_probs` in tipsito/losses/ibot.py;
       dino_reduction: 'mean' | 'sum' of the DINO cross-entropies over the student crops, see `dino_term`
       in tipsito/objective/terms.py; view_weighting: 'mean' | 'sum' of the alt-text InfoNCE over ITO's
       two views, see `contrastive_pair_weights` there).
@@ -55,6 +57,7 @@ class LossContext:
   frozen_teacher: bool
   weights: dict
   masks_student_view: bool
+  local_crops: bool
   student_temp: float
   teacher_temp: float
   warmup_teacher_temp: float

@@ -105,7 +105,8 @@ def compute_features(
 
 def _student_mask(ctx: LossContext, needs: frozenset, batch: dict):
   """(the student's iBOT mask or None, whether view 1 also runs unmasked for the contrastive terms)."""
-  mask = batch.get(batch_lib.MASK) if (ctx.masks_student_view and STUDENT_MASK in needs) else None
+  # The batch carries MASK whenever this holds: the ibot term declares it (`Term.fields_when`, terms.py).
+  mask = batch[batch_lib.MASK] if (ctx.masks_student_view and STUDENT_MASK in needs) else None
   return mask, mask is not None and CONTRASTIVE_VIEW in needs and ctx.contrastive_view == "unmasked"
 
 
@@ -146,7 +147,7 @@ def encode(
     enc["teacher"] = jax.lax.stop_gradient(
       teacher_features(ctx, towers, ema, frozen, batch[batch_lib.IMAGE], unmasked_pass)
     )
-  if LOCAL_CROPS in needs and batch_lib.LOCAL_CROPS in batch:
+  if LOCAL_CROPS in needs and ctx.local_crops:  # declared by the dino term (`Term.fields_when`)
     loc = batch[batch_lib.LOCAL_CROPS]
     b, m = loc.shape[:2]
     l_out = fwd(params, loc.reshape((b * m,) + loc.shape[2:]), train=True, method=TrainModel.encode_image)

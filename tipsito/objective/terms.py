@@ -39,9 +39,12 @@ import jax.numpy as jnp
 
 from tipsito.choices import CLIP, CLIP_VIEW2, DINO, FEATURE, FUSION, IBOT, KOLEO, SIGLIP
 from tipsito.choices import VIEW_WEIGHTINGS  # noqa: F401 (re-exported)
-from tipsito.data.batch import IMAGE, IMAGE2, TEXT
+from tipsito.data.batch import IMAGE, IMAGE2, LOCAL_CROPS as LOCAL_CROPS_FIELD, MASK, TEXT
 from tipsito.losses import contrastive as _con
-from tipsito.losses import self_distill as _sd
+from tipsito.losses import dino as _dino
+from tipsito.losses import ibot as _ibot
+from tipsito.losses import koleo as _koleo
+from tipsito.losses import teacher_targets as _targets
 from tipsito.objective.context import LossContext
 from tipsito.objective.features import (
   CAPTION,
@@ -184,7 +187,7 @@ def fusion_term(ctx: LossContext, f: Features, centers: dict) -> TermOutput:
 
 def koleo_term(ctx: LossContext, f: Features, centers: dict) -> TermOutput:
   del ctx, centers
-  return TermOutput(_sd.koleo_loss(f.contrastive_cls1))
+  return TermOutput(_koleo.koleo_loss(f.contrastive_cls1))
 
 
 def dino_student_views(ctx: LossContext, num_local: int) -> int:
@@ -220,7 +223,7 @@ def dino_term(ctx: LossContext, f: Features, centers: dict) -> TermOutput:
       s_logits = jnp.concatenate([g, s_logits], 0)
   else:
     s_logits = fwd(f.params, f.student_cls, method=TrainModel.dino)[None]
-  loss = _sd.dino_loss(
+  loss = _dino.dino_loss(
     s_logits,
     t_logits,
     center,
@@ -230,9 +233,9 @@ def dino_term(ctx: LossContext, f: Features, centers: dict) -> TermOutput:
     reduction=ctx.dino_reduction,
   )
   metrics = collapse.teacher_signals(
-    "dino", _sd.teacher_probs(t_logits, center, t_temp, method=ctx.teacher_method), center
+    "dino", _targets.teacher_probs(t_logits, center, t_temp, method=ctx.teacher_method), center
   )
-  return TermOutput(loss, metrics, {"dino": _sd.update_center(center, t_logits, ctx.center_momentum)})
+  return TermOutput(loss, metrics, {"dino": _dino.update_center(center, t_logits, ctx.center_momentum)})
 
 
 def _ibot_tokens(ctx: LossContext, f: Features):
@@ -258,7 +261,7 @@ def examples(ctx: LossContext, f: Features) -> jax.Array:
 
 def ibot_term(ctx: LossContext, f: Features, centers: dict) -> TermOutput:
   """iBOT / iBOT++ (`loss_opts.ibot_all_patches`, `ibot_token_norm`, `ibot_visible_weight`: see
-  `ibot_loss_from_probs` in tipsito/losses/self_distill.py), and the mechanism metrics of TIPSv2 Fig. 2
+  `ibot_loss_from_probs` in tipsito/losses/ibot.py), and the mechanism metrics of TIPSv2 Fig. 2
   whatever tokens the loss uses: `ibot/ce_masked` (only when the student view is masked) and
   `ibot/ce_visible`, the token means of the cross-entropy against the teacher targets the loss uses
   (`ibot_masked_visible_cross_entropy`; with Sinkhorn targets and plain iBOT, which has none for the
@@ -270,7 +273,7 @@ def ibot_term(ctx: LossContext, f: Features, centers: dict) -> TermOutput:
   tpt = f.teacher["patches"]
   tp = f.forward(f.teacher_params, tpt.reshape(b, -1, tpt.shape[-1]), method=TrainModel.ibot)
   flat_mask, all_patches = _ibot_tokens(ctx, f)
-  loss = _sd.ibot_loss(
+  loss = _ibot.ibot_loss(
     sp,
     tp,
     flat_mask,
@@ -283,18 +286,18 @@ def ibot_term(ctx: LossContext, f: Features, centers: dict) -> TermOutput:
     visible_weight=ctx.ibot_visible_weight,
   )
   counted = None if all_patches else flat_mask
-  t_probs = _sd.ibot_teacher_probs(tp, flat_mask, center, t_temp, all_patches, method=ctx.teacher_method)
+  t_probs = _ibot.ibot_teacher_probs(tp, flat_mask, center, t_temp, all_patches, method=ctx.teacher_method)
   metrics = collapse.teacher_signals("ibot", t_probs, center, weights=counted)
   # Sinkhorn targets of plain iBOT exist for the masked tokens only: the visible ones get the Sinkhorn
   # targets over every token (iBOT++'s), so that ce_visible is a cross-entropy against real targets.
   probs = t_probs
   if not all_patches and ctx.teacher_method != "centering":
-    probs = _sd.ibot_teacher_probs(tp, flat_mask, center, t_temp, True, method=ctx.teacher_method)
+    probs = _ibot.ibot_teacher_probs(tp, flat_mask, center, t_temp, True, method=ctx.teacher_method)
     probs = jnp.where(flat_mask[..., None], t_probs, probs)
-  split = _sd.ibot_masked_visible_cross_entropy(sp, probs, flat_mask, ctx.student_temp)
+  split = _ibot.ibot_masked_visible_cross_entropy(sp, probs, flat_mask, ctx.student_temp)
   metrics.update({f"ibot/ce_{name}": mean for name, (mean, _) in split.items()})
   weights = {f"ibot/ce_{name}": count for name, (_, count) in split.items()}
-  new_center = _sd.update_patch_center(center, tp, counted, ctx.center_momentum)
+  new_center = _ibot.update_patch_center(center, tp, counted, ctx.center_momentum)
   return TermOutput(loss, metrics, {"ibot": new_center}, weights)
 
 
@@ -325,6 +328,14 @@ class Term:
   # count). Then the term on the whole batch equals its K micro-batch values combined: loss by the plain
   # mean (equal micro-batches), centre means and metrics weighted by `batch_weight`; see `per_example`.
   batch_weight: Optional[Callable[[LossContext, Features], jax.Array]] = None
+  # Batch fields the term reads only under a run option: (field, the `LossContext` flag that turns it on).
+  # Declared so that a batch lacking one fails by the field's name (`required_fields`) instead of the
+  # term quietly changing meaning (iBOT without its mask would score every patch, i.e. become iBOT++).
+  fields_when: tuple[tuple[str, str], ...] = ()
+
+  def required_fields(self, ctx: LossContext) -> tuple[str, ...]:
+    """The batch fields this term reads in this run: `fields`, and each of `fields_when` whose flag is on."""
+    return self.fields + tuple(field for field, flag in self.fields_when if getattr(ctx, flag))
 
   def per_example(self, ctx: LossContext) -> bool:
     """Whether exact accumulation may evaluate the term micro-batch by micro-batch. Not with
@@ -332,8 +343,8 @@ class Term:
     return self.batch_weight is not None and (not self.centers or ctx.teacher_method == "centering")
 
 
-def _term(fn, fields, features, centers=(), batch_weight=None) -> Term:
-  return Term(fn, tuple(fields), frozenset(features), tuple(centers), batch_weight)
+def _term(fn, fields, features, centers=(), batch_weight=None, fields_when=()) -> Term:
+  return Term(fn, tuple(fields), frozenset(features), tuple(centers), batch_weight, tuple(fields_when))
 
 
 # The order is the order in which the terms are summed into `loss/total` (kept for bit-equal totals).
@@ -345,9 +356,21 @@ TERMS: dict[str, Term] = {
   CLIP_VIEW2: _term(clip_view2_term, (IMAGE2, TEXT), (CAPTION, VIEW2, CONTRASTIVE_VIEW)),
   FUSION: _term(fusion_term, (IMAGE, IMAGE2, TEXT), (CAPTION, VIEW2, CONTRASTIVE_VIEW)),
   KOLEO: _term(koleo_term, (IMAGE,), (CONTRASTIVE_VIEW,)),
-  DINO: _term(dino_term, (IMAGE,), (TEACHER, LOCAL_CROPS), centers=("dino",), batch_weight=examples),
+  DINO: _term(
+    dino_term,
+    (IMAGE,),
+    (TEACHER, LOCAL_CROPS),
+    centers=("dino",),
+    batch_weight=examples,
+    fields_when=((LOCAL_CROPS_FIELD, "local_crops"),),
+  ),
   IBOT: _term(
-    ibot_term, (IMAGE,), (TEACHER, STUDENT_MASK), centers=("ibot",), batch_weight=ibot_counted_tokens
+    ibot_term,
+    (IMAGE,),
+    (TEACHER, STUDENT_MASK),
+    centers=("ibot",),
+    batch_weight=ibot_counted_tokens,
+    fields_when=((MASK, "masks_student_view"),),
   ),
   FEATURE: _term(feature_term, (IMAGE,), (TEACHER,), batch_weight=examples),
 }
