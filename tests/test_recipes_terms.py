@@ -49,14 +49,14 @@ def test_masks_student_view(ratio, token, want):
 
 @pytest.mark.parametrize(
   "term,flag,field",
-  [(terms.IBOT, "masks_student_view", "mask"), (terms.DINO, "local_crops", "local_crops")],
+  [(terms.IBOT, "masks_student_view", "mask"), (terms.DINO, "has_local_crops", "local_crops")],
 )
 def test_term_needs_its_run_dependent_field(term, flag, field):
   """A tipsv2 batch without its iBOT mask (or multi-crop batch without its local crops) is refused by
   the field's name: read with a fallback, iBOT would quietly score every patch (iBOT++) and DINO would
   lose its local views."""
   ctx = objective.LossContext(**{f.name: None for f in dataclasses.fields(objective.LossContext)})
-  ctx = dataclasses.replace(ctx, weights={term: 1.0}, masks_student_view=False, local_crops=False)
+  ctx = dataclasses.replace(ctx, weights={term: 1.0}, masks_student_view=False, has_local_crops=False)
   assert field not in objective.TERMS[term].required_fields(ctx)
   ctx = dataclasses.replace(ctx, **{flag: True})
   assert field in objective.TERMS[term].required_fields(ctx)

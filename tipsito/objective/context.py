@@ -39,7 +39,7 @@ class LossContext:
       the teacher features and heads come from `frozen`, and `dino_global_crop` applies.
     weights: term -> float, zero weights removed (the active terms).
     masks_student_view: see `masks_student_view`; when true the `ibot` term requires the batch's MASK.
-    local_crops: the batch carries multi-crop's LOCAL_CROPS (`BatchLayout.num_local` > 0 in
+    has_local_crops: the batch carries multi-crop's LOCAL_CROPS (`BatchLayout.num_local` > 0 in
       tipsito/data/batch.py); when true the `dino` term requires them.
     student_temp ... fusion_cls, dino_reduction, view_weighting: `config.loss_opts` of the same names
       (ibot_token_norm, ibot_visible_weight: see `ibot_loss_from_probs` in tipsito/losses/ibot.py;
@@ -57,7 +57,7 @@ class LossContext:
   frozen_teacher: bool
   weights: dict
   masks_student_view: bool
-  local_crops: bool
+  has_local_crops: bool
   student_temp: float
   teacher_temp: float
   warmup_teacher_temp: float

@@ -147,7 +147,7 @@ def encode(
     enc["teacher"] = jax.lax.stop_gradient(
       teacher_features(ctx, towers, ema, frozen, batch[batch_lib.IMAGE], unmasked_pass)
     )
-  if LOCAL_CROPS in needs and ctx.local_crops:  # declared by the dino term (`Term.fields_when`)
+  if LOCAL_CROPS in needs and ctx.has_local_crops:  # declared by the dino term (`Term.fields_when`)
     loc = batch[batch_lib.LOCAL_CROPS]
     b, m = loc.shape[:2]
     l_out = fwd(params, loc.reshape((b * m,) + loc.shape[2:]), train=True, method=TrainModel.encode_image)

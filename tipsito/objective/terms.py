@@ -362,7 +362,7 @@ TERMS: dict[str, Term] = {
     (TEACHER, LOCAL_CROPS),
     centers=("dino",),
     batch_weight=examples,
-    fields_when=((LOCAL_CROPS_FIELD, "local_crops"),),
+    fields_when=((LOCAL_CROPS_FIELD, "has_local_crops"),),
   ),
   IBOT: _term(
     ibot_term,

@@ -119,7 +119,7 @@ def _datasets(configs) -> list[tuple[str, str]]:
   seen: list[tuple[str, str]] = []
   for c in configs:
     pairs = [(c.data.name, c.data.data_dir)]
-    for ev in c.get("evals", {}).values():
+    for ev in c.evals.values():
       if hasattr(ev, "get") and ev.get("dataset"):
         pairs.append((ev.dataset, ev.get("data_dir") or c.data.data_dir))
     for p in pairs:
@@ -131,7 +131,7 @@ def _datasets(configs) -> list[tuple[str, str]]:
 def environment(configs) -> dict[str, Any]:
   """The packages, XLA flags and dataset fingerprints of a sweep whose runs have `configs` (call once the
   data is built; a dataset that is not there is recorded with `splits: None` and why)."""
-  from tipsito.data import sources  # pylint: disable=import-outside-toplevel
+  from tipsito.data import sources  # pylint: disable=import-outside-toplevel  # array_record only once data is built
 
   datasets = []
   for name, data_dir in _datasets(configs):

@@ -151,7 +151,7 @@ def make_loss_context(config, recipe, model, ema_keys, teacher=None) -> LossCont
     frozen_teacher=recipe.teacher == "frozen",
     weights={k: float(v) for k, v in config.loss.items() if v},
     masks_student_view=objective.masks_student_view(config),
-    local_crops=batch_lib.BatchLayout.from_config(config).num_local > 0,
+    has_local_crops=batch_lib.BatchLayout.from_config(config).num_local > 0,
     student_temp=float(lo.student_temp),
     teacher_temp=float(lo.teacher_temp),
     warmup_teacher_temp=float(lo.warmup_teacher_temp),
