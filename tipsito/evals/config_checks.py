@@ -43,6 +43,7 @@ COMMON_DEFAULTS: dict[str, Any] = dict(
   prepare=True,
   enabled=True,
   num_workers=4,
+  bootstrap=1000,
 )
 
 
@@ -155,6 +156,9 @@ def resolve_segmentation_config(cfg) -> dict:
     raise ValueError(
       f"resize={merged['resize']!r} is not allowed; valid values: {list(eval_input.RESIZE_MODES)}"
     )
+  b = merged["bootstrap"]
+  if isinstance(b, bool) or not isinstance(b, int) or b < 0:
+    raise ValueError(f"bootstrap={b!r} is not allowed; valid values: 0 (no intervals) or a resample count")
   for key in ("patch_tokens", "global_copy"):
     if not isinstance(merged[key], bool):
       raise ValueError(f"{key}={merged[key]!r} is not allowed; valid values: True or False")
