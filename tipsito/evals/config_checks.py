@@ -195,7 +195,9 @@ PROBE_DEFAULTS: dict[str, Any] = dict(
 
 # Each probe's own keys and defaults (tipsito/evals/probes.py: the evaluator of each type).
 PROBE_TYPE_DEFAULTS: dict[str, dict[str, Any]] = {
-  "linear_segmentation": dict(PROBE_DEFAULTS, num_classes=None, ignore_index=255, reduce_zero_label=False),
+  "linear_segmentation": dict(
+    PROBE_DEFAULTS, num_classes=None, ignore_index=255, reduce_zero_label=False, raw_pixel_probe=True
+  ),
   "linear_depth": dict(PROBE_DEFAULTS, depth_key="depth", depth_scale=1000.0, min_depth=1e-3, max_depth=10.0),
   "linear_classification": dict(PROBE_DEFAULTS, num_classes=None, resize="center_crop"),
 }

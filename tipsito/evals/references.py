@@ -213,6 +213,14 @@ class PerImage:
         row = scipy.sparse.csr_matrix(row)
       self._rows.setdefault(name, []).append(row)
 
+  def add_rows(self, **stats) -> None:
+    """Every image's statistics at once: name -> (n, *shape) array (dense)."""
+    for name, value in stats.items():
+      v = np.asarray(value, np.float64)
+      if self._shapes.setdefault(name, v.shape[1:]) != v.shape[1:]:
+        raise ValueError(f"statistic {name!r}: shape {v.shape[1:]}, earlier {self._shapes[name]}")
+      self._rows.setdefault(name, []).append(v.reshape(v.shape[0], -1))
+
   def __len__(self) -> int:
     return sum(r.shape[0] for r in next(iter(self._rows.values()), []))
 
@@ -280,8 +288,7 @@ def mean_interval(values, resamples: int = RESAMPLES, seed: int = SEED, level: f
   if v.size == 0:
     return float("nan"), float("nan"), float("nan")
   per = PerImage()
-  per._rows["x"] = [np.stack([v, np.ones_like(v)], 1)]  # pylint: disable=protected-access
-  per._shapes["x"] = (2,)  # pylint: disable=protected-access
+  per.add_rows(x=np.stack([v, np.ones_like(v)], 1))
   return bootstrap(per, lambda s: {"m": ratio_of(s["x"])}, resamples, seed, level)["m"]
 
 
