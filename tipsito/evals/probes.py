@@ -231,13 +231,13 @@ def confusion_intervals(per_image: list[np.ndarray], resamples: int) -> dict[str
   """{'miou', 'pixel_acc', 'mean_acc': (value, lo, hi)} of per-image (C, C) confusion matrices."""
   per = refs_lib.PerImage()
   for cm in per_image:
-    per.add(cm=cm)
+    per.add(cm=refs_lib.summary(cm))
   return refs_lib.bootstrap(
     per,
     lambda s: {
-      "miou": refs_lib.miou_of(s["cm"]),
-      "pixel_acc": refs_lib.acc_of(s["cm"]),
-      "mean_acc": refs_lib.mean_acc_of(s["cm"]),
+      "miou": refs_lib.miou_of_summary(s["cm"]),
+      "pixel_acc": refs_lib.acc_of_summary(s["cm"]),
+      "mean_acc": refs_lib.mean_acc_of_summary(s["cm"]),
     },
     resamples,
   )

@@ -146,33 +146,54 @@ def _nanmean(x, axis=-1):
     return np.where(count > 0, np.nansum(x, axis=axis) / np.maximum(count, 1), np.nan)
 
 
-def miou_of(cm) -> np.ndarray:
-  """mIoU of (..., C, C) confusion matrices: mean IoU over the classes present in GT or prediction
-  (`metrics.miou_from_confusion`, batched; fractional expected counts allowed)."""
+def summary(cm) -> np.ndarray:
+  """(..., C, C) confusion matrices -> (..., 3, C): [true positives, GT counts, predicted counts] per
+  class, all that mIoU and the accuracies need. Linear in the matrix, so per-image summaries sum (and
+  resample) like the matrices, at 3C numbers instead of C^2."""
   m = np.asarray(cm, np.float64)
-  tp = np.diagonal(m, axis1=-2, axis2=-1)
-  union = m.sum(-1) + m.sum(-2) - tp
+  return np.stack([np.diagonal(m, axis1=-2, axis2=-1), m.sum(-1), m.sum(-2)], axis=-2)
+
+
+def miou_of_summary(s) -> np.ndarray:
+  """mIoU of (..., 3, C) `summary`s: mean IoU over the classes present in GT or prediction."""
+  s = np.asarray(s, np.float64)
+  tp, gt, pred = s[..., 0, :], s[..., 1, :], s[..., 2, :]
+  union = gt + pred - tp
   with np.errstate(invalid="ignore", divide="ignore"):
     iou = np.where(union > 0, tp / np.where(union > 0, union, 1.0), np.nan)
   return _nanmean(iou)
 
 
-def acc_of(cm) -> np.ndarray:
-  """Pixel accuracy of (..., C, C) confusion matrices (NaN when nothing is counted)."""
-  m = np.asarray(cm, np.float64)
-  tp = np.diagonal(m, axis1=-2, axis2=-1).sum(-1)
-  total = m.sum((-2, -1))
+def acc_of_summary(s) -> np.ndarray:
+  """Pixel accuracy of (..., 3, C) `summary`s (NaN when nothing is counted)."""
+  s = np.asarray(s, np.float64)
+  tp, total = s[..., 0, :].sum(-1), s[..., 1, :].sum(-1)
   with np.errstate(invalid="ignore", divide="ignore"):
     return np.where(total > 0, tp / np.where(total > 0, total, 1.0), np.nan)
 
 
-def mean_acc_of(cm) -> np.ndarray:
-  """Mean per-class accuracy of (..., C, C) confusion matrices over the classes with GT pixels."""
-  m = np.asarray(cm, np.float64)
-  tp = np.diagonal(m, axis1=-2, axis2=-1)
-  gt = m.sum(-1)
+def mean_acc_of_summary(s) -> np.ndarray:
+  """Mean per-class accuracy of (..., 3, C) `summary`s over the classes with GT pixels."""
+  s = np.asarray(s, np.float64)
+  tp, gt = s[..., 0, :], s[..., 1, :]
   with np.errstate(invalid="ignore", divide="ignore"):
     return _nanmean(np.where(gt > 0, tp / np.where(gt > 0, gt, 1.0), np.nan))
+
+
+def miou_of(cm) -> np.ndarray:
+  """mIoU of (..., C, C) confusion matrices (`metrics.miou_from_confusion`, batched; fractional
+  expected counts allowed)."""
+  return miou_of_summary(summary(cm))
+
+
+def acc_of(cm) -> np.ndarray:
+  """Pixel accuracy of (..., C, C) confusion matrices."""
+  return acc_of_summary(summary(cm))
+
+
+def mean_acc_of(cm) -> np.ndarray:
+  """Mean per-class accuracy of (..., C, C) confusion matrices."""
+  return mean_acc_of_summary(summary(cm))
 
 
 def ratio_of(pair) -> np.ndarray:

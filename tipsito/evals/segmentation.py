@@ -491,18 +491,18 @@ class SegmentationEvaluator(evaluator.Evaluator):
       for kind in kinds:
         p = KINDS[kind]
         cm, ocm, null = s[kind + ":cm"], s[kind + ":ocm"], s[kind + ":null"]
-        out[p + "miou"] = refs_lib.miou_of(cm)
-        out[p + "pixel_acc"] = refs_lib.acc_of(cm)
-        out[p + "mean_acc"] = refs_lib.mean_acc_of(cm)
+        out[p + "miou"] = refs_lib.miou_of_summary(cm)
+        out[p + "pixel_acc"] = refs_lib.acc_of_summary(cm)
+        out[p + "mean_acc"] = refs_lib.mean_acc_of_summary(cm)
         out[p + "nonlargest_acc"] = refs_lib.ratio_of(s[kind + ":nl"])
         model = {
-          "object_miou": refs_lib.miou_of(ocm),
-          "object_acc": refs_lib.acc_of(ocm),
+          "object_miou": refs_lib.miou_of_summary(ocm),
+          "object_acc": refs_lib.acc_of_summary(ocm),
           "object_nonlargest_acc": refs_lib.ratio_of(s[kind + ":onl"]),
         }
         nulls = {
-          "object_miou": refs_lib.miou_of(null),
-          "object_acc": refs_lib.acc_of(null),
+          "object_miou": refs_lib.miou_of_summary(null),
+          "object_acc": refs_lib.acc_of_summary(null),
           "object_nonlargest_acc": refs_lib.ratio_of(s[kind + ":null_nl"]),
         }
         for m, v in model.items():
@@ -510,11 +510,11 @@ class SegmentationEvaluator(evaluator.Evaluator):
           out[p + "shuffle_null/" + m] = nulls[m]
           out[p + "margin/" + m] = v - nulls[m]
       for ref in REFERENCES:
-        out[ref + "/miou"] = refs_lib.miou_of(s[ref + ":cm"])
-        out[ref + "/pixel_acc"] = refs_lib.acc_of(s[ref + ":cm"])
+        out[ref + "/miou"] = refs_lib.miou_of_summary(s[ref + ":cm"])
+        out[ref + "/pixel_acc"] = refs_lib.acc_of_summary(s[ref + ":cm"])
         out[ref + "/nonlargest_acc"] = refs_lib.ratio_of(s[ref + ":nl"])
-        out[ref + "/object_miou"] = refs_lib.miou_of(s["object_ref:cm"])
-        out[ref + "/object_acc"] = refs_lib.acc_of(s["object_ref:cm"])
+        out[ref + "/object_miou"] = refs_lib.miou_of_summary(s["object_ref:cm"])
+        out[ref + "/object_acc"] = refs_lib.acc_of_summary(s["object_ref:cm"])
         out[ref + "/object_nonlargest_acc"] = refs_lib.ratio_of(s["object_ref:nl"])
       return out
 
@@ -612,18 +612,18 @@ class _Sink:
       null = refs_lib.shuffle_null_confusion(objects[kind], gt, c_n, ignore, bg)
       stats.update(
         {
-          kind + ":cm": cm,
+          kind + ":cm": refs_lib.summary(cm),
           kind + ":nl": np.array([c, t]),
-          kind + ":ocm": ocm,
+          kind + ":ocm": refs_lib.summary(ocm),
           kind + ":onl": nl(ocm),
-          kind + ":null": null,
+          kind + ":null": refs_lib.summary(null),
           kind + ":null_nl": nl(null),
         }
       )
     ref = refs_lib.reference_confusions(gt, c_n, ignore, bg)
     for name in REFERENCES:
-      stats[name + ":cm"], stats[name + ":nl"] = ref[name], nl(ref[name])
-    stats["object_ref:cm"], stats["object_ref:nl"] = ref["object"], nl(ref["object"])
+      stats[name + ":cm"], stats[name + ":nl"] = refs_lib.summary(ref[name]), nl(ref[name])
+    stats["object_ref:cm"], stats["object_ref:nl"] = refs_lib.summary(ref["object"]), nl(ref["object"])
     self.per_image.add(**stats)
     self.count += 1
     if len(self.rows) < self.n_pics:
