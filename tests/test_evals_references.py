@@ -257,3 +257,32 @@ def test_overlay_has_a_caption_row_with_the_references():
   assert f"{res['seg/present_class/miou']:.1f}" in " ".join(lines)
   rows_only = pictures.segmentation_figure([fig[:10]], NAMES, [0, 1], K)  # no caption: shorter
   assert fig.shape[0] > 2 * pictures.MIN_PANEL and rows_only.shape[0] < fig.shape[0]
+
+
+def test_zeroshot_eval_reports_its_present_class_reference_with_intervals():
+  recs = block_records(12)
+  for r in recs:  # the label: the class of the top-right patch, which MapEncoder's CLS names (0 = none)
+    r["label"] = max(int(r["segmentation"][0, -1]) - 1, 0)
+  cfg = dict(type="zeroshot", dataset="fake", batch_size=4, image_size=32, templates="identity")
+  cfg.update(class_names=[f"thing #{c + 1}" for c in range(K - 1)], present_class=True, bootstrap=200)
+  res = make_evaluator("zs", cfg, source_fn=lambda split: recs).run(MapEncoder("truth"))
+  want = np.mean([zeroshot.present_class_top1(r["segmentation"], r["label"], K - 1) for r in recs])
+  assert res["zs/present_class"] == pytest.approx(100 * want)
+  assert res["zs/present_class_ci_lo"] <= res["zs/present_class"] <= res["zs/present_class_ci_hi"]
+  assert res["zs/top1_ci_lo"] <= res["zs/top1"] <= res["zs/top1_ci_hi"]
+
+
+def test_printed_tables_fold_each_interval_into_its_value():
+  from tipsito import evaluate  # pylint: disable=g-import-not-at-top
+  from tipsito.evals import runner  # pylint: disable=g-import-not-at-top
+  from tipsito.evals import segmentation  # pylint: disable=g-import-not-at-top
+
+  res = {"a/x": 1.0, "a/x_ci_lo": 0.5, "a/x_ci_hi": 1.5, "a/n": 3.0, "a/y_ci_lo": 2.0}
+  assert runner.with_intervals_folded(res) == [
+    ("a/x", "1.00 [0.50, 1.50]"),
+    ("a/n", "3.00"),
+    ("a/y_ci_lo", "2.00"),
+  ]
+  assert "1.00 [0.50, 1.50]" in evaluate.format_table(res)
+  with pytest.raises(ValueError, match="bootstrap=-1 is not allowed"):
+    segmentation.resolve_config(dict(type="segmentation", bootstrap=-1))
