@@ -204,7 +204,9 @@ def _scenes_data(c, a):
 
   c.tokenizer = SCENES_TOKENIZER
   c.data = defaults.data_config("scenes", build_if_missing=True, label_key="label")
-  c.data.build_options = dict(split_sizes={"train": 10000, "validation": 200, "test": 2000}, image_size=a.size)
+  c.data.build_options = dict(
+    split_sizes={"train": 10000, "validation": 200, "test": 2000}, image_size=a.size
+  )
   if a.evals:
     suite = suites.builtin_evals("scenes", image_size=a.size, batch_size=50, num_pictures=4)
     for ev in suite.values():
