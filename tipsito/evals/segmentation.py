@@ -82,9 +82,20 @@ scored pixels counted by nonlargest_acc. Both extra kinds reuse the value pass's
 second encoder call); 'patches' costs one more upsampling per image, 'global_copy' one per image in
 'slide' only.
 
+Issue 42's instruments (tipsito/evals/references.py documents each rule): every kind also has the
+object-only metrics '<prefix>object_miou', 'object_acc', 'object_nonlargest_acc' (object pixels only,
+arg-max over the object classes: the background is not a candidate; these are the primary numbers, the
+all-pixel keys above keep their old values), their within-image shuffle null '<prefix>shuffle_null/...'
+and the localisation margin '<prefix>margin/...' (metric minus null); the location-blind references
+'present_class/<metric>' and 'present_class_per_object/<metric>' (expected values from the ground
+truth); and a bootstrap 95 % interval '<key>_ci_lo' / '<key>_ci_hi' beside every metric (`bootstrap`
+resamples of the eval images, fixed seed; 0 = none), with '<name>/bootstrap_resamples'.
+
 Pictures (`num_pictures` > 0): '<name>/overlay', one row per example [image | ground truth | the
 prediction of each kind | PCA of the patch tokens ('whole' only)], every panel scaled to >= 256 px, with a
-legend of the classes shown (tipsito/evals/pictures.py `segmentation_figure`); '<name>/pca' as before.
+legend of the classes shown and a caption row of the object-only numbers, null, margin and references
+(tipsito/evals/pictures.py `segmentation_figure`; `scenes` classes drawn in their objects' colour and
+pattern, `class_looks`); '<name>/pca' as before.
 """
 
 from __future__ import annotations
