@@ -7,7 +7,7 @@ crops are half of it in whole patches), recipe (any recipe except distill), eval
 ('adamw' | 'adafactor'), pixels ('clip' | 'tips'), data ('shapes' | 'scenes').
 
 data=scenes trains on the multi-object testbed (tipsito/data/builders/scenes.py: 2-4 colour x pattern
-objects per image with occlusion, 10k train / 200 validation / 200 test at `size` px, built into
+objects per image with occlusion, 10k train / 200 validation / 2,000 test at `size` px, built into
 `<workdir>/data`), with the scenes tokenizer (tipsito/data/assets/scenes_sp.model) and the scenes eval
 suite (tipsito/evals/suites.py) under the same eval names. Calibration on the current code (800 steps,
 seed 0, AdamW, on a shared, heavily loaded 2-core machine; zero-shot top-1 on the largest object / kNN
@@ -204,7 +204,9 @@ def _scenes_data(c, a):
 
   c.tokenizer = SCENES_TOKENIZER
   c.data = defaults.data_config("scenes", build_if_missing=True, label_key="label")
-  c.data.build_options = dict(split_sizes={"train": 10000, "validation": 200, "test": 200}, image_size=a.size)
+  c.data.build_options = dict(
+    split_sizes={"train": 10000, "validation": 200, "test": 2000}, image_size=a.size
+  )
   if a.evals:
     suite = suites.builtin_evals("scenes", image_size=a.size, batch_size=50, num_pictures=4)
     for ev in suite.values():

@@ -237,3 +237,14 @@ def test_eval_suite_and_configs_read_scenes_with_its_tokenizer():
     if name == "demo.py":
       validation.validate(c, check_tokenizer=True)
       assert c.data.name == "scenes" and c.evals.segmentation.templates == scenes_gen.PROMPTS
+
+
+def test_default_build_has_2000_test_scenes_and_the_same_train_split(tmp_path):
+  """Issue 42: the default build holds 2,000 test scenes (a dense metric's sampling error ~1 point), train
+  and validation unchanged (examples are pure functions of (seed, split, index), so test scenes 0-199 are
+  those of the 200-scene build 1.0.0). Only the split sizes are read: nothing is generated."""
+  from tipsito.data.builders import scenes  # pylint: disable=g-import-not-at-top
+
+  builder = scenes.Scenes(data_dir=str(tmp_path))
+  assert builder.split_size_estimates() == {"train": 10000, "validation": 200, "test": 2000}
+  assert str(builder.VERSION) == "1.1.0" and "1.0.0" in builder.RELEASE_NOTES

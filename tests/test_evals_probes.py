@@ -321,6 +321,15 @@ def test_probes_on_a_tiny_scenes_build(scenes_dir):
   assert res[f"{depth}/rmse"] < 0.9 * constant[f"{depth}/rmse"]
   assert res[f"{depth}/delta1"] > constant[f"{depth}/delta1"]
   assert res["scenes_linear_classification/top1"] > res["scenes_linear_classification/top1_chance"]
+  # Issue 42's references: the probe on raw patch pixels (PixelEncoder's tokens hold those pixels, so the
+  # two are close) and the best constant per image row, which must beat the mean depth on a ground plane.
+  seg = "scenes_linear_segmentation"
+  assert res[f"{seg}/raw_pixel_probe/miou"] > 3 * res[f"{seg}/miou_chance"]
+  assert abs(res[f"{seg}/raw_pixel_probe/miou"] - res[f"{seg}/miou"]) < 15.0
+  assert res[f"{depth}/row_reference_rmse"] < 0.9 * constant[f"{depth}/rmse"]
+  assert res[f"{depth}/row_reference_rmse"] == constant[f"{depth}/row_reference_rmse"]  # no features used
+  for key in (f"{seg}/miou", f"{depth}/rmse", f"{depth}/row_reference_rmse"):
+    assert res[key + "_ci_lo"] <= res[key] <= res[key + "_ci_hi"], key
 
 
 def test_probes_standalone_cli_on_an_imported_tips_export(tmp_path):

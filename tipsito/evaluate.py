@@ -142,12 +142,12 @@ def _evals_config(
 
 
 def format_table(results: Mapping[str, float]) -> str:
-  """Fixed-width table: eval | metric | value (sorted by eval then metric)."""
+  """Fixed-width table: eval | metric | value (sorted by eval then metric); a metric's bootstrap
+  interval ('_ci_lo', '_ci_hi') is folded into its value as 'v [lo, hi]' (tipsito/evals/runner.py)."""
   rows = []
-  for key in sorted(results):
+  for key, text in eval_runner.with_intervals_folded({k: results[k] for k in sorted(results)}):
     name, _, metric = key.partition("/")
-    v = results[key]
-    rows.append((name, metric, "nan" if v != v else f"{v:.2f}"))
+    rows.append((name, metric, text))
   if not rows:
     return "(no results)"
   w0 = max(len("eval"), *(len(r[0]) for r in rows))

@@ -43,6 +43,7 @@ COMMON_DEFAULTS: dict[str, Any] = dict(
   prepare=True,
   enabled=True,
   num_workers=4,
+  bootstrap=1000,
 )
 
 
@@ -155,6 +156,9 @@ def resolve_segmentation_config(cfg) -> dict:
     raise ValueError(
       f"resize={merged['resize']!r} is not allowed; valid values: {list(eval_input.RESIZE_MODES)}"
     )
+  b = merged["bootstrap"]
+  if isinstance(b, bool) or not isinstance(b, int) or b < 0:
+    raise ValueError(f"bootstrap={b!r} is not allowed; valid values: 0 (no intervals) or a resample count")
   for key in ("patch_tokens", "global_copy"):
     if not isinstance(merged[key], bool):
       raise ValueError(f"{key}={merged[key]!r} is not allowed; valid values: True or False")
@@ -191,7 +195,9 @@ PROBE_DEFAULTS: dict[str, Any] = dict(
 
 # Each probe's own keys and defaults (tipsito/evals/probes.py: the evaluator of each type).
 PROBE_TYPE_DEFAULTS: dict[str, dict[str, Any]] = {
-  "linear_segmentation": dict(PROBE_DEFAULTS, num_classes=None, ignore_index=255, reduce_zero_label=False),
+  "linear_segmentation": dict(
+    PROBE_DEFAULTS, num_classes=None, ignore_index=255, reduce_zero_label=False, raw_pixel_probe=True
+  ),
   "linear_depth": dict(PROBE_DEFAULTS, depth_key="depth", depth_scale=1000.0, min_depth=1e-3, max_depth=10.0),
   "linear_classification": dict(PROBE_DEFAULTS, num_classes=None, resize="center_crop"),
 }

@@ -7,7 +7,8 @@ form the bank; each test feature votes with its k nearest bank entries weighted 
 
 Config keys (besides evaluator.COMMON_DEFAULTS): `train_split` ('train'), `max_train_examples` (None),
 `k` (20), `temperature` (0.07), `topk` ((1, 5)), `num_classes` (None = len(class_names) or max label+1).
-Metrics: '<name>/top1', '<name>/top5' (percent), '<name>/num_examples', '<name>/num_train'.
+Metrics: '<name>/top1', '<name>/top5' (percent), '<name>/num_examples', '<name>/num_train'; every
+top-k with a bootstrap 95 % interval over the queries ('_ci_lo', '_ci_hi'; tipsito/evals/references.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import numpy as np
 from tipsito.data import batch as batch_lib
 from tipsito.evals import evaluator
 from tipsito.evals import metrics as metrics_lib
+from tipsito.evals import references as refs_lib
 
 
 class KnnEvaluator(evaluator.Evaluator):
@@ -59,17 +61,22 @@ class KnnEvaluator(evaluator.Evaluator):
       except ValueError:
         num_classes = int(max(bank_labels.max(), query_labels.max())) + 1
     ks = tuple(int(k) for k in self.cfg["topk"])
-    acc = metrics_lib.knn_accuracy(
+    votes = metrics_lib.knn_votes(
       queries,
-      query_labels,
       bank,
       bank_labels,
       int(num_classes),
       k=int(self.cfg["k"]),
       temperature=float(self.cfg["temperature"]),
-      ks=ks,
     )
-    res = {self.key(f"top{k}"): evaluator.pct(acc[k]) for k in ks}
+    acc = metrics_lib.topk_accuracy(votes, query_labels, ks)
+    order = np.argsort(-np.asarray(votes, np.float64), axis=1, kind="stable")  # topk_correct's tie rule
+    res = {}
+    for k in ks:
+      res[self.key(f"top{k}")] = evaluator.pct(acc[k])
+      hit = (order[:, : min(k, order.shape[1])] == np.asarray(query_labels)[:, None]).any(axis=1)
+      _, lo, hi = refs_lib.mean_interval(hit, int(self.cfg["bootstrap"]))
+      res[self.key(f"top{k}_ci_lo")], res[self.key(f"top{k}_ci_hi")] = evaluator.pct(lo), evaluator.pct(hi)
     res[self.key("num_examples")] = float(len(queries))
     res[self.key("num_train")] = float(len(bank))
     return res

@@ -132,6 +132,68 @@ def colorize(labels: np.ndarray, num_classes: int) -> np.ndarray:
   return palette(num_classes)[np.asarray(labels).astype(np.uint8)]
 
 
+# ------------------------------------------------------------------------------------------------------
+# Classes drawn as what they are: the object's own colour with its pattern as hatching
+# ------------------------------------------------------------------------------------------------------
+
+BACKGROUND_LOOK = ((64, 64, 64), None)  # the background of a textured map: plain dark grey
+HATCH_PERIOD = 12  # pattern period of a textured map, in panel pixels (the scenes' own is 4 px at 64 px)
+
+
+def class_looks(class_names, background_index: int | None = None):
+  """[(rgb, pattern or None) per class] when every non-background class is named '<colour> <pattern>'
+  with a colour and pattern of the `scenes` testbed (tipsito/data/builders/scenes_gen.py: COLOURS,
+  PATTERNS), else None (the maps then use `palette` and the figure says why).
+
+  Why: a reader ties 'blue dots' on a map to the blue dotted object in the image without a legend, and
+  sees at once which object a wrong answer was taken from."""
+  from tipsito.data.builders import scenes_gen  # pylint: disable=g-import-not-at-top
+
+  looks = []
+  for c, name in enumerate(class_names):
+    if background_index is not None and c == int(background_index):
+      looks.append(BACKGROUND_LOOK)
+      continue
+    parts = str(name).split(" ")
+    if len(parts) != 2 or parts[0] not in scenes_gen.COLOURS or parts[1] not in scenes_gen.PATTERNS:
+      return None
+    looks.append((tuple(scenes_gen.COLOURS[parts[0]]), parts[1]))
+  return looks
+
+
+def hatch(pattern: str | None, hw: tuple[int, int], period: int = HATCH_PERIOD) -> np.ndarray:
+  """bool (H, W): True where a `pattern` shows its light colour (the `scenes` patterns at `period`
+  pixels: diagonal stripes, a checkerboard, light dots); all False for None."""
+  yy, xx = np.mgrid[0 : hw[0], 0 : hw[1]]
+  half = max(1, period // 2)
+  if pattern is None:
+    return np.zeros(hw, bool)
+  if pattern == "stripes":
+    return ((xx + yy) % period) >= half
+  if pattern == "checks":
+    return ((xx // half) + (yy // half)) % 2 == 1
+  if pattern == "dots":
+    return ((xx % period) < half) & ((yy % period) < half)
+  raise ValueError(f"unknown pattern {pattern!r}")
+
+
+def textured(labels: np.ndarray, looks, num_classes: int, period: int = HATCH_PERIOD) -> np.ndarray:
+  """uint8 (H, W) labels -> RGB (H, W, 3): each class in its `class_looks` colour, hatched with its
+  pattern in the scenes' light colour; ignored (255) black."""
+  from tipsito.data.builders import scenes_gen  # pylint: disable=g-import-not-at-top
+
+  lab = np.asarray(labels)
+  out = colorize(lab, num_classes).copy()
+  for c, (rgb, pattern) in enumerate(looks):
+    m = lab == c
+    if not m.any():
+      continue
+    out[m] = rgb
+    if pattern is not None:
+      out[m & hatch(pattern, lab.shape, period)] = scenes_gen.PATTERN_LIGHT
+  return out
+
+
 def _as_rgb_uint8(img: np.ndarray) -> np.ndarray:
   """Any image array (uint8 or float [0,1]/[0,255], gray or RGB(A)) -> uint8 RGB, for writers."""
   img = np.asarray(img)
@@ -217,11 +279,13 @@ def segmentation_row(
   pca: np.ndarray | None = None,
   alpha: float = 0.7,
   min_side: int = MIN_PANEL,
+  looks=None,
 ) -> np.ndarray:
   """One example as titled panels: image | ground truth | each prediction (title -> (H, W) labels) | PCA.
 
-  Label maps are blended (`alpha`) in `palette` colours over the image's grey levels (so a class keeps
-  its legend colour whatever the object's own colour); every panel is scaled by one
+  Label maps are blended (`alpha`) over the image's grey levels (so a class keeps its legend colour
+  whatever the object's own colour), drawn with `looks` (`class_looks`: the object's colour hatched with
+  its pattern) when given, else in `palette` colours; every panel is scaled by one
   integer factor so that its shorter side is >= `min_side` (labels and the PCA grid nearest-neighbour,
   so patch edges stay visible; the photo bilinear). `image` must already be at the label map's size;
   `pca` is the uint8 (h, w, 3) patch grid of `pca_rgb`, upsampled to the panel size.
@@ -235,7 +299,11 @@ def segmentation_row(
   grey = big.astype(np.float32) @ np.array([0.299, 0.587, 0.114], np.float32)  # keeps the legend's hues
 
   def over(labels):
-    col = _scaled(colorize(labels, num_classes), f, smooth=False).astype(np.float32)
+    if looks is not None:  # hatched at the panel's scale, so the pattern stays readable
+      col = textured(_scaled(np.asarray(labels, np.uint8), f, smooth=False), looks, num_classes)
+      col = col.astype(np.float32)
+    else:
+      col = _scaled(colorize(labels, num_classes), f, smooth=False).astype(np.float32)
     return np.round(alpha * col + (1 - alpha) * grey[..., None]).astype(np.uint8)
 
   panels, titles = [big, over(gt)], ["image", "ground truth"]
@@ -248,9 +316,11 @@ def segmentation_row(
   return _titled(panels, titles)
 
 
-def legend(class_names: list[str], classes, num_classes: int, width: int, swatch: int = 14) -> np.ndarray:
-  """uint8 (H, width, 3) strip: a `palette` swatch and the name of each class in `classes`, wrapped in
-  lines of `width` pixels (255 is written 'ignored')."""
+def legend(
+  class_names: list[str], classes, num_classes: int, width: int, swatch: int = 14, looks=None
+) -> np.ndarray:
+  """uint8 (H, width, 3) strip: a swatch (`palette` colour, or the `looks` colour and hatching) and the
+  name of each class in `classes`, wrapped in lines of `width` pixels (255 is written 'ignored')."""
   from PIL import ImageDraw  # pylint: disable=g-import-not-at-top
 
   font = _font()
@@ -268,17 +338,61 @@ def legend(class_names: list[str], classes, num_classes: int, width: int, swatch
   draw = ImageDraw.Draw(canvas)
   for c, name, x, y in place:
     draw.rectangle((x, y, x + swatch - 1, y + swatch - 1), fill=tuple(int(v) for v in pal[c]), outline=INK)
+    if looks is not None and c < len(looks):
+      tile = textured(np.full((swatch - 2, swatch - 2), c, np.uint8), looks, num_classes, period=6)
+      canvas.paste(Image.fromarray(tile), (x + 1, y + 1))
     draw.text((x + swatch + 4, y), name, fill=INK, font=font)
   return np.asarray(canvas)
 
 
+def caption_strip(lines: list[str], width: int, note: str | None = None) -> np.ndarray:
+  """uint8 (H, width, 3) strip of text lines (the figure's caption row), `note` last."""
+  from PIL import ImageDraw  # pylint: disable=g-import-not-at-top
+
+  lines = list(lines) + ([note] if note else [])
+  line = TITLE_ROWS
+  canvas = Image.new("RGB", (max(1, width), line * len(lines) + 4), PAPER)
+  draw = ImageDraw.Draw(canvas)
+  font = _font()
+  for i, text in enumerate(lines):
+    draw.text((4, 2 + i * line), text, fill=INK, font=font)
+  return np.asarray(canvas)
+
+
+NO_LOOKS_NOTE = (
+  "colours: legend only (class names are not '<colour> <pattern>' of the scenes testbed, so a class "
+  "cannot be drawn as its object looks)"
+)
+
+
 def segmentation_figure(
-  rows: list[np.ndarray], class_names: list[str], classes, num_classes: int
+  rows: list[np.ndarray],
+  class_names: list[str],
+  classes,
+  num_classes: int,
+  caption: list[str] | None = None,
+  looks=None,
 ) -> np.ndarray:
-  """`segmentation_row`s stacked (zero-padded on the right to the widest) over a `legend` of `classes`."""
-  width = max(r.shape[1] for r in rows)
+  """`segmentation_row`s stacked (padded on the right to the widest) over a `legend` of `classes` and,
+  when `caption` is given, a caption row of its lines (the eval's numbers and references; a note says
+  so when the maps cannot use `looks`)."""
+  width = max([r.shape[1] for r in rows] + [_text_width(caption or [])])
   padded = [np.pad(r, ((0, GAP), (0, width - r.shape[1]), (0, 0)), constant_values=255) for r in rows]
-  return np.concatenate(padded + [legend(class_names, classes, num_classes, width)], axis=0)
+  parts = padded + [legend(class_names, classes, num_classes, width, looks=looks)]
+  if caption is not None:
+    parts.append(caption_strip(caption, width, None if looks is not None else NO_LOOKS_NOTE))
+  return np.concatenate(parts, axis=0)
+
+
+def _text_width(lines: list[str]) -> int:
+  """Pixels the longest of `lines` needs in `_font`, plus margins."""
+  from PIL import ImageDraw  # pylint: disable=g-import-not-at-top
+
+  if not lines:
+    return 0
+  draw = ImageDraw.Draw(Image.new("RGB", (1, 1)))
+  font = _font()
+  return 8 + max(int(np.ceil(draw.textlength(t, font=font))) for t in list(lines) + [NO_LOOKS_NOTE])
 
 
 def stack_rows(rows: list[np.ndarray]) -> np.ndarray:

@@ -20,16 +20,26 @@ The three probes:
   centres, segmentation.py `resize_bilinear`) to the label map; loss = cross-entropy over the pixels
   that are not `ignore_index`. Scored at the ground truth's own resolution (the eval records' label
   maps, not resized): logits upsampled to (H, W), arg-max, one confusion matrix over the split. Metrics:
-  miou, pixel_acc, mean_acc, miou_chance (percent), num_examples, num_train, num_classes.
+  miou, pixel_acc, mean_acc, miou_chance (percent), num_examples, num_train, num_classes; with
+  `raw_pixel_probe` (True) the reference 'raw_pixel_probe/miou' (pixel_acc, mean_acc): the same probe
+  trained on each patch cell's raw pixels (`raw_patches`, p x p x 3 values in [0, 1]) instead of the
+  tokens, so a feature probe is read against what a linear map of the pixels alone recovers (issue 42).
 - `linear_depth`: per-patch depth by **regression** in metres from the patch token **concatenated with
   the CLS token** (`cls_index`; dinov2's "lin. 1" / TIPS convention: [patch, cls] -> linear); the map is
   upsampled bilinearly to the depth map and the loss is the mean squared error over valid pixels (GT in
   (min_depth, max_depth)). Scored at the ground truth's resolution with predictions clipped to
   [min_depth, max_depth]: RMSE (metres, per image then averaged over images, as NYUv2 papers do) and
-  delta1 (percent of valid pixels with max(pred / gt, gt / pred) < 1.25, per image then averaged). dinov2
+  delta1 (percent of valid pixels with max(pred / gt, gt / pred) < 1.25, per image then averaged). The
+  reference 'row_reference_rmse' ('row_reference_delta1'): the best constant depth of each image row, fit
+  on the train split (`row_profile`), scored the same way; on a ground plane whose depth is set by the
+  row it is what a probe must beat before its features show more than the patch's position. dinov2
   instead predicts 256 depth bins; regression keeps the probe a plain linear map of the features.
 - `linear_classification`: one logit vector from the CLS token (`cls_index`), cross-entropy; metrics
   top1 (percent), top1_chance (percent of the most frequent eval class), num_examples, num_train.
+
+Every metric of the three probes (and each reference) has a bootstrap 95 % interval over the eval images
+('<metric>_ci_lo', '<metric>_ci_hi'; `bootstrap` resamples, tipsito/evals/references.py); the probe
+itself is trained once (the interval is the test-set sampling error, not the probe's training noise).
 
 Data: a tipsito dataset (e.g. `shapes`, `scenes`: segmentation 0 = background, c + 1 = class c; depth
 uint16 millimetres) or a dense benchmark read from its published layout under `data_dir` (None =
@@ -64,6 +74,7 @@ from tipsito.data import sources
 from tipsito.evals import config_checks
 from tipsito.evals import evaluator
 from tipsito.evals import metrics as metrics_lib
+from tipsito.evals import references as refs_lib
 from tipsito.evals import segmentation
 
 # --------------------------------------------------------------------------------------------
@@ -180,6 +191,58 @@ def train_probe(
   return {**frozen, **carry[0]}
 
 
+def raw_patches(images: np.ndarray, grid: tuple[int, int]) -> np.ndarray:
+  """(B, H, W, 3) uint8 images -> (B, gh, gw, p_h * p_w * 3) float32 raw pixels in [0, 1] of each cell
+  of a (gh, gw) grid (cells of H // gh x W // gw pixels; a remainder at the bottom/right is dropped).
+
+  Why: the raw-pixel probe (issue 42) reads exactly these features, so a feature probe must beat what a
+  linear map of the patch's own pixels recovers on a testbed whose classes are local colour x pattern."""
+  x = np.asarray(images, np.float32) / 255.0
+  b, h, w, c = x.shape
+  gh, gw = int(grid[0]), int(grid[1])
+  ph, pw = h // gh, w // gw
+  x = x[:, : gh * ph, : gw * pw].reshape(b, gh, ph, gw, pw, c).transpose(0, 1, 3, 2, 4, 5)
+  return x.reshape(b, gh, gw, ph * pw * c)
+
+
+def row_profile(depths: np.ndarray, min_depth: float, max_depth: float) -> np.ndarray:
+  """(H,) the best constant depth of each image row over a split's (N, H, W) maps: the mean of the
+  row's valid depths (least squares), NaN rows (no valid pixel) filled from the nearest valid row."""
+  d = np.asarray(depths, np.float64)
+  valid = (d > min_depth) & (d < max_depth)
+  total = np.where(valid, d, 0.0).sum(axis=(0, 2))
+  count = valid.sum(axis=(0, 2))
+  prof = np.where(count > 0, total / np.maximum(count, 1), np.nan)
+  good = np.flatnonzero(count > 0)
+  if good.size == 0:
+    return np.full(d.shape[1], 0.5 * (min_depth + max_depth))
+  return np.interp(np.arange(prof.size), good, prof[good])
+
+
+def row_reference_map(profile: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
+  """(H, W) depth map of a row profile fit at another height, resampled linearly at row centres."""
+  n = profile.size
+  src = (np.arange(n) + 0.5) / n
+  dst = (np.arange(int(hw[0])) + 0.5) / int(hw[0])
+  return np.repeat(np.interp(dst, src, profile)[:, None], int(hw[1]), axis=1)
+
+
+def confusion_intervals(per_image: list[np.ndarray], resamples: int) -> dict[str, tuple[float, float, float]]:
+  """{'miou', 'pixel_acc', 'mean_acc': (value, lo, hi)} of per-image (C, C) confusion matrices."""
+  per = refs_lib.PerImage()
+  for cm in per_image:
+    per.add(cm=refs_lib.summary(cm))
+  return refs_lib.bootstrap(
+    per,
+    lambda s: {
+      "miou": refs_lib.miou_of_summary(s["cm"]),
+      "pixel_acc": refs_lib.acc_of_summary(s["cm"]),
+      "mean_acc": refs_lib.mean_acc_of_summary(s["cm"]),
+    },
+    resamples,
+  )
+
+
 def with_cls(patches: np.ndarray, cls: np.ndarray) -> np.ndarray:
   """(B, h, w, D) patch tokens and (B, D) CLS -> (B, h, w, 2D) [patch, cls] per patch (dinov2 'lin. 1')."""
   tiled = np.broadcast_to(cls[:, None, None, :], patches.shape[:3] + cls.shape[-1:])
@@ -247,15 +310,21 @@ class _ProbeEvaluator(evaluator.Evaluator):
       v = batch[batch_lib.VALID]
       yield select(out)[v], {k: val[v] for k, val in batch.items() if isinstance(val, np.ndarray)}
 
-  def gather(self, encoder, split: str, max_examples, select: Callable, target_key: str, **need):
-    """All frozen features and targets of a split, concatenated."""
-    feats, targets = [], []
+  def gather(
+    self, encoder, split: str, max_examples, select: Callable, target_key: str, pixels=False, **need
+  ):
+    """All frozen features and targets of a split, concatenated; with `pixels`, also the images' raw
+    patches on the features' grid (`raw_patches`), the raw-pixel probe's features."""
+    feats, targets, raw = [], [], []
     for f, b in self.frozen_features(encoder, split, max_examples, select, **need):
       feats.append(f)
       targets.append(b[target_key])
+      if pixels:
+        raw.append(raw_patches(b[batch_lib.IMAGE], f.shape[1:3]))
     if not feats:
       raise ValueError(f"eval {self.name!r}: split {split!r} is empty")
-    return np.concatenate(feats, 0), np.concatenate(targets, 0)
+    out = np.concatenate(feats, 0), np.concatenate(targets, 0)
+    return out + (np.concatenate(raw, 0),) if pixels else out
 
   def native_records(self) -> Iterator:
     """The eval split's records in the order of its batches (for ground truth at its own size)."""
@@ -301,14 +370,17 @@ class LinearSegmentationEvaluator(_ProbeEvaluator):
     self.pictures = {}
     spec = self.mask_spec()
     num_classes = self.num_classes()
-    train_x, train_y = self.gather(
+    raw = bool(self.cfg["raw_pixel_probe"])
+    train = self.gather(
       encoder,
       self.cfg["train_split"],
       self.cfg["max_train_examples"],
       lambda o: o["patches"],
       batch_lib.SEGMENTATION,
+      pixels=raw,
       need_mask=True,
     )
+    train_x, train_y = train[:2]
     bad = (train_y != spec.ignore_index) & (train_y >= num_classes)
     if bad.any():
       raise ValueError(
@@ -316,26 +388,49 @@ class LinearSegmentationEvaluator(_ProbeEvaluator):
         "(set num_classes, or reduce_zero_label for datasets whose 0 is 'other')"
       )
     loss = functools.partial(segmentation_loss, ignore_index=spec.ignore_index)
-    params = train_probe(train_x, train_y.astype(np.int32), num_classes, loss, **self.probe_options())
-    eval_x, _ = self.gather(
-      encoder, self.cfg["split"], self.cfg["max_examples"], lambda o: o["patches"], batch_lib.VALID
+    labels = train_y.astype(np.int32)
+    params = train_probe(train_x, labels, num_classes, loss, **self.probe_options())
+    evals = self.gather(
+      encoder,
+      self.cfg["split"],
+      self.cfg["max_examples"],
+      lambda o: o["patches"],
+      batch_lib.VALID,
+      pixels=raw,
     )
+    eval_x = evals[0]
+    probes = {"": (params, eval_x)}
+    if raw:  # the reference: the same probe on the patches' raw pixels
+      probes["raw_pixel_probe/"] = (
+        train_probe(train[2], labels, num_classes, loss, **self.probe_options()),
+        evals[2],
+      )
     predict = jax.jit(apply_probe)
-    conf = metrics_lib.ConfusionMatrix(num_classes, spec.ignore_index)
+    confs = {p: metrics_lib.ConfusionMatrix(num_classes, spec.ignore_index) for p in probes}
+    per_image = {p: [] for p in probes}
     for i, record in enumerate(self.native_records()):
       gt = eval_input.ground_truth_mask(record, None, (0, 0), spec)
-      pred = segmentation.upsample_argmax(predict(params, eval_x[i]), gt.shape)
-      conf.update(pred, gt)
-    res = conf.compute()
-    return {
-      self.key("miou"): evaluator.pct(res["miou"]),
-      self.key("pixel_acc"): evaluator.pct(res["pixel_acc"]),
-      self.key("mean_acc"): evaluator.pct(res["mean_acc"]),
-      self.key("miou_chance"): evaluator.pct(metrics_lib.chance_miou_from_confusion(conf.matrix)),
-      self.key("num_examples"): float(len(eval_x)),
-      self.key("num_train"): float(len(train_x)),
-      self.key("num_classes"): float(num_classes),
-    }
+      for prefix, (p, x) in probes.items():
+        pred = segmentation.upsample_argmax(predict(p, x[i]), gt.shape)
+        cm = metrics_lib.confusion_matrix(pred, gt, num_classes, spec.ignore_index)
+        confs[prefix].matrix += cm
+        per_image[prefix].append(cm)
+    out = {}
+    for prefix, conf in confs.items():
+      res = conf.compute()
+      boot = confusion_intervals(per_image[prefix], int(self.cfg["bootstrap"]))
+      for m in ("miou", "pixel_acc", "mean_acc"):
+        refs_lib.with_intervals(out, self.key(prefix + m), (res[m],) + boot[m][1:], 100.0)
+    conf = confs[""]
+    out.update(
+      {
+        self.key("miou_chance"): evaluator.pct(metrics_lib.chance_miou_from_confusion(conf.matrix)),
+        self.key("num_examples"): float(len(eval_x)),
+        self.key("num_train"): float(len(train_x)),
+        self.key("num_classes"): float(num_classes),
+      }
+    )
+    return out
 
 
 class LinearDepthEvaluator(_ProbeEvaluator):
@@ -416,7 +511,8 @@ class LinearDepthEvaluator(_ProbeEvaluator):
       encoder, self.cfg["split"], self.cfg["max_examples"], self.select, batch_lib.VALID
     )
     predict = jax.jit(apply_probe)
-    per_image = []
+    profile = row_profile(train_y, lo, hi)  # the row reference: fit on train, as the probe
+    per_image, per_row = [], []
     spec = self.depth_spec()
     for i, record in enumerate(self.native_records()):
       gt = eval_input.ground_truth_depth(record, spec)
@@ -424,14 +520,17 @@ class LinearDepthEvaluator(_ProbeEvaluator):
       m = depth_metrics(up, gt, lo, hi)
       if m:
         per_image.append(m)
-    rmse = float(np.mean([m["rmse"] for m in per_image])) if per_image else float("nan")
-    delta1 = float(np.mean([m["delta1"] for m in per_image])) if per_image else float("nan")
-    return {
-      self.key("rmse"): rmse,
-      self.key("delta1"): evaluator.pct(delta1),
-      self.key("num_examples"): float(len(per_image)),
-      self.key("num_train"): float(len(train_x)),
-    }
+        per_row.append(depth_metrics(row_reference_map(profile, gt.shape), gt, lo, hi))
+    resamples = int(self.cfg["bootstrap"])
+    out = {}
+    for prefix, rows in (("", per_image), ("row_reference_", per_row)):
+      rmse = refs_lib.mean_interval([m["rmse"] for m in rows], resamples)
+      delta1 = refs_lib.mean_interval([m["delta1"] for m in rows], resamples)
+      refs_lib.with_intervals(out, self.key(prefix + "rmse"), rmse)
+      refs_lib.with_intervals(out, self.key(prefix + "delta1"), delta1, 100.0)
+    out[self.key("num_examples")] = float(len(per_image))
+    out[self.key("num_train")] = float(len(train_x))
+    return out
 
 
 class LinearClassificationEvaluator(_ProbeEvaluator):
@@ -465,8 +564,11 @@ class LinearClassificationEvaluator(_ProbeEvaluator):
     )
     pred = np.argmax(np.asarray(jax.jit(apply_probe)(params, jnp.asarray(eval_x))), -1)
     counts = np.bincount(eval_y, minlength=int(num_classes))
+    _, lo, hi = refs_lib.mean_interval(pred == eval_y, int(self.cfg["bootstrap"]))
     return {
       self.key("top1"): evaluator.pct(float(np.mean(pred == eval_y))),
+      self.key("top1_ci_lo"): evaluator.pct(lo),
+      self.key("top1_ci_hi"): evaluator.pct(hi),
       self.key("top1_chance"): evaluator.pct(float(counts.max() / max(1, len(eval_y)))),
       self.key("num_examples"): float(len(eval_x)),
       self.key("num_train"): float(len(train_x)),

@@ -16,6 +16,22 @@ from tipsito.evals import pictures as pictures_lib
 from tipsito.evals.evaluator import Evaluator
 
 
+def with_intervals_folded(results: Mapping[str, float], digits: int = 2) -> list[tuple[str, str]]:
+  """[(key, 'value' or 'value [lo, hi]')] in `results` order: each '<key>_ci_lo' / '<key>_ci_hi' pair
+  (tipsito/evals/references.py) folded into its metric's text, so a printed line reads like a table
+  cell; an interval without its metric stays a key of its own."""
+  out = []
+  for k, v in results.items():
+    if k.endswith(("_ci_lo", "_ci_hi")) and k[:-6] in results:
+      continue
+    text = "nan" if v != v else f"{v:.{digits}f}"
+    lo, hi = results.get(k + "_ci_lo"), results.get(k + "_ci_hi")
+    if lo is not None and hi is not None and lo == lo and hi == hi:
+      text += f" [{lo:.{digits}f}, {hi:.{digits}f}]"
+    out.append((k, text))
+  return out
+
+
 def run_all(
   evaluators: Mapping[str, Evaluator] | Sequence[Evaluator],
   encoder,
@@ -43,7 +59,7 @@ def run_all(
     if log is not None:
       log(
         f"eval {ev.name} @ step {step}: "
-        + ", ".join(f"{k.split('/', 1)[-1]}={v:.2f}" for k, v in res.items())
+        + ", ".join(f"{k.split('/', 1)[-1]}={t}" for k, t in with_intervals_folded(res))
         + f" ({time.time() - t0:.1f}s)"
       )
   return results, pics

@@ -82,15 +82,26 @@ scored pixels counted by nonlargest_acc. Both extra kinds reuse the value pass's
 second encoder call); 'patches' costs one more upsampling per image, 'global_copy' one per image in
 'slide' only.
 
+Issue 42's instruments (tipsito/evals/references.py documents each rule): every kind also has the
+object-only metrics '<prefix>object_miou', 'object_acc', 'object_nonlargest_acc' (object pixels only,
+arg-max over the object classes: the background is not a candidate; these are the primary numbers, the
+all-pixel keys above keep their old values), their within-image shuffle null '<prefix>shuffle_null/...'
+and the localisation margin '<prefix>margin/...' (metric minus null); the location-blind references
+'present_class/<metric>' and 'present_class_per_object/<metric>' (expected values from the ground
+truth); and a bootstrap 95 % interval '<key>_ci_lo' / '<key>_ci_hi' beside every metric (`bootstrap`
+resamples of the eval images, fixed seed; 0 = none), with '<name>/bootstrap_resamples'.
+
 Pictures (`num_pictures` > 0): '<name>/overlay', one row per example [image | ground truth | the
 prediction of each kind | PCA of the patch tokens ('whole' only)], every panel scaled to >= 256 px, with a
-legend of the classes shown (tipsito/evals/pictures.py `segmentation_figure`); '<name>/pca' as before.
+legend of the classes shown and a caption row of the object-only numbers, null, margin and references
+(tipsito/evals/pictures.py `segmentation_figure`; `scenes` classes drawn in their objects' colour and
+pattern, `class_looks`); '<name>/pca' as before.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -103,6 +114,7 @@ from tipsito.evals import config_checks
 from tipsito.evals import evaluator
 from tipsito.evals import metrics as metrics_lib
 from tipsito.evals import pictures as pictures_lib
+from tipsito.evals import references as refs_lib
 from tipsito.evals import templates as templates_lib
 
 # The benchmarks, the defaults and the config check live in the light module validation uses.
@@ -362,13 +374,15 @@ class SegmentationEvaluator(evaluator.Evaluator):
       sink.pca(out, batch, valid)
       for i, (_, ex) in enumerate(items):
         hw = ex[batch_lib.SEGMENTATION].shape
-        preds = {}
+        preds, objects = {}, {}
         for kind, s in scores.items():
           if kind == "global_copy":  # one answer per image: the arg-max of its (constant) score grid
             preds[kind] = np.full(hw, int(jnp.argmax(s[i, 0, 0])), np.int32)
+            objects[kind] = np.full(hw, int(jnp.argmax(self._objects_only(s[i, 0, 0]))), np.int32)
           else:
             preds[kind] = upsample_argmax(s[i], hw)
-        sink.add(ex, preds, out.get("patches", out["values"])[i])
+            objects[kind] = self._object_argmax(s[i], hw, preds[kind])
+        sink.add(ex, preds, out.get("patches", out["values"])[i], objects)
 
     for ex in examples:
       x = to_patch_multiple(ex[batch_lib.IMAGE], patch)
@@ -404,12 +418,28 @@ class SegmentationEvaluator(evaluator.Evaluator):
           for i, (jk, _) in enumerate(part):
             window_scores[jk] = {kind: s[i] for kind, s in scores.items()}
       for j, (ex, boxes) in enumerate(zip(chunk, plans)):
-        preds = {}
+        preds, objects = {}, {}
         for kind in self.kinds():  # 'global_copy': each window's CLS answer over its box, averaged
           ws = jnp.stack([window_scores[(j, k)][kind] for k in range(len(boxes))])
           probs = slide_average(ws, boxes, tuple(ex[batch_lib.IMAGE].shape[:2]))
           preds[kind] = upsample_argmax(probs, ex[batch_lib.SEGMENTATION].shape)
-        sink.add(ex, preds, None)
+          objects[kind] = self._object_argmax(probs, ex[batch_lib.SEGMENTATION].shape, preds[kind])
+        sink.add(ex, preds, None, objects)
+
+  def _objects_only(self, scores):
+    """Scores with the background class out of the running (the object-only prediction's arg-max is
+    over the object classes); the scores themselves without a background class."""
+    bg = self.cfg.get("background_index")
+    if bg is None:
+      return scores
+    return jnp.asarray(scores).at[..., int(bg)].set(-1e9)  # finite: bilinear weights of 0 stay 0
+
+  def _object_argmax(self, scores, hw, pred):
+    """The object-only (H, W) prediction: `upsample_argmax` with the background out of the running
+    (`pred` itself when there is no background class)."""
+    if self.cfg.get("background_index") is None:
+      return pred
+    return upsample_argmax(self._objects_only(scores), hw)
 
   # ------------------------------------------------------------------ run
   def run(self, encoder) -> dict[str, float]:
@@ -426,10 +456,6 @@ class SegmentationEvaluator(evaluator.Evaluator):
       self._predict_whole(encoder, self.examples(), scorer, sink)
     else:
       self._predict_slide(encoder, self.examples(), scorer, sink)
-    if sink.rows:
-      self.pictures[f"{self.name}/overlay"] = pictures_lib.segmentation_figure(
-        sink.rows, names, sorted(sink.shown_classes), num_classes
-      )
     results = {}
     for kind, prefix in KINDS.items():
       if kind not in sink.cms:
@@ -452,7 +478,99 @@ class SegmentationEvaluator(evaluator.Evaluator):
         )
         results[self.key("num_examples")] = float(sink.count)
         results[self.key("num_classes")] = float(num_classes)
+    self._add_instruments(results, sink)
+    if sink.rows:
+      self.pictures[f"{self.name}/overlay"] = pictures_lib.segmentation_figure(
+        sink.rows,
+        names,
+        sorted(sink.shown_classes),
+        num_classes,
+        caption=caption_lines(results, self.name),
+        looks=sink.looks,
+      )
     return results
+
+  def _add_instruments(self, results: dict, sink: "_Sink") -> None:
+    """The object-only metrics, the shuffle nulls and margins, the location-blind references and the
+    bootstrap intervals of every dense key (tipsito/evals/references.py), into `results` (percent).
+
+    The keys `run` computed from the split's confusion matrices keep their values; they get intervals."""
+    kinds = [k for k in KINDS if k in sink.cms]
+
+    def metrics_fn(s):
+      out = {}
+      for kind in kinds:
+        p = KINDS[kind]
+        cm, ocm, null = s[kind + ":cm"], s[kind + ":ocm"], s[kind + ":null"]
+        out[p + "miou"] = refs_lib.miou_of_summary(cm)
+        out[p + "pixel_acc"] = refs_lib.acc_of_summary(cm)
+        out[p + "mean_acc"] = refs_lib.mean_acc_of_summary(cm)
+        out[p + "nonlargest_acc"] = refs_lib.ratio_of(s[kind + ":nl"])
+        model = {
+          "object_miou": refs_lib.miou_of_summary(ocm),
+          "object_acc": refs_lib.acc_of_summary(ocm),
+          "object_nonlargest_acc": refs_lib.ratio_of(s[kind + ":onl"]),
+        }
+        nulls = {
+          "object_miou": refs_lib.miou_of_summary(null),
+          "object_acc": refs_lib.acc_of_summary(null),
+          "object_nonlargest_acc": refs_lib.ratio_of(s[kind + ":null_nl"]),
+        }
+        for m, v in model.items():
+          out[p + m] = v
+          out[p + "shuffle_null/" + m] = nulls[m]
+          out[p + "margin/" + m] = v - nulls[m]
+      for ref in REFERENCES:
+        out[ref + "/miou"] = refs_lib.miou_of_summary(s[ref + ":cm"])
+        out[ref + "/pixel_acc"] = refs_lib.acc_of_summary(s[ref + ":cm"])
+        out[ref + "/nonlargest_acc"] = refs_lib.ratio_of(s[ref + ":nl"])
+        out[ref + "/object_miou"] = refs_lib.miou_of_summary(s["object_ref:cm"])
+        out[ref + "/object_acc"] = refs_lib.acc_of_summary(s["object_ref:cm"])
+        out[ref + "/object_nonlargest_acc"] = refs_lib.ratio_of(s["object_ref:nl"])
+      return out
+
+    if not len(sink.per_image):
+      return
+    boot = refs_lib.bootstrap(sink.per_image, metrics_fn, int(self.cfg["bootstrap"]), refs_lib.SEED)
+    for metric, (value, lo, hi) in boot.items():
+      key = self.key(metric)
+      if key not in results:
+        results[key] = evaluator.pct(value)
+      results[key + "_ci_lo"] = evaluator.pct(lo)
+      results[key + "_ci_hi"] = evaluator.pct(hi)
+    results[self.key("bootstrap_resamples")] = float(self.cfg["bootstrap"])
+
+
+# The location-blind references scored beside the model (tipsito/evals/references.py).
+REFERENCES = ("present_class", "present_class_per_object")
+
+
+def caption_lines(results: Mapping[str, float], name: str) -> list[str]:
+  """The overlay's caption: the object-only numbers of each kind with their intervals, the shuffle null
+  and margin, and the references, one line each (what a reader needs to judge the picture's numbers)."""
+
+  def get(metric):
+    return results.get(f"{name}/{metric}", float("nan"))
+
+  def ci(metric):
+    return f"{get(metric):.1f} [{get(metric + '_ci_lo'):.1f}, {get(metric + '_ci_hi'):.1f}]"
+
+  lines = []
+  for kind, prefix in KINDS.items():
+    if f"{name}/{prefix}object_miou" not in results:
+      continue
+    lines.append(
+      f"{KIND_TITLES[kind]}: object mIoU {ci(prefix + 'object_miou')}, object acc {ci(prefix + 'object_acc')},"
+      f" shuffle null {get(prefix + 'shuffle_null/object_acc'):.1f},"
+      f" margin {ci(prefix + 'margin/object_acc')} (all-pixel mIoU {get(prefix + 'miou'):.1f})"
+    )
+  lines.append(
+    "references (object mIoU / acc): "
+    f"present class {get('present_class/object_miou'):.1f} / {get('present_class/object_acc'):.1f}; "
+    f"all-pixel mIoU: present class {get('present_class/miou'):.1f}, per object "
+    f"{get('present_class_per_object/miou'):.1f}, chance {get('miou_chance'):.1f}"
+  )
+  return lines
 
 
 # The figure's column titles of each kind (`pictures.segmentation_row`).
@@ -473,20 +591,51 @@ class _Sink:
     # A background scored by a constant (bg_threshold) is still background; None: label 0 was ignored.
     self.background = None if bg is None else int(bg)
     self.count = 0
+    self.per_image = refs_lib.PerImage()  # the bootstrap's statistics (references.py)
     self.n_pics = int(ev.cfg.get("num_pictures") or 0)
     self.rows: list[np.ndarray] = []
+    self.looks = pictures_lib.class_looks(ev.seg_class_names(), self.background) if self.n_pics else None
     self.shown_classes: set[int] = set()
 
-  def add(self, ex: dict, preds: dict[str, np.ndarray], patches: np.ndarray | None) -> None:
-    """One example's {kind: (H, W) prediction} at its label map's size, and its (h, w, D) patch tokens
-    (None: no PCA panel)."""
+  def add(
+    self, ex: dict, preds: dict[str, np.ndarray], patches: np.ndarray | None, objects: dict | None = None
+  ) -> None:
+    """One example's {kind: (H, W) prediction} at its label map's size, its (h, w, D) patch tokens
+    (None: no PCA panel) and {kind: (H, W) object-only prediction} (None: `preds`)."""
     gt = ex[batch_lib.SEGMENTATION]
     ignore = int(self.ev.cfg["ignore_index"])
+    c_n, bg = self.num_classes, self.background
+    objects = objects or preds
+    nl_rows = refs_lib.nonlargest_rows(gt, c_n, ignore, bg)
+    n = refs_lib.class_counts(gt, c_n, ignore)
+
+    def nl(cm):  # [correct, total] on the non-largest objects, from a confusion matrix's rows
+      return np.array([np.diagonal(cm)[nl_rows].sum(), n[nl_rows].sum()])
+
+    stats = {}
     for kind, pred in preds.items():
-      self.cms[kind].update(pred, gt)
-      c, t = metrics_lib.nonlargest_counts(pred, gt, self.num_classes, ignore, self.background)
+      cm = metrics_lib.confusion_matrix(pred, gt, c_n, ignore)
+      self.cms[kind].matrix += cm
+      c, t = metrics_lib.nonlargest_counts(pred, gt, c_n, ignore, bg)
       self.nonlargest[kind][0] += c
       self.nonlargest[kind][1] += t
+      ocm = refs_lib.object_confusion(objects[kind], gt, c_n, ignore, bg)
+      null = refs_lib.shuffle_null_confusion(objects[kind], gt, c_n, ignore, bg)
+      stats.update(
+        {
+          kind + ":cm": refs_lib.summary(cm),
+          kind + ":nl": np.array([c, t]),
+          kind + ":ocm": refs_lib.summary(ocm),
+          kind + ":onl": nl(ocm),
+          kind + ":null": refs_lib.summary(null),
+          kind + ":null_nl": nl(null),
+        }
+      )
+    ref = refs_lib.reference_confusions(gt, c_n, ignore, bg)
+    for name in REFERENCES:
+      stats[name + ":cm"], stats[name + ":nl"] = refs_lib.summary(ref[name]), nl(ref[name])
+    stats["object_ref:cm"], stats["object_ref:nl"] = refs_lib.summary(ref["object"]), nl(ref["object"])
+    self.per_image.add(**stats)
     self.count += 1
     if len(self.rows) < self.n_pics:
       image = ex[batch_lib.IMAGE]
@@ -495,7 +644,9 @@ class _Sink:
         image = np.asarray(Image.fromarray(image).resize((w, h), Image.Resampling.BILINEAR))
       pca = None if patches is None else pictures_lib.pca_rgb(np.asarray(patches)[None])[0]
       titled = {KIND_TITLES[k]: p for k, p in preds.items()}
-      self.rows.append(pictures_lib.segmentation_row(image, gt, titled, self.num_classes, pca))
+      self.rows.append(
+        pictures_lib.segmentation_row(image, gt, titled, self.num_classes, pca, looks=self.looks)
+      )
       for labels in [gt, *preds.values()]:
         self.shown_classes.update(int(v) for v in np.unique(labels) if v < self.num_classes or v == 255)
 

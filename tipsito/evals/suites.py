@@ -32,7 +32,7 @@ BUILTIN_SUITES: dict[str, dict[str, dict[str, Any]]] = {
   # segmentation prompts the background as the shapes suite does; prompts are the scenes ones, whose words
   # the scenes tokenizer knows.
   "scenes": {
-    "zeroshot": dict(split="test", templates=scenes_gen.PROMPTS),
+    "zeroshot": dict(split="test", templates=scenes_gen.PROMPTS, present_class=True),
     "retrieval": dict(split="test", caption_keys=("caption_detailed",)),
     "segmentation": dict(split="test", templates=scenes_gen.PROMPTS),
     "knn": dict(split="test", train_split="train"),
