@@ -58,7 +58,7 @@ class FaultProxy:
     rate: float = 0.0,
     kinds: Iterable[str] = KINDS,
     faults: Iterable[str] = FAULTS,
-    seed: int = 0,
+    seed: int = 1,
     max_faults: Optional[int] = None,
     timeout_s: float = 60.0,
   ):
