@@ -335,3 +335,99 @@ def test_outage_ends_with_one_clear_error_and_release_adds_none(faulty_gcs, tmp_
   assert len(warnings) == 1 and warnings[0].startswith("WARNING root Could not release the lock"), herr[
     -3000:
   ]
+
+
+# --- quiet recovery from any damaged file of a step (local disk) -------------------------------------
+
+
+def _tiny_state(offset):
+  import jax.numpy as jnp
+
+  return {
+    "params": {"w": jnp.arange(1000.0).reshape(10, 100) + offset, "b": jnp.ones(3) * offset},
+    "opt_state": {"mu": jnp.zeros((7, 5), jnp.bfloat16) + offset},
+    "step": jnp.asarray(offset, jnp.int32),
+  }
+
+
+@pytest.fixture(scope="module")
+def two_steps(tmp_path_factory):
+  """Steps 1 and 2 of a tiny state with a data-iterator state each, saved async as the loop saves."""
+  base = tmp_path_factory.mktemp("walk") / "checkpoints"
+  ck = checkpointing.Checkpointer(str(base), every_steps=1, keep=5, async_save=True)
+  for s in (1, 2):
+    ck.save(s, _tiny_state(s), {"position": s})
+  ck.close()
+  return base
+
+
+def _files(step_dir):
+  return sorted(os.path.relpath(os.path.join(d, f), step_dir) for d, _, fs in os.walk(step_dir) for f in fs)
+
+
+def _kind(rel):
+  if rel.endswith("commit_success.txt"):
+    return "commit marker"
+  if rel.startswith("data/"):
+    return "data-iterator state"
+  if "/d/" in rel or rel.endswith(".ocdbt"):
+    return "array data"
+  return "metadata"
+
+
+def test_every_damaged_file_of_a_step_falls_back_with_one_warning(two_steps, tmp_path, caplog, capfd):
+  """Each file of the latest step, truncated to a third or emptied in turn: the restore falls back to
+  step 1 with one warning naming step 2 and the file, no traceback, and step 1's state and data position
+  bit for bit; or, for a file the step no longer reads (OCDBT nodes its merged manifest superseded), it
+  restores step 2 whole, bit for bit, silently."""
+  import shutil
+
+  abstract = jax.tree.map(
+    lambda x: jax.ShapeDtypeStruct(
+      x.shape, x.dtype, sharding=jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    ),
+    _tiny_state(0),
+  )
+  kinds, intact = set(), []
+  for rel in _files(two_steps / "2"):
+    for how in ("truncate", "empty"):
+      w = tmp_path / f"w{len(kinds)}_{abs(hash((rel, how)))}"  # a new path each time: no cached reads
+      shutil.copytree(two_steps, w)
+      f = w / "2" / rel
+      with open(f, "r+b") as fh:
+        fh.truncate(os.path.getsize(f) // 3 if how == "truncate" else 0)
+      caplog.clear()
+      capfd.readouterr()
+      with caplog.at_level(logging.WARNING):
+        ck = checkpointing.Checkpointer(str(w), every_steps=1, keep=5)
+        try:
+          state, data = ck.restore(abstract, warn_skipped=False)  # as the training loop restores
+          ck.quarantine_unreadable()
+          step = ck.restored_step
+        finally:
+          ck.close()
+      out, err = capfd.readouterr()
+      assert "Traceback" not in out + err and "Exception ignored" not in out + err, (rel, how, err[-3000:])
+      warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+      if step == 2:
+        assert "ocdbt.process_" in rel, (rel, how, "restored a damaged step")
+        assert warnings == [], (rel, how, warnings)
+        intact.append(rel)
+        expect, position = _tiny_state(2), 2
+      else:
+        assert step == 1, (rel, how, step)
+        assert len(warnings) == 1, (rel, how, warnings)
+        assert f"Checkpoint {w / '2'} cannot be restored" in warnings[0], warnings[0]
+        # the file, or for some array data the OCDBT folder (TensorStore then names no data file)
+        named = [str(w / "2" / rel)] + (
+          [f"{w / '2' / 'state'}/ (array data)"] if _kind(rel) == "array data" else []
+        )
+        assert any(n in warnings[0] for n in named), (rel, how, warnings[0])
+        assert [p.name for p in w.iterdir() if ".corrupt-" in p.name], "step 2 not moved aside"
+        expect, position = _tiny_state(1), 1
+        kinds.add(_kind(rel))
+      assert data == {"position": position}
+      for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(expect)):
+        assert a.dtype == b.dtype and np.array_equal(np.asarray(a), np.asarray(b)), (rel, how)
+  assert kinds == {"commit marker", "data-iterator state", "array data", "metadata"}, kinds
+  assert len(intact) < len(_files(two_steps / "2")), intact
