@@ -5,7 +5,6 @@ Why: on a pod everything lives in object storage, whose clients see 429s, 5xx an
 matter of course; a scheduler restarts a crashed job with the same command at once; and a step can be
 damaged in any of its files. Each test here is one of those faults. The emulator and the proxy run on
 127.0.0.1 for the length of the module and are stopped at its end; every subprocess has a timeout.
-Set TIPSITO_FAULT_MATRIX=1 for the heavier matrix (every request kind at 5 % and 20 %).
 """
 
 import json
