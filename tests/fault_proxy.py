@@ -129,7 +129,13 @@ class FaultProxy:
         if self.command != "HEAD":
           self.wfile.write(data)
 
-      do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = _handle
+      def _quiet(self):
+        try:
+          self._handle()
+        except (BrokenPipeError, ConnectionResetError, TimeoutError, http.client.HTTPException, OSError):
+          self.close_connection = True  # the client gave up, or the store did not answer: no traceback
+
+      do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = _quiet
 
     self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     self._server.daemon_threads = True
