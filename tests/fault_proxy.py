@@ -66,6 +66,8 @@ class FaultProxy:
     self.rate, self.kinds, self.faults = float(rate), set(kinds), tuple(faults)
     self.max_faults, self.timeout_s = max_faults, float(timeout_s)
     self.outage = False
+    self.delay_s, self.delay_kinds = 0.0, set()  # slow requests of these kinds (a write in progress)
+    self.seen: list = []  # (kind, method, target) of every request, in order
     self.requests = {k: 0 for k in KINDS}
     self.injected = {k: 0 for k in KINDS}
     self._rng = random.Random(seed)
@@ -145,7 +147,12 @@ class FaultProxy:
 
   def _decide(self, method: str, target: str) -> Optional[str]:
     kind = kind_of(method, target)
+    if self.delay_s and kind in self.delay_kinds:
+      import time  # pylint: disable=import-outside-toplevel
+
+      time.sleep(self.delay_s)
     with self._lock:
+      self.seen.append((kind, method, urllib.parse.unquote(target)))
       self.requests[kind] += 1
       if self.outage:
         self.injected[kind] += 1

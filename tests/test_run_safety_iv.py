@@ -512,3 +512,93 @@ def test_run_under_faults_on_gs_ends_bitwise_equal_to_a_clean_one(faulty_gcs, tm
 def test_fault_matrix_at_20_percent_by_kind(faulty_gcs, tmp_path, kind):
   out, injected, _ = _faulted_run(faulty_gcs, tmp_path, 0.2, kinds={kind}, name=f"m_{kind}")
   assert out["step"] == 4 and out["equal"], (kind, out)
+
+
+# --- a save cut off mid-write on gs:// ---------------------------------------------------------------
+
+CUT_SAVE = textwrap.dedent("""\
+    import json, logging, os, sys, time
+    import jax, jax.numpy as jnp, numpy as np
+    logging.getLogger("gcsfs").setLevel(logging.CRITICAL)
+    from tipsito.train import checkpointing
+    W, phase = sys.argv[1], sys.argv[2]
+
+    def state(k):
+      return {"params": {"w": jnp.arange(4096.0).reshape(64, 64) * k, "b": jnp.ones(5) * k},
+              "step": jnp.asarray(k, jnp.int32)}
+
+    from etils import epath
+    partial = [os.fspath(q)[len(W) + 1 :] for q in (epath.Path(W) / "2").glob("*")] if phase != "save" else []
+    ck = checkpointing.Checkpointer(W, every_steps=1, keep=5, async_save=True)
+    if phase == "save":
+      ck.save(1, state(1), {"position": 1}); ck.wait()
+      print("SAVED 1", flush=True)
+      input()  # the test slows array writes down
+      ck.save(2, state(2), {"position": 2})
+      print("SAVING 2", flush=True)
+      time.sleep(600)  # killed meanwhile
+    else:
+      dev = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+      abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=dev), state(0))
+      out = {"steps": ck.all_steps(), "partial": partial}
+      s, data = ck.restore(abstract, warn_skipped=False)
+      ck.quarantine_unreadable()
+      out["restored"] = ck.restored_step
+      out["equal"] = all(np.array_equal(np.asarray(a), np.asarray(b))
+                         for a, b in zip(jax.tree.leaves(s), jax.tree.leaves(state(1))))
+      out["data"] = data
+      ck.save(2, state(2), {"position": 2}); ck.wait()  # the step number is free again
+      s2, d2 = ck.restore(abstract, 2)
+      out["steps_after"] = ck.all_steps()
+      out["equal2"] = all(np.array_equal(np.asarray(a), np.asarray(b))
+                          for a, b in zip(jax.tree.leaves(s2), jax.tree.leaves(state(2))))
+      ck.close()
+      print("RESULT " + json.dumps(out))
+""")
+
+
+def test_save_cut_off_mid_write_on_gs_resumes_from_the_last_complete_step(faulty_gcs, tmp_path):
+  """The process is SIGKILLed while Orbax writes step 2 to gs:// (its array writes slowed down by the
+  proxy): the rerun lists step 1 only, restores it bit for bit, and writes step 2 again."""
+  import signal
+
+  env, proxy = faulty_gcs
+  w = f"gs://{BUCKET}/cut/checkpoints"
+  f = tmp_path / "cut.py"
+  f.write_text(CUT_SAVE)
+  p = subprocess.Popen(
+    [sys.executable, str(f), w, "save"],
+    cwd=ROOT,
+    env=env,
+    stdin=subprocess.PIPE,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+    start_new_session=True,
+  )
+  try:
+    assert p.stdout.readline().strip() == "SAVED 1", p.stderr.read()[-3000:]
+    proxy.delay_s, proxy.delay_kinds = 1.0, {"array"}
+    n0 = len(proxy.seen)
+    p.stdin.write("go\n")
+    p.stdin.flush()
+    assert p.stdout.readline().strip() == "SAVING 2"
+    deadline = time.time() + 120
+    while not any(k == "array" and "cut/checkpoints/2" in t for k, _, t in proxy.seen[n0:]):
+      assert time.time() < deadline and p.poll() is None, "no array write of step 2 seen"
+      time.sleep(0.1)
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait(timeout=30)
+  finally:
+    proxy.delay_s, proxy.delay_kinds = 0.0, set()
+    try:
+      os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
+      pass
+  r, _ = _script(tmp_path, "cut", CUT_SAVE, env, w, "resume", timeout=300)
+  out = _result(r)
+  assert out["partial"] and "2/commit_success.txt" not in out["partial"], out  # cut off mid-write
+  assert out["steps"] == [1] and out["restored"] == 1 and out["equal"], out
+  assert out["data"] == {"position": 1}
+  assert out["steps_after"] == [1, 2] and out["equal2"], out
+  assert "Traceback" not in r.stderr, r.stderr[-3000:]
