@@ -377,7 +377,9 @@ def _kind(rel):
   return "metadata"
 
 
-def test_every_damaged_file_of_a_step_falls_back_with_one_warning(two_steps, tmp_path, caplog, capfd):
+def test_every_damaged_file_of_a_step_falls_back_with_one_warning(
+  two_steps, tmp_path, caplog, capfd, recwarn
+):
   """Each file of the latest step, truncated to a third or emptied in turn: the restore falls back to
   step 1 with one warning naming step 2 and the file, no traceback, and step 1's state and data position
   bit for bit; or, for a file the step no longer reads (OCDBT nodes its merged manifest superseded), it
@@ -431,6 +433,11 @@ def test_every_damaged_file_of_a_step_falls_back_with_one_warning(two_steps, tmp
       assert data == {"position": position}
       for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(expect)):
         assert a.dtype == b.dtype and np.array_equal(np.asarray(a), np.asarray(b)), (rel, how)
+  import gc
+
+  gc.collect()
+  never = [str(x.message) for x in recwarn.list if "never awaited" in str(x.message)]
+  assert never == [], never
   assert kinds == {"commit marker", "data-iterator state", "array data", "metadata"}, kinds
   assert len(intact) < len(_files(two_steps / "2")), intact
 

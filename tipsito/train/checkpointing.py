@@ -542,13 +542,25 @@ class _ClosedLoopTolerantEventLoop(asyncio.SelectorEventLoop):
 
   def call_soon_threadsafe(self, callback, *args, context=None):
     if self.is_closed():
-      return None
+      return _close_coroutines(callback, args)
     try:
       return super().call_soon_threadsafe(callback, *args, context=context)
     except RuntimeError:
       if self.is_closed():  # closed between the check and the call
-        return None
+        return _close_coroutines(callback, args)
       raise
+
+
+def _close_coroutines(callback, args) -> None:
+  """Closes the unstarted coroutines a dropped callback carries (`asyncio.run_coroutine_threadsafe`
+  posts a closure over one), so that none is later reported "coroutine ... was never awaited"."""
+  cells = [
+    c.cell_contents for c in (getattr(callback, "__closure__", None) or ()) if c.cell_contents is not None
+  ]
+  for value in [*args, *cells]:
+    if asyncio.iscoroutine(value):
+      value.close()
+  return None
 
 
 class _TolerantLoopPolicy(asyncio.DefaultEventLoopPolicy):
