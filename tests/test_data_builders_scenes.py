@@ -8,6 +8,8 @@ corrupt all of them.
 
 import io
 import re
+import sys
+import zlib
 
 import numpy as np
 import pytest
@@ -35,7 +37,7 @@ def two_builds(tmp_path_factory):
 
 def _raw_records(data_dir, split):
   """Every record of a split as {field: bytes | int | list} (the raw tf.train.Example, no TFDS decoding:
-  TFDS' numpy decoder cannot read uint16 PNGs without OpenCV)."""
+  what the stored bytes are, byte for byte)."""
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
   builder = tfds.builder_from_directory(sources.resolve_dataset_dir("scenes", str(data_dir)))
@@ -80,7 +82,8 @@ def test_generator_is_a_pure_function_of_seed_split_index():
 
 def test_records_hold_the_generator_output(two_builds):
   """Every field of the contract, decoded, equals the generator's example (PNG dtypes: uint8 RGB image,
-  uint8 class map, uint16 depth in mm). TFDS orders records by a hash of their key: the id names the index."""
+  uint8 class map; the depth a zlib-compressed uint16 (S,S,1) Tensor in mm). TFDS orders records by a hash
+  of their key: the id names the index."""
   a, _ = two_builds
   for split in SPLITS:
     recs = _raw_records(a, split)
@@ -89,12 +92,13 @@ def test_records_hold_the_generator_output(two_builds):
     for rec in recs:
       i = int(rec["id"][0].decode().rsplit("-", 1)[1])
       ex = scenes_gen.generate(i, split=split, image_size=32)
-      image, seg, depth = _png(rec["image"]), _png(rec["segmentation"]), _png(rec["depth"])
+      image, seg = _png(rec["image"]), _png(rec["segmentation"])
+      depth = np.frombuffer(zlib.decompress(rec["depth"][0]), "<u2").reshape(32, 32, 1)
       assert image.dtype == np.uint8 and image.shape == (32, 32, 3)
       assert seg.dtype == np.uint8 and depth.dtype == np.uint16
       np.testing.assert_array_equal(image, ex["image"])
       np.testing.assert_array_equal(seg, ex["segmentation"])
-      np.testing.assert_array_equal(depth, ex["depth"])
+      np.testing.assert_array_equal(depth[..., 0], ex["depth"])
       assert rec["label"] == [ex["label"]] and rec["labels"] == ex["labels"]
       assert rec["objects/label"] == [o["label"] for o in ex["objects"]]
       assert rec["objects/visible_pixels"] == [o["visible_pixels"] for o in ex["objects"]]
@@ -102,6 +106,60 @@ def test_records_hold_the_generator_output(two_builds):
       assert len(rec["objects/bbox"]) == 4 * len(ex["objects"])
       for key in ("alt_text", "caption", "caption_detailed", "id"):
         assert rec[key] == [ex[key].encode()]
+
+
+def test_plain_tfds_reads_every_field_without_opencv(two_builds, monkeypatch):
+  """`sources.data_source("scenes")` (plain `tfds.builder_from_directory(...).as_data_source()`) decodes
+  every field of every record with OpenCV unimportable, and the depth it returns holds the values the
+  pipeline decoded from the former 16-bit PNG storage (`eval_input.decode_depth`), pixel for pixel."""
+  from tipsito.data import eval_input
+
+  monkeypatch.setitem(sys.modules, "cv2", None)  # `import cv2` raises ImportError, installed or not
+  with pytest.raises(ImportError):
+    import cv2  # noqa: F401
+  a, _ = two_builds
+  for split in SPLITS:
+    src = sources.data_source("scenes", split=split, data_dir=str(a))
+    assert len(src) == TINY["split_sizes"][split]
+    for i in range(len(src)):
+      rec = src[i]
+      n = int(rec["id"].decode().rsplit("-", 1)[1])
+      ex = scenes_gen.generate(n, split=split, image_size=32)
+      np.testing.assert_array_equal(rec["image"], ex["image"])
+      np.testing.assert_array_equal(rec["segmentation"][..., 0], ex["segmentation"])
+      assert rec["depth"].dtype == np.uint16 and rec["depth"].shape == (32, 32, 1)
+      np.testing.assert_array_equal(rec["depth"][..., 0], ex["depth"].reshape(32, 32))
+      old = io.BytesIO()  # the former storage: a 16-bit greyscale PNG of the same map
+      Image.fromarray(np.ascontiguousarray(ex["depth"].reshape(32, 32).astype(np.uint16))).save(old, "PNG")
+      before = eval_input.decode_depth(old.getvalue())
+      after = eval_input.decode_depth(rec["depth"])
+      assert after.dtype == before.dtype == np.float32
+      np.testing.assert_array_equal(after, before)
+      assert rec["caption_detailed"].decode() == ex["caption_detailed"]
+      assert list(rec["labels"]) == ex["labels"] and int(rec["label"]) == ex["label"]
+      np.testing.assert_allclose(rec["objects"]["depth"], [o["depth_m"] for o in ex["objects"]], rtol=1e-6)
+
+
+def test_every_converted_image_field_is_one_pil_decodes():
+  """Every image field of every builder `tipsito.data.convert` offers is 8-bit (TFDS decodes those with
+  PIL; a 16-bit one needs OpenCV, which is no dependency). `table` and `webdataset` take their features
+  from `_common.make_features`, checked through `scenes`."""
+  import tempfile
+
+  import tensorflow_datasets as tfds
+
+  from tipsito.data import builders
+
+  seen = 0
+  for name in builders.BUILDERS:
+    if name in ("table", "webdataset"):
+      continue
+    feats = builders.builder_class(name)(data_dir=tempfile.mkdtemp()).info.features
+    for key, f in feats.items():
+      if isinstance(f, tfds.features.Image):
+        assert f.np_dtype == np.uint8, f"{name}.{key}: {f.np_dtype} images need OpenCV to decode"
+        seen += 1
+  assert seen >= 6
 
 
 def _examples(n=60, size=48):

@@ -82,3 +82,76 @@ def isdir(path) -> bool:
 def open_binary(path):
   """A readable binary file object, local or remote (seekable: gcsfs files are)."""
   return epath.Path(path).open("rb") if is_url(path) else open(path, "rb")
+
+
+# How long a gs:// operation is retried before it fails: gcsfs (`gcsfs.retry.retry_request`) makes 6
+# attempts per request on 408/429/5xx and dropped connections, sleeping min(2**(k-1) + U(0, 1), 32) s
+# between them: about 31-36 s in all (docs/training.md, "Object-store faults").
+GCSFS_RETRY_BOUND_S = 36
+
+
+class StorageUnavailable(SystemExit):
+  """An object-store operation failed after its client's own retries (an outage, or lost permissions).
+
+  A SystemExit: the command ends with this one message and exit status 1, no traceback (the traceback of
+  a client's last retry names neither the operation nor the path). The message says what was being done,
+  on which path, and what to check; a run stopped this way resumes from its last complete checkpoint.
+  """
+
+  def __init__(self, operation: str, path: str, error: BaseException, *, bound: str = ""):
+    last = " ".join(str(error).split())[:300] or type(error).__name__
+    within = f" ({bound})" if bound else ""
+    self.message = (
+      f"tipsito: {operation} {path} failed: the object store did not answer after its client's retries"
+      f"{within}; last error: {type(error).__name__}: {last}. Check this host's network to the store, "
+      f"that the bucket exists and this account may read and write it (e.g. `gcloud storage ls "
+      f"{path}`), and the provider's status page; then run the same command again: the run resumes from "
+      "its last complete checkpoint."
+    )
+    super().__init__(self.message)
+    self.operation, self.path = operation, path
+
+  def __str__(self) -> str:
+    return self.message
+
+
+def is_storage_outage(error: BaseException) -> bool:
+  """Whether `error` (or one it came from) is a transport or server failure of an object-store client:
+  gcsfs's HttpError (429/5xx), aiohttp's client errors, a timeout, or a tensorstore UNAVAILABLE /
+  DEADLINE_EXCEEDED. Not a missing object, a refused precondition or a bad request."""
+  seen = set()
+  e: BaseException | None = error
+  while e is not None and id(e) not in seen:
+    seen.add(id(e))
+    if isinstance(e, (FileNotFoundError, FileExistsError, PermissionError)):
+      return False
+    mod = type(e).__module__ or ""
+    text = str(e)
+    if mod.startswith(("gcsfs", "aiohttp", "google.auth", "requests")) or isinstance(e, TimeoutError):
+      return True
+    if "UNAVAILABLE" in text or "DEADLINE_EXCEEDED" in text:
+      return True
+    e = e.__cause__ or e.__context__
+  return False
+
+
+class _OneLineRetryLog:
+  """A logging filter for gcsfs: its 'out of retries' / 'non-retriable' records lose their traceback.
+
+  Why: gcsfs logs every failed request with `logger.exception`, so an outage printed one raw traceback
+  per operation before the caller's own error (five, in the run that led to this); the caller's error
+  (StorageUnavailable) is the one that names the operation and the path."""
+
+  def filter(self, record) -> bool:
+    if record.exc_info:
+      record.exc_info, record.exc_text = None, None
+    return True
+
+
+def quiet_gcsfs_retry_tracebacks() -> None:
+  """Installs `_OneLineRetryLog` on the `gcsfs` logger once (idempotent)."""
+  import logging  # pylint: disable=import-outside-toplevel
+
+  log = logging.getLogger("gcsfs")
+  if not any(isinstance(f, _OneLineRetryLog) for f in log.filters):
+    log.addFilter(_OneLineRetryLog())

@@ -128,6 +128,7 @@ class Checkpointer:
   """Thin wrapper over `ocp.CheckpointManager` for (TrainState, per-host data iterator state)."""
 
   def __init__(self, directory, *, every_steps: int, keep: int, async_save: bool = True):
+    _install_quiet_hooks()
     self.path = as_path(directory)  # local or gs://
     self.directory = os.fspath(self.path)
     self.every_steps = int(every_steps)
@@ -244,6 +245,7 @@ class Checkpointer:
     return self._local_reader
 
   def _restore_step(self, abstract_state: Any, step: int, with_data: bool):
+    check_step_files(self._step_path(step))
     items = {"state": ocp.args.StandardRestore(abstract_state)}
     if with_data:
       items.update(self._data_args(step))
@@ -346,10 +348,72 @@ class Checkpointer:
         self._local_reader.close()
 
 
+class DamagedCheckpointFile(ValueError):
+  """A file of a checkpoint step is truncated or empty (found before Orbax reads the step)."""
+
+
+# The commit marker Orbax writes on object storage (and on local disk alongside the atomic rename).
+_COMMIT_MARKER = "commit_success.txt"
+_COMMIT_TEXT = "Checkpoint commit was successful to "
+
+
+def _is_json_file(rel: str) -> bool:
+  name = rel.rsplit("/", 1)[-1]
+  return (
+    name in ("_CHECKPOINT_METADATA", "_METADATA", "_sharding")
+    or name.endswith(".json")
+    or "/array_metadatas/" in f"/{rel}"
+  )
+
+
+def _files_below(d: epath.Path) -> list:
+  """Every file below `d`, sorted (epath's rglob refuses '**' on some backends)."""
+  out = []
+  for p in sorted(d.iterdir(), key=os.fspath):
+    if p.is_dir():
+      out.extend(_files_below(p))
+    else:
+      out.append(p)
+  return out
+
+
+def check_step_files(step_dir) -> None:
+  """Raises DamagedCheckpointFile naming the first metadata file of a step that does not parse (JSON,
+  truncated or empty) or a commit marker that is not whole.
+
+  Why before Orbax: Orbax reads some of these files only in passing (the step's `_CHECKPOINT_METADATA`:
+  it logs two ERROR lines and goes on), reads others deep inside a restore whose error names no file,
+  and never reads a commit marker's content; a step whose write was disturbed in any of its files is
+  then restored with log noise, or skipped with an error that does not say which file. Array data
+  (OCDBT) is checked by reading it: its errors name the file (`_damaged_file`). Costs one listing and a
+  few small reads (also on gs://)."""
+  step_dir = as_path(step_dir)
+  for f in _files_below(step_dir):
+    rel = os.fspath(f)[len(os.fspath(step_dir)) + 1 :]
+    if f.name == _COMMIT_MARKER:
+      text = f.read_text()
+      tail = "/" + "/".join([step_dir.name] + rel.split("/")[:-1])  # the folder it commits
+      # On local disk the marker names the temporary folder Orbax then renamed ('2.orbax-checkpoint-tmp').
+      target = re.sub(r"\.orbax-checkpoint-tmp[^/]*", "", text[len(_COMMIT_TEXT) :].strip().rstrip("/"))
+      if not (text.startswith(_COMMIT_TEXT) and target.endswith(tail)):
+        raise DamagedCheckpointFile(
+          f"{os.fspath(f)}: the commit marker is truncated or empty ({len(text)} bytes)"
+        )
+    elif _is_json_file(rel) and not f.is_dir():
+      data = f.read_bytes()
+      try:
+        json.loads(data.decode("utf-8"))
+      except ValueError as e:
+        raise DamagedCheckpointFile(
+          f"{os.fspath(f)}: truncated or empty ({len(data)} bytes; {type(e).__name__}: {e})"
+        ) from None
+
+
 def local_reader(directory) -> ocp.CheckpointManager:
   """A read-only CheckpointManager whose restores involve this process only: no cross-process barrier
   (a process whose restore fails must not leave the others waiting in one). Every process still reads
   only the shards its devices need."""
+  _install_quiet_hooks()
   me = jax.process_index()
   options = ocp.CheckpointManagerOptions(
     read_only=True,
@@ -437,11 +501,33 @@ def restore_first_readable(
   raise NoReadableCheckpoint(directory, skipped, what=what)
 
 
+_FILE_IN_ERROR = re.compile(r'(?:local file|file|object) "([^"]+)"')
+
+
+def _damaged_file(e: BaseException) -> Optional[str]:
+  """The file a (TensorStore) read error names, searched through the exception's causes: Orbax wraps
+  the read error of one array in 'Encountered error while reading array index', which names none."""
+  seen, cur, folder = set(), e, None
+  while cur is not None and id(cur) not in seen:
+    seen.add(id(cur))
+    found = _FILE_IN_ERROR.findall(str(cur))
+    files = [f for f in found if not f.endswith("/")]
+    if files:
+      return files[-1]
+    folder = folder or (found[-1] if found else None)
+    cur = cur.__cause__ or cur.__context__
+  # TensorStore named only the OCDBT database (a read past the end of a data file it does not name).
+  return f"{folder} (array data)" if folder else None
+
+
 def _one_line(e: BaseException) -> str:
-  """'Type: first line of the message' (at most 300 characters): a TensorStore error spans tens of lines
-  (its whole spec), which made one skipped step a page of log."""
+  """'[file F: ]Type: first line of the message' (at most 300 characters): a TensorStore error spans
+  tens of lines (its whole spec), which made one skipped step a page of log; the damaged file comes
+  first, when the error names one."""
   first = (str(e).strip().splitlines() or [""])[0]
-  return f"{type(e).__name__}: {first[:300]}"
+  f = None if isinstance(e, DamagedCheckpointFile) else _damaged_file(e)
+  where = f"file {f}: " if f else ""
+  return f"{where}{type(e).__name__}: {first[:300]}"
 
 
 class _ClosedLoopTolerantEventLoop(asyncio.SelectorEventLoop):
@@ -456,23 +542,82 @@ class _ClosedLoopTolerantEventLoop(asyncio.SelectorEventLoop):
 
   def call_soon_threadsafe(self, callback, *args, context=None):
     if self.is_closed():
-      return None
+      return _close_coroutines(callback, args)
     try:
       return super().call_soon_threadsafe(callback, *args, context=context)
     except RuntimeError:
       if self.is_closed():  # closed between the check and the call
-        return None
+        return _close_coroutines(callback, args)
       raise
+
+
+def _close_coroutines(callback, args) -> None:
+  """Closes the unstarted coroutines a dropped callback carries (`asyncio.run_coroutine_threadsafe`
+  posts a closure over one), so that none is later reported "coroutine ... was never awaited"."""
+  cells = [
+    c.cell_contents for c in (getattr(callback, "__closure__", None) or ()) if c.cell_contents is not None
+  ]
+  for value in [*args, *cells]:
+    if asyncio.iscoroutine(value):
+      value.close()
+  return None
 
 
 class _TolerantLoopPolicy(asyncio.DefaultEventLoopPolicy):
   _loop_factory = _ClosedLoopTolerantEventLoop
 
 
+def _is_abandoned_array_read(unraisable) -> bool:
+  """An Orbax array read (`_read_array_index_and_device_put`) closed unfinished after its restore failed.
+
+  Why: that coroutine catches BaseException around its read and raises a new Exception, so when the
+  failed restore's pending reads are closed (GeneratorExit), each one raises instead of closing and
+  Python prints 'Exception ignored in: <coroutine ...>' with a traceback, one per pending array."""
+  obj = getattr(unraisable, "object", None)
+  code = getattr(obj, "cr_code", None)
+  return code is not None and code.co_name == "_read_array_index_and_device_put"
+
+
+def _install_quiet_hooks() -> None:
+  """Drops the tracebacks of abandoned array reads (`_is_abandoned_array_read`) and Orbax's warning
+  that our read-only reader (`local_reader`) is read-only; idempotent. Process-wide and lasting:
+  the abandoned reads are closed when they are garbage-collected, after the restore returned."""
+  import sys  # pylint: disable=import-outside-toplevel
+
+  previous = sys.unraisablehook
+  if not getattr(previous, "_tipsito_quiet", False):
+
+    def hook(unraisable):
+      if _is_abandoned_array_read(unraisable):
+        logging.debug("dropped the error of an abandoned array read: %s", unraisable.exc_value)
+        return
+      previous(unraisable)
+
+    hook._tipsito_quiet = True  # pylint: disable=protected-access
+    sys.unraisablehook = hook
+  absl_log = logging.getLogger("absl")
+  if not any(isinstance(f, _ReadOnlyNoteDropped) for f in absl_log.filters):
+    absl_log.addFilter(_ReadOnlyNoteDropped())
+
+
+class _ReadOnlyNoteDropped(logging.Filter):
+  """Drops two Orbax lines: 'Given directory is read only' (every read-only manager warns it; ours are
+  so on purpose) and 'Failed to json parse Metadata file' (an ERROR per listing of a step whose
+  `_CHECKPOINT_METADATA` is damaged; `check_step_files` then skips that step with one warning naming
+  the file)."""
+
+  def filter(self, record) -> bool:
+    msg = str(record.msg)
+    return not (
+      msg == "Given directory is read only=%s" or msg.startswith("Failed to json parse Metadata file")
+    )
+
+
 @contextlib.contextmanager
 def _late_reads_of_a_failed_restore_dropped():
   """Every event loop created inside (Orbax's restore loops) is a `_ClosedLoopTolerantEventLoop`; the
   loops keep that behaviour after the block, when the late reads of a failed restore come in."""
+  _install_quiet_hooks()
   previous = asyncio.get_event_loop_policy()
   asyncio.set_event_loop_policy(_TolerantLoopPolicy())
   try:
@@ -589,9 +734,14 @@ def _restore_read_only(workdir, restore: Callable[[Any, int], Any], what: str, s
           f"{what}: no checkpoint of step {int(step)} in {os.fspath(ckpt_dir)} (steps: {steps})"
         )
       steps = [int(step)]
+
+    def checked(s):
+      check_step_files(ckpt_dir / str(s))
+      return restore(reader, s)
+
     _, out, _ = restore_first_readable(
       steps,
-      lambda s: restore(reader, s),
+      checked,
       directory=os.fspath(ckpt_dir),
       what=what,
       read_only=True,
@@ -626,8 +776,13 @@ def restore_params(path, abstract_params: Any) -> Any:
     steps = [only] if only is not None else same_on_every_process(sorted(int(s) for s in reader.all_steps()))
     if not steps:
       raise FileNotFoundError(f"{what}: no checkpoint found in {os.fspath(ckpt_dir)}")
+
+    def checked(s):
+      check_step_files(ckpt_dir / str(s))
+      return reader.restore(s, args=args)
+
     _, restored, _ = restore_first_readable(
-      steps, lambda s: reader.restore(s, args=args), directory=os.fspath(ckpt_dir), what=what, read_only=True
+      steps, checked, directory=os.fspath(ckpt_dir), what=what, read_only=True
     )
   finally:
     reader.close()

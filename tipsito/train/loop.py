@@ -20,6 +20,7 @@ a lost peer shows): a lost peer ends the process there with exit status 76 and o
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import threading
@@ -52,11 +53,28 @@ from tipsito.train import step as step_lib
 from tipsito.train import workdir as workdir_lib
 
 
+@contextlib.contextmanager
+def _storage_errors_named(operation: str, path: str):
+  """An object-store outage inside (an error its client raised after its own retries) becomes one
+  `paths.StorageUnavailable` naming `operation` and `path` (docs/training.md, "Object-store faults");
+  every other error passes unchanged."""
+  try:
+    yield
+  except Exception as e:  # pylint: disable=broad-except  # re-raised unless it is an outage
+    if paths.is_url(path) and paths.is_storage_outage(e):
+      raise paths.StorageUnavailable(operation, path, e) from None
+    raise
+
+
 def guard_resume(config: mlc.ConfigDict, workdir: str) -> list:
   """Refuses a resume whose config changes unsafe keys (resume_guard); returns config.json's history
   with the accepted changes of this resume appended. Runs before anything is written."""
-  saved, history = workdir_lib.read_config_json(workdir)
-  step = workdir_lib.latest_checkpoint_step(workdir)
+  with _storage_errors_named(
+    "reading the saved config (resume guard)", paths.join(workdir, workdir_lib.CONFIG_FILE)
+  ):
+    saved, history = workdir_lib.read_config_json(workdir)
+  with _storage_errors_named("listing the checkpoints", paths.join(workdir, "checkpoints")):
+    step = workdir_lib.latest_checkpoint_step(workdir)
   if saved is None or step is None:
     return history
   changes = resume_guard.check(saved, config, workdir)
@@ -327,7 +345,8 @@ def _train_locked(
     logging.info(
       "Train state ready at step %d in %.1fs", int(jax.device_get(state.step)), time.time() - t_init
     )
-    workdir_lib.save_config(config, workdir, history)
+    with _storage_errors_named("writing the run's config", paths.join(workdir, workdir_lib.CONFIG_FILE)):
+      workdir_lib.save_config(config, workdir, history)
     res.writer = writer = _open_writer(config, workdir)
     if owns_iter:
       res.data_iter = data_iter = _open_data(config)

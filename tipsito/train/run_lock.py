@@ -19,7 +19,16 @@ How, by storage:
   lock not refreshed for `STALE_AFTER_S` seconds is stale and is deleted on the condition that it is
   still that generation and metageneration (no refresh came in between), then created anew. Without
   gcsfs (or on another object store) there is no precondition to rely on: the run warns and takes no
-  lock.
+  lock. Who holds it decides how long a new launch waits (a scheduler's automatic restart after a hard
+  failure must get in without a person):
+  - a holder on this host (same host name, kernel boot and pid namespace: `_host_identity`) whose process
+    is gone (its pid is not alive with the start time it wrote) is taken over at once, with one warning,
+    as a dead local holder is;
+  - a holder on another host is watched: a refresh coming in means it is alive (refused, WorkdirBusy);
+    no refresh until the lock is `STALE_AFTER_S` old means it is gone (taken over). While waiting a
+    progress line is logged every `PROGRESS_EVERY_S`. `TIPSITO_LOCK_WAIT=0` refuses at once instead.
+  The acquire also recognises its own lock by its token (a create whose answer was lost to a dropped
+  connection is retried by gcsfs and then sees its own object), so faults never make a run refuse itself.
 
 Only process 0 of a pod holds the lock; the others learn its outcome (tipsito/train/loop.py), so a busy
 workdir stops every process and the lock never stops host 1 of a healthy pod. Read-only users of a
@@ -36,6 +45,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from typing import Optional
 
@@ -44,6 +54,8 @@ from tipsito import paths
 LOCK_FILE = "run.lock"
 REFRESH_EVERY_S = 30.0  # the holder rewrites `refreshed` this often (gs://: the object's metadata)
 STALE_AFTER_S = 300.0  # gs://: a lock not refreshed for this long belongs to a run that is gone
+PROGRESS_EVERY_S = 15.0  # gs://: a launch waiting for another host's lock logs a line this often
+WAIT_ENV = "TIPSITO_LOCK_WAIT"  # "0": a gs:// lock of another host is refused at once, never waited for
 
 
 class WorkdirBusy(SystemExit):
@@ -66,10 +78,70 @@ def _now_iso() -> str:
   return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _me(token: str) -> dict:
+def _read_text(path: str) -> str:
+  try:
+    with open(path, encoding="utf-8") as f:
+      return f.read().strip()
+  except OSError:
+    return ""
+
+
+def _host_identity() -> dict:
+  """What makes a pid on this machine mean the same process: the host name, the kernel's boot id (a
+  rebooted VM, or a pod rescheduled onto another node under the same name, has another) and the pid
+  namespace (two containers on one kernel do not see each other's pids)."""
+  try:
+    pidns = os.readlink("/proc/self/ns/pid")
+  except OSError:
+    pidns = ""
   return {
     "host": socket.gethostname(),
+    "boot_id": _read_text("/proc/sys/kernel/random/boot_id"),
+    "pid_ns": pidns,
+  }
+
+
+def _pid_start(pid: int) -> str:
+  """The start time of process `pid` in clock ticks since boot (/proc/<pid>/stat field 22), '' unknown."""
+  stat = _read_text(f"/proc/{int(pid)}/stat")
+  return stat[stat.rindex(")") + 2 :].split()[19] if ")" in stat else ""
+
+
+def on_this_host(holder: Optional[dict]) -> bool:
+  """Whether a lock's holder ran on this host, as `_host_identity` defines it (unknown fields: no)."""
+  if not holder:
+    return False
+  me = _host_identity()
+  return all(me[k] and holder.get(k) == me[k] for k in me)
+
+
+def holder_alive(holder: dict) -> bool:
+  """Whether the holder's process (on this host: `on_this_host`) still runs: its pid exists, is no
+  zombie, and started when the holder wrote (a reused pid is another process)."""
+  try:
+    pid = int(holder.get("pid"))
+  except (TypeError, ValueError):
+    return True  # cannot tell: assume alive
+  stat = _read_text(f"/proc/{pid}/stat")
+  if not stat:
+    try:
+      os.kill(pid, 0)
+    except ProcessLookupError:
+      return False
+    except OSError:
+      return True
+    return True
+  if stat[stat.rindex(")") + 2 :].split()[0] in ("Z", "X"):
+    return False
+  started = holder.get("pid_start")
+  return not started or started == _pid_start(pid)
+
+
+def _me(token: str) -> dict:
+  return {
+    **_host_identity(),
     "pid": os.getpid(),
+    "pid_start": _pid_start(os.getpid()),
     "started": _now_iso(),
     "refreshed": _now_iso(),
     "token": token,
@@ -188,6 +260,7 @@ class _GcsLock:
     import gcsfs  # pylint: disable=import-outside-toplevel
 
     self.url, self.token, self.stale_after_s = url, token, float(stale_after_s)
+    paths.quiet_gcsfs_retry_tracebacks()
     self.fs = gcsfs.GCSFileSystem()
     self.bucket, self.key, _ = self.fs.split_path(url)
     self._generation: Optional[str] = None
@@ -223,9 +296,45 @@ class _GcsLock:
     latest = max(datetime.datetime.fromisoformat(t.replace("Z", "+00:00")) for t in times if t)
     return (datetime.datetime.now(datetime.timezone.utc) - latest).total_seconds()
 
+  def _stamp(self, info: dict) -> tuple:
+    """What changes when the holder refreshes or the lock changes hands."""
+    return (info.get("generation"), info.get("metageneration"), (info.get("metadata") or {}).get("refreshed"))
+
+  def _take_over(self, info: dict) -> bool:
+    """Deletes the lock read as `info` if nobody refreshed or replaced it since; whether it did."""
+    try:
+      self.fs.call(
+        "DELETE",
+        "b/{}/o/{}",
+        self.bucket,
+        self.key,
+        ifGenerationMatch=info["generation"],
+        ifMetagenerationMatch=info["metageneration"],
+      )
+    except FileNotFoundError:
+      return False  # gone meanwhile (or our retried DELETE already removed it): create again
+    except OSError as e:
+      if isinstance(e, FileExistsError) or "412" in str(e) or "precondition" in str(e).lower():
+        return False  # refreshed or replaced meanwhile: look again
+      raise
+    return True
+
   def acquire(self) -> None:
+    try:
+      self._acquire()
+    except Exception as e:  # pylint: disable=broad-except  # an outage: one clear error, no traceback
+      if paths.is_storage_outage(e):
+        raise paths.StorageUnavailable(
+          "taking the run lock", self.url, e, bound=f"gcsfs: about {paths.GCSFS_RETRY_BOUND_S} s per request"
+        ) from None
+      raise
+
+  def _acquire(self) -> None:
     me = _me(self.token)
-    for _ in range(5):
+    wait = os.environ.get(WAIT_ENV, "1").strip().lower() not in ("0", "false", "no")
+    watched, next_progress = None, 0.0
+    poll_s = max(0.2, min(5.0, self.stale_after_s / 20))
+    for _ in range(10000):
       gen = self._create(me)
       if gen is not None:
         self._generation = gen
@@ -233,37 +342,57 @@ class _GcsLock:
       info = self._info()
       if info is None:
         continue  # released meanwhile: try again
-      age = self._age_s(info)
       holder = self._holder(info)
-      if age < self.stale_after_s:
-        raise _busy(
-          self.url,
-          holder,
-          f"A lock on object storage is taken over once it has not been refreshed for "
-          f"{self.stale_after_s:.0f} s (it was refreshed {age:.0f} s ago).",
-        )
-      try:  # only if nobody refreshed or replaced it since we read it
-        self.fs.call(
-          "DELETE",
-          "b/{}/o/{}",
-          self.bucket,
-          self.key,
-          ifGenerationMatch=info["generation"],
-          ifMetagenerationMatch=info["metageneration"],
-        )
-      except FileNotFoundError:
+      if holder.get("token") == self.token:  # our own create, whose answer a dropped connection lost
+        self._generation = info["generation"]
+        return
+      age = self._age_s(info)
+      if on_this_host(holder):
+        if holder_alive(holder):
+          raise _busy(self.url, holder, "Its process is alive on this host.")
+        if self._take_over(info):
+          logging.warning(
+            "Taking over the lock %s of a run that ended without releasing it (%s; that process no longer "
+            "runs on this host): it was killed or crashed. Resuming from its checkpoints.",
+            self.url,
+            describe(holder),
+          )
         continue
-      except OSError as e:
-        if "412" in str(e) or "precondition" in str(e).lower():
-          continue  # refreshed or replaced meanwhile: look again
-        raise
-      logging.warning(
-        "Taking over the lock %s of a run that has not refreshed it for %.0f s (%s): it was killed or "
-        "lost. Resuming from its checkpoints.",
-        self.url,
-        age,
-        describe(holder),
+      if age >= self.stale_after_s:
+        if self._take_over(info):
+          logging.warning(
+            "Taking over the lock %s of a run that has not refreshed it for %.0f s (%s): it was killed "
+            "or lost. Resuming from its checkpoints.",
+            self.url,
+            age,
+            describe(holder),
+          )
+        continue
+      how = (
+        f"A lock on object storage held by another host is taken over once it has not been refreshed "
+        f"for {self.stale_after_s:.0f} s (it was refreshed {age:.0f} s ago)"
       )
+      if not wait:
+        raise _busy(self.url, holder, f"{how}; {WAIT_ENV}=0 asked not to wait for that.")
+      stamp = self._stamp(info)
+      if watched is None:
+        watched = stamp
+      elif stamp != watched:
+        raise _busy(self.url, holder, f"{how}; it was refreshed while this launch waited: that run is alive.")
+      now = time.monotonic()
+      if now >= next_progress:
+        logging.warning(
+          "Waiting for the lock %s, held by %s on another host and not refreshed for %.0f s: taken over "
+          "in %.0f s unless its holder refreshes it meanwhile (then this launch stops). %s=0 refuses at "
+          "once instead.",
+          self.url,
+          describe(holder),
+          age,
+          max(0.0, self.stale_after_s - age),
+          WAIT_ENV,
+        )
+        next_progress = now + PROGRESS_EVERY_S
+      time.sleep(min(poll_s, max(0.05, self.stale_after_s - age)))
     raise _busy(self.url, _read_url_json(self.fs, self.url), "The lock kept changing hands while we looked.")
 
   def refresh(self) -> None:
@@ -292,8 +421,16 @@ class _GcsLock:
     gen, self._generation = self._generation, None
     try:
       self.fs.call("DELETE", "b/{}/o/{}", self.bucket, self.key, ifGenerationMatch=gen)
-    except (FileNotFoundError, OSError) as e:  # taken over meanwhile: not ours to delete
-      logging.warning("Could not release the lock %s: %r", self.url, e)
+    except FileNotFoundError:  # taken over, or a retried DELETE whose first answer was lost: gone
+      pass
+    except Exception as e:  # pylint: disable=broad-except  # never a second failure on the way out
+      logging.warning(
+        "Could not release the lock %s (%s). The next launch on this host takes it over at once; one on "
+        "another host after %.0f s.",
+        self.url,
+        " ".join(str(e).split())[:200],
+        self.stale_after_s,
+      )
 
 
 def _read_url_json(fs, url: str) -> Optional[dict]:

@@ -8,7 +8,9 @@ see `scenes_gen.generate`, which also documents the class set and every generato
 Record schema (array_record; the `scenes` record contract):
   image: PNG RGB (S,S,3);
   segmentation: PNG uint8 (S,S,1): 0 = background, c + 1 = class c of `scenes_gen.CLASSES`;
-  depth: PNG uint16 (S,S,1): metres x 1000 (never 0); the background is a ground-plane gradient;
+  depth: uint16 (S,S,1) Tensor, zlib-compressed: metres x 1000 (never 0); the background is a ground-plane
+    gradient (not a PNG: TFDS decodes a uint16 PNG only with OpenCV, a zlib Tensor with numpy alone, so
+    plain `tfds.builder_from_directory(...).as_data_source()` reads every field; `DEPTH_FEATURE`);
   label: ClassLabel of the largest object (most pixels in `segmentation`, ties to the lower class);
   labels: every class present (multi-label, sorted);
   objects: Sequence of {label, bbox (tfds BBox, normalised, full extent), depth (metres), visible_pixels};
@@ -19,11 +21,9 @@ Record schema (array_record; the `scenes` record contract):
 from __future__ import annotations
 
 import dataclasses
-import io
 
 import numpy as np
 import tensorflow_datasets as tfds
-from PIL import Image
 
 from tipsito.data.builders import _common
 from tipsito.data.builders import scenes_gen
@@ -43,12 +43,18 @@ class ScenesConfig(tfds.core.BuilderConfig):
   max_objects: int = scenes_gen.MAX_OBJECTS
 
 
-def png16_bytes(array: np.ndarray) -> bytes:
-  """Encodes a uint16 (H,W) or (H,W,1) array as a 16-bit greyscale PNG (the depth maps)."""
-  arr = np.ascontiguousarray(array.reshape(array.shape[:2]).astype(np.uint16))
-  buf = io.BytesIO()
-  Image.fromarray(arr).save(buf, format="PNG", compress_level=3)
-  return buf.getvalue()
+def depth_feature(image_size: int) -> tfds.features.Tensor:
+  """The `depth` field: a (S,S,1) uint16 Tensor stored zlib-compressed.
+
+  Why not `tfds.features.Image(dtype=np.uint16)`: TFDS's numpy decoder (`as_data_source()`, what grain
+  and plain TFDS users read with) decodes a 16-bit PNG only through OpenCV ("PIL does not handle uint16
+  images"), which is no dependency of ours; a Tensor's decoder is `zlib` + `np.frombuffer`. The shape is
+  static (the build's image size) so the field stays one bytes value in the record; the values are the
+  same millimetres the PNG held (tests/test_data_builders_scenes.py compares them).
+  """
+  return tfds.features.Tensor(
+    shape=(image_size, image_size, 1), dtype=np.uint16, encoding=tfds.features.Encoding.ZLIB
+  )
 
 
 def _make_example(args):
@@ -73,7 +79,7 @@ def _make_example(args):
   record = {
     "image": _common.png_bytes(ex["image"]),
     "segmentation": _common.png_bytes(ex["segmentation"]),
-    "depth": png16_bytes(ex["depth"]),
+    "depth": np.asarray(ex["depth"], np.uint16).reshape(image_size, image_size, 1),
     "label": ex["label"],
     "labels": ex["labels"],
     "objects": objects,
@@ -114,7 +120,7 @@ class Scenes(tfds.core.GeneratorBasedBuilder):
     feats = dict(_common.make_features(("detailed",), label_names=scenes_gen.CLASSES, segmentation=True))
     feats["caption"] = tfds.features.Text()  # the contract's name (not 'caption_*': name it in caption_keys)
     classes = tfds.features.ClassLabel(names=list(scenes_gen.CLASSES))
-    feats["depth"] = tfds.features.Image(shape=(None, None, 1), dtype=np.uint16, encoding_format="png")
+    feats["depth"] = depth_feature(self.options.image_size)
     feats["labels"] = tfds.features.Sequence(classes)
     feats["objects"] = tfds.features.Sequence(
       {
