@@ -76,6 +76,13 @@ def from_hf_tipsv2(path) -> Model:
   return Model(r['image_config'], r['text_config'], r['params'], r['temperature'], r['tokenizer_path'], extra)
 
 
+def from_hf_clip(path) -> Model:
+  """A Hugging Face CLIPModel folder (tipsito/interop/clip.py: read_hf_clip)."""
+  r = clip.read_hf_clip(path)
+  extra = {'source': 'hf_clip', 'from': os.fspath(path), 'image_size': r['image_size']}
+  return Model(r['image_config'], r['text_config'], r['params'], r['temperature'], r['tokenizer_path'], extra)
+
+
 def from_tips_npz(image_npz, text_npz, tokenizer: Optional[str] = None) -> Model:
   """Official TIPS weights (tipsito/tips_import.py)."""
   icfg, tcfg, params, temperature = tips_import.import_tips_npz(image_npz, text_npz)
@@ -180,12 +187,15 @@ def export_tips_npz(image_npz: str, text_npz: str, output: str, tokenizer: Optio
 
 
 def from_init_source(src) -> Model:
-  """The towers of a towers-only `init_from` (`init_source.InitSource` of kind export, hf_tipsv2 or
-  tips_npz), read with the reader of its format; a workdir is read by tipsito/train/assembly.py."""
+  """The towers of a towers-only `init_from` (`init_source.InitSource` of kind export, hf_tipsv2,
+  hf_clip or tips_npz), read with the reader of its format; a workdir is read by
+  tipsito/train/assembly.py."""
   if src.kind == 'export':
     return from_export(src.path)
   if src.kind == 'hf_tipsv2':
     return from_hf_tipsv2(src.path)
+  if src.kind == 'hf_clip':
+    return from_hf_clip(src.path)
   if src.kind == 'tips_npz':
     from tipsito.config import init_source  # pylint: disable=g-import-not-at-top  # light: JSON and names
 

@@ -106,13 +106,12 @@ def check_init_from(config) -> Optional[init_source_lib.InitSource]:
     src = init_source_lib.detect(config.init_from)
   except init_source_lib.InitSourceError as e:
     raise config_validation.ConfigError(str(e)) from None
-  if src.kind == "hf_clip":
+  try:
+    image, text = sources.towers_of(src)
+  except (ValueError, OSError, KeyError) as e:  # the readers' format errors, named before any write
     raise config_validation.ConfigError(
-      f"config.init_from={config.init_from!r} is {src.describe()}; training from a CLIPModel folder is "
-      "not supported yet (its towers are CLIP-style, and only their writer exists: "
-      "tipsito/interop/clip.py); start from a tipsito export or workdir of the CLIP-style run instead"
-    )
-  image, text = sources.towers_of(src)
+      f"config.init_from={config.init_from!r} is {src.describe()}, but it cannot be read: {e}"
+    ) from e
   run = {"image": step_lib.image_kwargs(config), "text": step_lib.text_kwargs(config)}
   for tower, got, keys in (("image", image, IMAGE_ARCH), ("text", text, TEXT_ARCH)):
     for k in keys:
@@ -131,8 +130,8 @@ def check_init_from(config) -> Optional[init_source_lib.InitSource]:
 def init_from(setup: step_lib.Setup, state: Any) -> Any:
   """`state` (freshly initialised for `setup`) started from `config.init_from`, by kind
   (tipsito/config/init_source.py): a tipsito run gives its params and, with `init_teacher='continue'`,
-  its teacher (`init_from_run`); every other kind (an export, a Hugging Face Tipsv2 folder, official
-  TIPS weights) gives the towers and the temperature (`init_towers`)."""
+  its teacher (`init_from_run`); every other kind (an export, a Hugging Face Tipsv2 or CLIP folder,
+  official TIPS weights) gives the towers and the temperature (`init_towers`)."""
   config = setup.config
   src = init_source_lib.detect(config.init_from)
   if src.kind == "workdir":
@@ -237,6 +236,13 @@ def _init_checkpoint_dir(path):
   return p / "checkpoints" if (p / "checkpoints").is_dir() else p
 
 
+def _init_step_folder(path) -> Optional[int]:
+  """The step of an `init_from` that names one step folder (`W/checkpoints/N`), else None: that step is
+  then the only one read (as `checkpointing.restore_params` reads a step folder)."""
+  p = paths.as_path(path)
+  return int(p.name) if p.name.isdigit() and (p / "state").is_dir() else None
+
+
 def init_from_run(setup: step_lib.Setup, state: Any) -> Any:
   """`state` (freshly initialised for `setup`) with the latest readable checkpoint of `config.init_from`.
 
@@ -260,14 +266,16 @@ def init_from_run(setup: step_lib.Setup, state: Any) -> Any:
     parts.update(
       {k: getattr(abstract, k) for k in ("ema", "centers") if jax.tree.leaves(getattr(abstract, k))}
     )
-  ckpt_dir = _init_checkpoint_dir(path)
+  only = _init_step_folder(path)
+  ckpt_dir = paths.as_path(path).parent if only is not None else _init_checkpoint_dir(path)
   restore_args = jax.tree.map(lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding), parts)
   args = ocp.args.Composite(
     state=ocp.args.PyTreeRestore(item=parts, restore_args=restore_args, partial_restore=True)
   )
   reader = checkpointing.local_reader(ckpt_dir)
   try:
-    steps = checkpointing.same_on_every_process(sorted(int(s) for s in reader.all_steps()))
+    steps = [only] if only is not None else sorted(int(s) for s in reader.all_steps())
+    steps = checkpointing.same_on_every_process(steps)
     if not steps:
       raise FileNotFoundError(f"config.init_from={path!r}: no checkpoint found in {ckpt_dir}")
     try:
