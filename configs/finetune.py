@@ -38,6 +38,7 @@ The adaptation defaults, and why (the papers give no learning rate; tipsito's ow
 """
 
 import importlib.util
+import json
 import pathlib
 
 from tipsito.config import args
@@ -134,8 +135,6 @@ def get_config(arg=None):
 
 def _trained_size(src):
   """The image size an export or Hugging Face folder records (None for workdirs and .npz files)."""
-  import json  # pylint: disable=g-import-not-at-top
-
   p = pathlib.Path(src.path).expanduser()
   try:
     if src.kind == "export":

@@ -177,11 +177,11 @@ def test_end_to_end_import_continue_export_reload(finetuned, imported, initial, 
   )
 
 
-def _sources(kind, imported, finetuned, tmp_path):
-  """(init_from path of `kind`, the towers it must load)."""
+def _sources(kind, imported, request, tmp_path):
+  """(init_from path of `kind`, the towers it must load); the workdir kinds are the end-to-end run's."""
   e, params = imported
   if kind.startswith("workdir"):
-    w = finetuned[0]
+    w = request.getfixturevalue("finetuned")[0]
     path = {"workdir": w, "workdir_checkpoints": os.path.join(w, "checkpoints")}.get(kind)
     path = path or os.path.join(w, "checkpoints", "2")
     return path, tipsito.load(os.path.join(w, "export")).params
@@ -207,9 +207,9 @@ KINDS = {  # test case -> the kind detected
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_each_init_from_kind_loads_the_towers_bit_for_bit(
-  kind, imported, finetuned, initial, padded_tokenizer, tmp_path
+  kind, imported, initial, padded_tokenizer, request, tmp_path
 ):
-  path, want = _sources(kind, imported, finetuned, tmp_path)
+  path, want = _sources(kind, imported, request, tmp_path)
   assert init_source.detect(path).kind == KINDS[kind]
   c = tiny(path, tokenizer=padded_tokenizer)
   assembly.check_init_from(c)

@@ -36,6 +36,7 @@ import numpy as np
 
 from tipsito import export_format
 from tipsito.data import tokenizer as tok_lib
+from tipsito.interop import hf_tipsv2
 from tipsito.interop.hf_tipsv2 import _safetensors_numpy
 from tipsito.interop.tips_npz import NotRepresentableError, _flat
 
@@ -506,12 +507,42 @@ def read_hf_clip(path) -> dict[str, Any]:
   (HF's `position_ids` buffers excepted), and the config must be one tipsito computes (its activations
   and the OpenCLIP-shaped towers of tipsito/config/presets.py IMAGE_STRUCTURE['openclip']).
   """
-  from tipsito.interop import hf_tipsv2  # pylint: disable=g-import-not-at-top  # its safetensors reader
-
   folder = export_format.as_path(path)
   where = os.fspath(folder)
+  state = {k: v for k, v in hf_tipsv2.read_state(folder).items() if not k.endswith('position_ids')}
   cfg = json.loads((folder / 'config.json').read_text())
   vc, tc = dict(cfg.get('vision_config') or {}), dict(cfg.get('text_config') or {})
+  for what, c, keys in (
+    (
+      'vision_config',
+      vc,
+      (
+        'hidden_size',
+        'patch_size',
+        'image_size',
+        'num_hidden_layers',
+        'num_attention_heads',
+        'intermediate_size',
+      ),
+    ),
+    (
+      'text_config',
+      tc,
+      (
+        'hidden_size',
+        'vocab_size',
+        'max_position_embeddings',
+        'num_hidden_layers',
+        'num_attention_heads',
+        'intermediate_size',
+      ),
+    ),
+  ):
+    missing = [k for k in keys if k not in c]
+    if missing:
+      raise ValueError(
+        f'{where}/config.json: {what} has no {missing} (every CLIPConfig tipsito writes states them)'
+      )
   acts = {v: k for k, v in HF_ACT.items()}
   for what, c in (('vision_config', vc), ('text_config', tc)):
     if c.get('hidden_act', 'quick_gelu') not in acts:
@@ -549,7 +580,6 @@ def read_hf_clip(path) -> dict[str, Any]:
     activation=acts[tc.get('hidden_act', 'quick_gelu')],
     ln_eps=float(tc.get('layer_norm_eps', 1e-5)),
   )
-  state = {k: v for k, v in hf_tipsv2.read_state(folder).items() if not k.endswith('position_ids')}
   used = set()
 
   def take(key):

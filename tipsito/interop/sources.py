@@ -11,7 +11,10 @@ subpackage does not import.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import types
+import zipfile
 from typing import Any, Optional
 
 import jax
@@ -20,6 +23,8 @@ from absl import logging
 
 from tipsito import export_format
 from tipsito import tips_import
+from tipsito.config import init_source
+from tipsito.config import run_file
 from tipsito.interop import clip
 from tipsito.interop import hf_tipsv2
 from tipsito.interop import tips_npz
@@ -197,8 +202,6 @@ def from_init_source(src) -> Model:
   if src.kind == 'hf_clip':
     return from_hf_clip(src.path)
   if src.kind == 'tips_npz':
-    from tipsito.config import init_source  # pylint: disable=g-import-not-at-top  # light: JSON and names
-
     return from_tips_npz(src.image_npz, src.text_npz, init_source.tokenizer_of(src))
   raise ValueError(
     f'config.init_from={src.path!r} is {src.describe()}, which tipsito cannot read into training yet'
@@ -208,9 +211,6 @@ def from_init_source(src) -> Model:
 def _npz_shapes(path) -> dict[str, Any]:
   """{key: an object with `.shape`} of an .npz file, read from the array headers only (no data), so that
   the architecture of multi-gigabyte official weights is known in milliseconds."""
-  import types  # pylint: disable=g-import-not-at-top
-  import zipfile  # pylint: disable=g-import-not-at-top
-
   out = {}
   with zipfile.ZipFile(os.fspath(path)) as z:
     for name in z.namelist():
@@ -230,10 +230,6 @@ def towers_of(src) -> tuple[dict, dict]:
   """(image tower kwargs, text tower kwargs) of any `init_from` source, as the run's `config.model.image`
   / `config.model.text` state them; read from the JSON configs and the .npz array headers where the
   format has them (export, workdir, tips_npz), from the weights otherwise (Hugging Face folders)."""
-  import json  # pylint: disable=g-import-not-at-top
-
-  from tipsito.config import run_file  # pylint: disable=g-import-not-at-top  # light
-
   if src.kind == 'workdir':
     saved = run_file.init_run_config(src.path) or {}
     model = saved.get('model') or {}
