@@ -31,8 +31,8 @@ The adaptation defaults, and why (the papers give no learning rate; tipsito's ow
   * heads_lr 5: the DINO / iBOT heads (and ITO's fusion) start from random weights while the towers are
     trained, so they get stage 1's peak (5 x 2e-4 = 1e-3, tipsito/config/paper.py `tipsv2`) through
     `optim.lr_mults` (our inference: heads trained from scratch at the rate they were trained with).
-  * teacher temperature warm-up over the same 500 steps (0.04 -> 0.07, METHOD.md §3): a fresh teacher
-    head starts where DINO's does, but on a short schedule.
+  * teacher temperature warm-up over the same 500 steps (0.04 -> 0.07, `loss_opts.warmup_teacher_temp`,
+    docs/recipes.md): a fresh teacher head starts where DINO's does, but on a short schedule.
   * everything else is the recipe's (tipsito/config/recipes.py): Adafactor, clipping 1.0, the loss
     weights, multi-crop 1 x global + 6 local, mask ratio 0.75, head-only EMA for tipsv2.
 """
