@@ -288,7 +288,8 @@ KEYS: tuple[Key, ...] = (
     "init_from",
     str,
     None,
-    "workdir or export to initialise the params from (stage 2)",
+    "what to start from: a workdir (or checkpoints/, a step folder), an export, a Hugging Face Tipsv2 "
+    "folder or official TIPS .npz weights (docs/finetuning.md)",
     optional=True,
     safe=True,
   ),

@@ -14,6 +14,8 @@ from typing import Any, Iterable
 
 import ml_collections as mlc
 
+from tipsito import paths
+from tipsito.config import init_source
 from tipsito.config import mesh as mesh_lib
 from tipsito.config import run_file
 from tipsito.config import schema
@@ -445,13 +447,25 @@ def _check_input(config: mlc.ConfigDict, recipe, weights: dict[str, float]) -> N
 
 
 def _check_init(config: mlc.ConfigDict) -> None:
-  """`init_teacher`; with 'continue', the EMA mode must be the one of the `init_from` run (its config.json)
-  since its EMA subset is restored as it is (tipsito/train/workdir.py `init_from_run`). Refusing, rather
-  than silently following the init run, keeps the config the one source of what the run does."""
-  if not config.init_from or config.init_teacher != "continue":
+  """`init_from`: its kind (tipsito/config/init_source.py) when the path exists (a missing one is refused
+  by the pre-run check, tipsito/train/assembly.py `check_init_from`, which also compares the towers);
+  for a training run with `init_teacher='continue'`, the EMA mode must be the init run's (its
+  config.json) since its EMA subset is restored as it is (tipsito/train/assembly.py `init_from_run`).
+  Refusing, rather than silently following the init run, keeps the config the one source of what the run
+  does. A towers-only source (an export, a Hugging Face folder, official TIPS weights) has no teacher:
+  either `init_teacher` starts one from the loaded towers."""
+  if not config.init_from:
+    return
+  if not paths.as_path(config.init_from).exists():
+    return
+  try:
+    src = init_source.detect(config.init_from)
+  except init_source.InitSourceError as e:
+    raise ConfigError(str(e)) from None
+  if src.kind != "workdir" or config.init_teacher != "continue":
     return
   saved = run_file.init_run_config(config.init_from)
-  if saved is None:  # not a workdir (or not readable yet): the restore names what is missing
+  if saved is None:  # a checkpoints folder without its run's config.json: the restore names what fails
     return
   was = (saved.get("ema") or {}).get("mode")
   if was != config.ema.mode:

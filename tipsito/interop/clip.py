@@ -36,6 +36,7 @@ import numpy as np
 
 from tipsito import export_format
 from tipsito.data import tokenizer as tok_lib
+from tipsito.interop import hf_tipsv2
 from tipsito.interop.hf_tipsv2 import _safetensors_numpy
 from tipsito.interop.tips_npz import NotRepresentableError, _flat
 
@@ -490,3 +491,163 @@ def write_open_clip(
     {OPEN_CLIP_WEIGHTS_FILE: st.save(state, metadata={'format': 'pt'}), OPEN_CLIP_CONFIG_FILE: _json(cfg)},
     tokenizer_path,
   )
+
+
+# --------------------------------------------------------------------------------------------------
+# Reading a Hugging Face CLIPModel folder (config.init_from, `export --from`-style sources)
+# --------------------------------------------------------------------------------------------------
+
+
+def read_hf_clip(path) -> dict[str, Any]:
+  """{image_config, text_config, params (per-layer numpy), temperature, tokenizer_path, image_size} of
+  a Hugging Face `CLIPModel` folder: the inverse of `write_hf_clip` (the same renaming and layout changes
+  backwards, so tipsito -> hf_clip -> tipsito is bitwise).
+
+  Only safetensors are read (hf_tipsv2.read_state: a pickle is never opened); every tensor must be used
+  (HF's `position_ids` buffers excepted), and the config must be one tipsito computes (its activations
+  and the OpenCLIP-shaped towers of tipsito/config/presets.py IMAGE_STRUCTURE['openclip']).
+  """
+  folder = export_format.as_path(path)
+  where = os.fspath(folder)
+  state = {k: v for k, v in hf_tipsv2.read_state(folder).items() if not k.endswith('position_ids')}
+  cfg = json.loads((folder / 'config.json').read_text())
+  vc, tc = dict(cfg.get('vision_config') or {}), dict(cfg.get('text_config') or {})
+  for what, c, keys in (
+    (
+      'vision_config',
+      vc,
+      (
+        'hidden_size',
+        'patch_size',
+        'image_size',
+        'num_hidden_layers',
+        'num_attention_heads',
+        'intermediate_size',
+      ),
+    ),
+    (
+      'text_config',
+      tc,
+      (
+        'hidden_size',
+        'vocab_size',
+        'max_position_embeddings',
+        'num_hidden_layers',
+        'num_attention_heads',
+        'intermediate_size',
+      ),
+    ),
+  ):
+    missing = [k for k in keys if k not in c]
+    if missing:
+      raise ValueError(
+        f'{where}/config.json: {what} has no {missing} (every CLIPConfig tipsito writes states them)'
+      )
+  acts = {v: k for k, v in HF_ACT.items()}
+  for what, c in (('vision_config', vc), ('text_config', tc)):
+    if c.get('hidden_act', 'quick_gelu') not in acts:
+      raise ValueError(f"{where}: {what}.hidden_act {c.get('hidden_act')!r} has no tipsito equivalent")
+  pre = folder / 'preprocessor_config.json'
+  pre = json.loads(pre.read_text()) if pre.is_file() else {}
+  d, dt = int(vc['hidden_size']), int(tc['hidden_size'])
+  patch, size = int(vc['patch_size']), int(vc['image_size'])
+  image = dict(
+    patch_size=patch,
+    width=d,
+    depth=int(vc['num_hidden_layers']),
+    num_heads=int(vc['num_attention_heads']),
+    mlp_dim=int(vc['intermediate_size']),
+    ffn='mlp',
+    num_cls_tokens=1,
+    posemb_grid=size // patch,
+    pixel_mean=[float(x) for x in pre.get('image_mean', [0.48145466, 0.4578275, 0.40821073])],
+    pixel_std=[float(x) for x in pre.get('image_std', [0.26862954, 0.26130258, 0.27577711])],
+    activation=acts[vc.get('hidden_act', 'quick_gelu')],
+    ln_eps=float(vc.get('layer_norm_eps', 1e-5)),
+    patch_bias=False,
+    cls_posemb=True,
+    pre_norm=True,
+  )
+  text = dict(
+    flavour='clip',
+    vocab_size=int(tc['vocab_size']),
+    max_len=int(tc['max_position_embeddings']),
+    width=dt,
+    depth=int(tc['num_hidden_layers']),
+    num_heads=int(tc['num_attention_heads']),
+    mlp_dim=int(tc['intermediate_size']),
+    out_dim=int(cfg.get('projection_dim') or tc.get('projection_dim')),
+    activation=acts[tc.get('hidden_act', 'quick_gelu')],
+    ln_eps=float(tc.get('layer_norm_eps', 1e-5)),
+  )
+  used = set()
+
+  def take(key):
+    if key not in state:
+      raise ValueError(f'{where}: {key} is not in the weights (not a CLIPModel as tipsito writes it)')
+    used.add(key)
+    return np.asarray(state[key], np.float32)
+
+  def blocks(pre, depth, dim, heads):
+    out = {}
+    hd = dim // heads
+    for i in range(depth):
+      o = f'{pre}encoder.layers.{i}.'
+      blk = {}
+      for n, hf in (('norm1', 'layer_norm1'), ('norm2', 'layer_norm2')):
+        blk[n] = {'scale': take(f'{o}{hf}.weight'), 'bias': take(f'{o}{hf}.bias')}
+      attn = {}
+      for n, hf in (('query', 'q_proj'), ('key', 'k_proj'), ('value', 'v_proj')):
+        w, b = take(f'{o}self_attn.{hf}.weight'), take(f'{o}self_attn.{hf}.bias')
+        attn[n] = {'kernel': w.T.reshape(dim, heads, hd), 'bias': b.reshape(heads, hd)}
+      w = take(f'{o}self_attn.out_proj.weight')
+      attn['out'] = {'kernel': w.T.reshape(heads, hd, dim), 'bias': take(f'{o}self_attn.out_proj.bias')}
+      blk['attn'] = attn
+      blk['mlp'] = {
+        f'Dense_{j}': {'kernel': take(f'{o}mlp.fc{j + 1}.weight').T, 'bias': take(f'{o}mlp.fc{j + 1}.bias')}
+        for j in (0, 1)
+      }
+      out[f'block_{i}'] = blk
+    return out
+
+  v, t = 'vision_model.', 'text_model.'
+  image_params = {
+    'patch_embed': {'kernel': take(v + 'embeddings.patch_embedding.weight').transpose(2, 3, 1, 0)},
+    'cls': take(v + 'embeddings.class_embedding').reshape(1, 1, d),
+    'posemb': take(v + 'embeddings.position_embedding.weight'),
+    'norm_pre': {'scale': take(v + 'pre_layrnorm.weight'), 'bias': take(v + 'pre_layrnorm.bias')},
+    'norm': {'scale': take(v + 'post_layernorm.weight'), 'bias': take(v + 'post_layernorm.bias')},
+    **blocks(v, image['depth'], d, image['num_heads']),
+  }
+  text_params = {
+    'token_emb': {'embedding': take(t + 'embeddings.token_embedding.weight')},
+    'posemb': take(t + 'embeddings.position_embedding.weight'),
+    'norm': {'scale': take(t + 'final_layer_norm.weight'), 'bias': take(t + 'final_layer_norm.bias')},
+    'proj': {'kernel': take('text_projection.weight').T},
+    **blocks(t, text['depth'], dt, text['num_heads']),
+  }
+  params = {
+    'image': image_params,
+    'text': text_params,
+    'image_proj': {'kernel': take('visual_projection.weight').T},
+  }
+  temperature = float(1.0 / np.exp(np.float64(take('logit_scale'))))
+  left = sorted(set(state) - used)
+  if left:
+    raise ValueError(f'{where}: tensors {left[:6]} have no place in a tipsito CLIP model')
+  tok = folder / TOKENIZER_FILE
+  return dict(
+    image_config=image,
+    text_config=text,
+    params=_own_copies(params),
+    temperature=temperature,
+    tokenizer_path=os.fspath(tok) if tok.is_file() else None,
+    image_size=size,
+  )
+
+
+def _own_copies(tree):
+  """C-contiguous copies (the transposes above are views), so every leaf owns its bytes."""
+  if isinstance(tree, dict):
+    return {k: _own_copies(v) for k, v in tree.items()}
+  return np.ascontiguousarray(tree) if np.ndim(tree) else np.asarray(tree)

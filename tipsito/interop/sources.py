@@ -11,7 +11,10 @@ subpackage does not import.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import types
+import zipfile
 from typing import Any, Optional
 
 import jax
@@ -20,6 +23,8 @@ from absl import logging
 
 from tipsito import export_format
 from tipsito import tips_import
+from tipsito.config import init_source
+from tipsito.config import run_file
 from tipsito.interop import clip
 from tipsito.interop import hf_tipsv2
 from tipsito.interop import tips_npz
@@ -73,6 +78,13 @@ def from_hf_tipsv2(path) -> Model:
   extra = {'source': 'hf_tipsv2', 'from': os.fspath(path), 'layout': r['layout']}
   if r['image_size']:
     extra['image_size'] = r['image_size']
+  return Model(r['image_config'], r['text_config'], r['params'], r['temperature'], r['tokenizer_path'], extra)
+
+
+def from_hf_clip(path) -> Model:
+  """A Hugging Face CLIPModel folder (tipsito/interop/clip.py: read_hf_clip)."""
+  r = clip.read_hf_clip(path)
+  extra = {'source': 'hf_clip', 'from': os.fspath(path), 'image_size': r['image_size']}
   return Model(r['image_config'], r['text_config'], r['params'], r['temperature'], r['tokenizer_path'], extra)
 
 
@@ -172,3 +184,61 @@ def export_tips_npz(image_npz: str, text_npz: str, output: str, tokenizer: Optio
     tokenizer_path=tokenizer,
     extra={'source': 'tips_npz', 'tips_image_npz': str(image_npz), 'tips_text_npz': str(text_npz)},
   )
+
+
+# --------------------------------------------------------------------------------------------------
+# `config.init_from` of a kind that holds towers only (tipsito/config/init_source.py)
+# --------------------------------------------------------------------------------------------------
+
+
+def from_init_source(src) -> Model:
+  """The towers of a towers-only `init_from` (`init_source.InitSource` of kind export, hf_tipsv2,
+  hf_clip or tips_npz), read with the reader of its format; a workdir is read by
+  tipsito/train/assembly.py."""
+  if src.kind == 'export':
+    return from_export(src.path)
+  if src.kind == 'hf_tipsv2':
+    return from_hf_tipsv2(src.path)
+  if src.kind == 'hf_clip':
+    return from_hf_clip(src.path)
+  if src.kind == 'tips_npz':
+    return from_tips_npz(src.image_npz, src.text_npz, init_source.tokenizer_of(src))
+  raise ValueError(
+    f'config.init_from={src.path!r} is {src.describe()}, which tipsito cannot read into training yet'
+  )
+
+
+def _npz_shapes(path) -> dict[str, Any]:
+  """{key: an object with `.shape`} of an .npz file, read from the array headers only (no data), so that
+  the architecture of multi-gigabyte official weights is known in milliseconds."""
+  out = {}
+  with zipfile.ZipFile(os.fspath(path)) as z:
+    for name in z.namelist():
+      if not name.endswith('.npy'):
+        continue
+      with z.open(name) as f:
+        version = np.lib.format.read_magic(f)
+        read = (
+          np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        )
+        shape, _, _ = read(f)
+      out[name[: -len('.npy')]] = types.SimpleNamespace(shape=tuple(shape))
+  return out
+
+
+def towers_of(src) -> tuple[dict, dict]:
+  """(image tower kwargs, text tower kwargs) of any `init_from` source, as the run's `config.model.image`
+  / `config.model.text` state them; read from the JSON configs and the .npz array headers where the
+  format has them (export, workdir, tips_npz), from the weights otherwise (Hugging Face folders)."""
+  if src.kind == 'workdir':
+    saved = run_file.init_run_config(src.path) or {}
+    model = saved.get('model') or {}
+    return dict(model.get('image') or {}), dict(model.get('text') or {})
+  if src.kind == 'export':
+    cfg = json.loads((export_format.as_path(src.path) / 'config.json').read_text())
+    return dict(cfg['image']), dict(cfg['text'])
+  if src.kind == 'tips_npz':
+    image = tips_import.infer_vision_config(_npz_shapes(src.image_npz))
+    return image, tips_import.infer_text_config(_npz_shapes(src.text_npz))
+  m = from_init_source(src)
+  return dict(m.image_config), dict(m.text_config)

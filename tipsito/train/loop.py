@@ -199,6 +199,8 @@ def _check_workdir(
   anything is written (dataset present, no other run on the workdir, resume compatible). Returns
   (resolved config, config.json history to write, the lock: process 0's, None elsewhere)."""
   config_validation.validate(config, num_devices=jax.device_count(), process_count=jax.process_count())
+  if config.init_from and workdir_lib.latest_checkpoint_step(workdir) is None:  # read only when used
+    assembly.check_init_from(config)
   config = data_prepare.resolve_data_dirs(config, workdir)
   if check_data:
     data_prepare.check_data_available(config)
