@@ -79,14 +79,18 @@ def draw(
   return out
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(prog='python -m tipsito.dense.pictures', description=__doc__.split('\n')[0])
   p.add_argument('--model', required=True, help='a tipsv2_dpt folder')
   p.add_argument('--out', required=True, help='the PNG to write')
   p.add_argument('--task', default=None, choices=dpt_lib.TASKS, help='default: the folder\'s first head')
   p.add_argument('--num', type=int, default=4)
   p.add_argument('--image_size', type=int, default=64)
-  a = p.parse_args(argv)
+  return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  a = parser().parse_args(argv)
   print(draw(a.model, a.out, a.task, a.num, a.image_size))
   return 0
 
