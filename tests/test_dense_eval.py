@@ -85,3 +85,31 @@ def test_scenes_split_matches_the_generator():
   assert s.images.shape == (2, 32, 32, 3) and s.num_classes == 13
   assert s.targets["depth"].min() >= 2.0 and s.targets["depth"].max() <= 10.0
   assert set(np.unique(s.targets["segmentation"])) <= set(range(13))
+
+
+def test_slide_eval_with_one_window_is_single_scale():
+  """--slide wiring (tipsito/dense/train.py): a window the size of the image is one window, so the
+  sliding-window mIoU equals the single-scale one on the same head."""
+  import jax
+  from test_dense_dpt import CFG, TOWER, _randomise
+  from tipsito.dense import dpt, train
+  from tipsito.models import kwargs as kwargs_lib
+  from tipsito.models.vit import VisionTransformer
+
+  cfg = dpt.DPTConfig(**{**CFG.to_dict(), "layers": (1, 2, 3, 4), "num_labels": 2})
+  icfg, _ = kwargs_lib.complete_tower_config(TOWER, "image", "test")
+  vit = VisionTransformer(**kwargs_lib.module_kwargs(icfg, VisionTransformer))
+  split = data_lib.toy_split("test", 4, image_size=32)
+  tower = _randomise(vit.init(jax.random.PRNGKey(0), jnp.asarray(split.images[:1]))["params"], 1)
+  blocks = train.frozen_blocks(icfg, tower, split.images, cfg.stages(4))
+  head = _randomise(dpt.init_head(cfg, "segmentation", train._take(blocks, slice(0, 1))), 2)
+  single = train.evaluate(cfg, "segmentation", head, blocks, split)
+
+  def window(x):
+    b = vit.apply({"params": tower}, jnp.asarray(x), return_blocks=cfg.stages(4))["blocks"]
+    return dpt.DPTHead(cfg, "segmentation").apply({"params": head}, b)
+
+  slid = train.evaluate(
+    cfg, "segmentation", head, blocks, split, slide_fn=lambda im: eval_lib.slide_logits(im, 32, 8, window, 2)
+  )
+  np.testing.assert_allclose(slid["miou"], single["miou"], atol=1e-6)

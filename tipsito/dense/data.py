@@ -100,9 +100,9 @@ def scenes_split(split: str, n: int, image_size: int = 64, seed: int = 0, offset
     normals=np.stack(normals),
     normals_valid=np.stack(nvalid),
   )
-  return DenseSplit(
-    np.stack(images), targets, {k: list(v) for k, v in targets.items()}, len(scenes_gen.CLASSES) + 1
-  )
+  native = {k: list(v) for k, v in targets.items()}
+  native['image'] = images
+  return DenseSplit(np.stack(images), targets, native, len(scenes_gen.CLASSES) + 1)
 
 
 def toy_split(split: str, n: int, image_size: int = 32) -> DenseSplit:
@@ -122,7 +122,9 @@ def toy_split(split: str, n: int, image_size: int = 32) -> DenseSplit:
     normals=normals,
     normals_valid=np.ones(red.shape, bool),
   )
-  return DenseSplit(images, targets, {k: list(v) for k, v in targets.items()}, num_classes=2)
+  native = {k: list(v) for k, v in targets.items()}
+  native['image'] = list(images)
+  return DenseSplit(images, targets, native, num_classes=2)
 
 
 def _decode(data: bytes) -> np.ndarray:
@@ -145,13 +147,16 @@ def benchmark_split(
   bench = dense_benchmarks.benchmark(name)
   records = dense_benchmarks.open_split(name, split, root)
   n = len(records) if max_examples is None else min(len(records), int(max_examples))
-  images, train_t, native = [], [], []
+  images, train_t, native, native_images = [], [], [], []
   for i in range(n):
     r = records[i]
     img = _decode(r['image'])
     if img.ndim == 2:
       img = np.repeat(img[..., None], 3, -1)
-    images.append(_resize(np.ascontiguousarray(img[..., :3]), image_size, Image.BILINEAR))
+    img = np.ascontiguousarray(img[..., :3])
+    images.append(_resize(img, image_size, Image.BILINEAR))
+    if name == 'ade20k':
+      native_images.append(img)  # the sliding-window protocol reads the image at its own size
     if name == 'nyuv2':
       gt = _decode(r['depth']).astype(np.float32) / 1000.0
     else:
@@ -166,7 +171,7 @@ def benchmark_split(
   return DenseSplit(
     np.stack(images),
     {key: t},
-    {key: native},
+    {key: native, 'image': native_images},
     num_classes=bench.num_classes or 0,
     ignore_index=bench.ignore_index,
     min_depth=bench.min_depth or 1e-3,

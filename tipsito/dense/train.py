@@ -171,7 +171,7 @@ def evaluate(
   if task == 'normals':
     return eval_lib.normals_metrics(list(preds), split.native['normals'], split.native['normals_valid'])
   if slide_fn is not None:
-    preds = [slide_fn(im) for im in split.images]
+    preds = [slide_fn(im) for im in split.native['image']]
   return eval_lib.segmentation_metrics(
     list(preds), split.native['segmentation'], cfg.num_labels, split.ignore_index
   )
@@ -287,8 +287,26 @@ def train(args: argparse.Namespace) -> dict:
   writer = observability.create_writer(args.workdir, process_index=0)
   history = []
 
+  slide_fn = None
+  if args.slide:
+    if args.task != 'segmentation' or not eval_split.native.get('image'):
+      raise SystemExit('--slide: sliding-window evaluation is for --task segmentation')
+    vit = VisionTransformer(**kwargs_lib.module_kwargs(image_config, VisionTransformer))
+    window_fn = jax.jit(
+      lambda p, x: dpt_lib.DPTHead(cfg, 'segmentation').apply(
+        {'params': p}, vit.apply({'params': tower}, x, return_blocks=stages)['blocks']
+      )
+    )
+
   def run_eval(s):
-    m = evaluate(cfg, args.task, state['params'], eval_blocks, eval_split, eigen_crop=args.eigen_crop)
+    if args.slide:
+      nonlocal slide_fn
+      slide_fn = lambda im: eval_lib.slide_logits(  # noqa: E731
+        im, args.image_size, patch, lambda x: window_fn(state['params'], jnp.asarray(x)), cfg.num_labels
+      )
+    m = evaluate(
+      cfg, args.task, state['params'], eval_blocks, eval_split, eigen_crop=args.eigen_crop, slide_fn=slide_fn
+    )
     writer.write_scalars(s, {f'eval/{k}': v for k, v in m.items()})
     history.append(dict(step=s, **m))
     print(f'eval at step {s}: ' + ', '.join(f'{k} {v:.4g}' for k, v in m.items()), flush=True)
