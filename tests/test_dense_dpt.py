@@ -180,3 +180,13 @@ def test_return_blocks_leaves_outputs_unchanged():
   np.testing.assert_array_equal(plain["patches"], both["blocks"][1]["patches"])  # stage 4 = the last block
   with pytest.raises(ValueError, match="stages in 0..4"):
     vit.apply({"params": p}, x, return_blocks=(5,))
+
+
+def test_config_errors_name_the_fix():
+  with pytest.raises(ValueError, match="repeat a stage"):
+    dpt.DPTConfig().stages(2)  # 4 inputs from a 2-block tower: (0, 1, 2, 2), which transformers refuses
+  assert dpt.DPTConfig().stages(12) == (3, 6, 9, 12)
+  with pytest.raises(ValueError, match="reassemble_factors"):
+    dpt.DPTConfig(neck_hidden_sizes=(8, 16, 32))
+  with pytest.raises(hf_dpt.NotRepresentableError, match="cls_posemb"):
+    hf_dpt.tower_to_hub(dict(TOWER, cls_posemb=True), {})

@@ -94,6 +94,12 @@ class DPTConfig:
     stages = self.layers or tuple(round(depth * (i + 1) / n) for i in range(n))
     if min(stages) < 0 or max(stages) > depth:
       raise ValueError(f'DPT layers {list(stages)}: the tower has stages 0..{depth}')
+    if len(set(stages)) != len(stages):
+      # transformers' backbones refuse repeated out_indices, so such a head could not be exported.
+      raise ValueError(
+        f'DPT layers {list(stages)} repeat a stage (a tower of {depth} blocks has {depth + 1} stages): '
+        'pass distinct --layers and as many --neck_hidden_sizes and --reassemble_factors'
+      )
     return tuple(int(s) for s in stages)
 
   def to_dict(self) -> dict:

@@ -83,6 +83,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
   p.add_argument('--ckpt_every', type=int, default=100)
   p.add_argument('--layers', default=None, help='tower stages read, e.g. 3,6,9,12 (default: evenly spaced)')
   p.add_argument('--neck_hidden_sizes', default='96,192,384,768')
+  p.add_argument('--reassemble_factors', default='4,2,1,0.5', help='one resize factor per stage read')
   p.add_argument('--fusion_hidden_size', type=int, default=256)
   p.add_argument('--num_depth_bins', type=int, default=256)
   p.add_argument('--min_depth', type=float, default=1e-3)
@@ -231,6 +232,7 @@ def train(args: argparse.Namespace) -> dict:
     cfg = dpt_lib.DPTConfig(
       layers=_ints(args.layers),
       neck_hidden_sizes=_ints(args.neck_hidden_sizes),
+      reassemble_factors=tuple(float(x) for x in args.reassemble_factors.split(',')),
       fusion_hidden_size=args.fusion_hidden_size,
       num_depth_bins=args.num_depth_bins,
       min_depth=args.min_depth,
