@@ -43,7 +43,14 @@ ABSL_TOOLS = {
   "sweep": "tipsito.sweep",
   "bench_vs_big_vision": "tipsito.bench_vs_big_vision",
 }
-ARGPARSE_TOOLS = ("data.convert", "data.pipeline_bench", "data.convert_bench", "data.train_tokenizer")
+ARGPARSE_TOOLS = (
+  "data.convert",
+  "data.pipeline_bench",
+  "data.convert_bench",
+  "data.train_tokenizer",
+  "dense.train",
+  "dense.pictures",
+)
 
 
 def _normalise(cmd: str) -> str:
@@ -224,6 +231,14 @@ def _parse_argparse(tool: str, argv: list[str], monkeypatch) -> None:
 
     monkeypatch.setattr(train_tokenizer, "train", lambda *a, **k: __file__)
     train_tokenizer.main(argv)
+  elif tool == "dense.train":
+    from tipsito.dense import train as dense_train
+
+    dense_train.parse_args(argv)
+  elif tool == "dense.pictures":
+    from tipsito.dense import pictures
+
+    pictures.parser().parse_args(argv)
 
 
 def test_readme_lists_the_documented_commands():

@@ -132,6 +132,7 @@ class VisionTransformer(nn.Module):
     mask: Optional[jax.Array] = None,
     train: bool = False,
     return_values: bool = False,
+    return_blocks: Sequence[int] = (),
   ) -> dict[str, jax.Array]:
     """Encodes (B,H,W,3) images.
 
@@ -141,10 +142,20 @@ class VisionTransformer(nn.Module):
         token before the posemb is added (iBOT student view).
       train: enables dropout / stochastic depth ('dropout' rng stream).
       return_values: also return the MaskCLIP value-trick patch embeddings.
+      return_blocks: also return the token sequences after these blocks, counted as Hugging Face's
+        backbones count stages (0 = the embeddings before the first block, k = after block k, so
+        `depth` is the last), each after the final LayerNorm (transformers' `apply_layernorm`): the
+        inputs of a DPT decoder (tipsito/dense/dpt.py). The other outputs are unchanged.
     Returns:
-      {'cls': (B,n_cls,D), 'patches': (B,gh,gw,D)[, 'values': (B,gh,gw,D)]},
+      {'cls': (B,n_cls,D), 'patches': (B,gh,gw,D)[, 'values': (B,gh,gw,D)]
+      [, 'blocks': tuple of {'cls', 'patches'} in the order of `return_blocks`]},
       all after the final LayerNorm, in `dtype`.
     """
+    blocks = tuple(int(k) for k in return_blocks)
+    if blocks and (self.scan or min(blocks) < 0 or max(blocks) > self.depth):
+      raise ValueError(
+        f'return_blocks {list(blocks)}: needs per-layer blocks (scan=False) and stages in 0..{self.depth}'
+      )
     kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
     x = self.preprocess(images).astype(self.dtype)
     x = nn.Conv(
@@ -207,6 +218,7 @@ class VisionTransformer(nn.Module):
     )
     rates = [self.stochastic_depth * i / max(self.depth - 1, 1) for i in range(self.depth)]
     values = None
+    kept = {0: x} if 0 in blocks else {}
     if self.scan:
       stack = layers.scan_blocks(
         layers.make_block_cls(self.remat, self.remat_policy, scan=True),
@@ -225,10 +237,14 @@ class VisionTransformer(nn.Module):
         if return_values and i == self.depth - 1:
           values = blk(x, None, None, train, True)
         x = blk(x, None, None, train, False)
+        if i + 1 in blocks:
+          kept[i + 1] = x
 
     norm = layers.layer_norm('norm', eps=self.ln_eps, **kw)
-    x = norm(x)
-    out = {'cls': x[:, :n], 'patches': x[:, n:].reshape(b, gh, gw, d)}
+    split = lambda t: {'cls': t[:, :n], 'patches': t[:, n:].reshape(b, gh, gw, d)}
+    out = split(norm(x))
+    if blocks:
+      out['blocks'] = tuple(split(norm(kept[k])) for k in blocks)
     if return_values:
       out['values'] = norm(values)[:, n:].reshape(b, gh, gw, d)
     return out
