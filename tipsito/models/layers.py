@@ -117,16 +117,41 @@ def drop_path(x: jax.Array, rate: float, rng: jax.Array) -> jax.Array:
 _HALF_DTYPES = (jnp.bfloat16, jnp.float16)
 
 
+# The cores the towers give right padding as key sequence lengths instead of a boolean mask
+# (`key_padding`). cuDNN's fused attention takes lengths natively (its padding mask type, no (B,1,1,T) mask
+# tensor to read), the form upstream JAX reports it fast and robust with. `step_bench --attention
+# cudnn_mask` empties this for a row, to measure the explicit-mask path next to it.
+LENGTH_CORES = ('cudnn',)
+
+
+def key_padding(key_valid: jax.Array, implementation: str) -> jax.Array:
+  """What the towers pass as `mask` for keys valid up to a per-example length ((B,T) bool, right padding:
+  the text tower's pad id 0 after EOT, the fusion module's [image; text]): int32 lengths (B,) on
+  LENGTH_CORES, the boolean key mask (B,1,1,T) otherwise. Both mean the same (tests/test_models_attention.py);
+  lengths are only right when no valid key follows a padded one, which the tokenizer guarantees."""
+  if implementation in LENGTH_CORES:
+    return jnp.sum(key_valid, axis=1, dtype=jnp.int32)
+  return key_valid[:, None, None, :]
+
+
 def attention_core(q, k, v, mask, is_causal: bool, implementation: str) -> jax.Array:
   """softmax(q k^T / sqrt(d) + mask) v for (B,T,H,d) q/k/v with the `implementation` asked for.
 
-  `mask` is None or a boolean key mask (B,1,1,T) (the text tower's padding, the fusion module's text
-  padding); 'xla' also takes any mask broadcastable to (B,H,T,T). Errors are raised at trace time, so a
-  wrong choice fails before anything is compiled.
+  `mask` is None, a boolean key mask (B,1,1,T) (the text tower's padding, the fusion module's text
+  padding) or int32 key lengths (B,) (keys at positions >= length are masked; `key_padding`); 'xla' also
+  takes any boolean mask broadcastable to (B,H,T,T). Errors are raised at trace time, so a wrong choice
+  fails before anything is compiled.
   """
   scale = 1.0 / (q.shape[-1] ** 0.5)
+  lengths = None
+  if mask is not None and mask.ndim == 1:
+    if not jnp.issubdtype(mask.dtype, jnp.integer):
+      raise ValueError(f'attention: a 1-D mask must be integer key lengths (B,), got {mask.dtype}')
+    lengths, mask = mask.astype(jnp.int32), None
   if implementation == 'xla':
-    return jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
+    return jax.nn.dot_product_attention(
+      q, k, v, mask=mask, is_causal=is_causal, scale=scale, key_value_seq_lengths=lengths
+    )
   if implementation == 'cudnn':
     if jax.default_backend() != 'gpu':
       raise ValueError(
@@ -139,14 +164,25 @@ def attention_core(q, k, v, mask, is_causal: bool, implementation: str) -> jax.A
         "set the tower's dtype to 'bfloat16' or its attention to 'xla'"
       )
     return jax.nn.dot_product_attention(
-      q, k, v, mask=mask, is_causal=is_causal, scale=scale, implementation='cudnn'
+      q,
+      k,
+      v,
+      mask=mask,
+      is_causal=is_causal,
+      scale=scale,
+      key_value_seq_lengths=lengths,
+      implementation='cudnn',
     )
   if implementation in ('splash', 'splash_interpret'):
+    if lengths is not None:
+      key_valid = jnp.arange(k.shape[1])[None, :] < lengths[:, None]
+    else:
+      key_valid = splash.key_valid_from_mask(mask, q.shape[:2])
     return splash.splash_attention(
       q,
       k,
       v,
-      splash.key_valid_from_mask(mask, q.shape[:2]),
+      key_valid,
       is_causal,
       scale,
       interpret=implementation == 'splash_interpret',
