@@ -2,7 +2,7 @@
 # The prepared GPU check (issue 36): on one NVIDIA GPU with no network, run the model and loss tests (they
 # need no data), then the train-step benchmark of clip and ito at B/16 and tipsv2 and tipsito at B/14, in
 # bf16, at the largest global batch in {256, 128, 64} whose compiled memory fits the GPU, with the xla and
-# the cudnn attention core, remat off and on. Writes, under OUT (default workdirs/gpu_bench):
+# the cudnn attention core (sequence lengths; cudnn_mask: an explicit mask), remat off and on. Writes, under OUT (default workdirs/gpu_bench):
 #   pytest.txt  the tests' output            rows.jsonl  one JSON line per benchmark row
 #   table.md    the markdown table (step time, images/s, FLOP utilisation against the GPU's bf16 peak,
 #               compiled memory, time and FLOPs per image against clip's), the commands and the pytest summary
@@ -10,7 +10,7 @@
 #   GPU_BENCH_DRY=1 bash launch/gpu_bench.sh OUT         on CPU: tiny configs, xla only, no tests (CI:
 #                                                        tests/test_gpu_bench_dry.py)
 # GPU_BENCH_BUDGET_S (default 420; none when dry): no new benchmark run starts after this many seconds, so the script ends
-# inside a 10-minute device call; rows are ordered most wanted first (xla and cudnn without remat first).
+# inside a 10-minute device call; rows are ordered most wanted first (xla, cudnn, cudnn_mask without remat first).
 # Missing Python packages (the GPU image has jax, flax, optax, orbax; not ml_collections) travel as wheels
 # in .whl/ (the device tool's README): they are installed into /tmp/site when that folder exists.
 set -uo pipefail
@@ -34,7 +34,9 @@ if [[ $DRY == 1 ]]; then
 else
   RUNS=("configs/clip_b16.py --recipes clip,ito"
         "configs/tipsv2_g14.py:variant=B/14 --recipes tipsv2,tipsito")
-  ATTENTIONS=(xla cudnn) REMATS=(false true) BATCHES=256,128,64 STEPS=5
+  # cudnn takes the towers' right padding as sequence lengths (tipsito/models/layers.py LENGTH_CORES);
+  # cudnn_mask is the same core handed an explicit boolean mask, measured next to it (issue 43).
+  ATTENTIONS=(xla cudnn cudnn_mask) REMATS=(false true) BATCHES=256,128,64 STEPS=5
   {
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
     "$PY" -c "import jax; print('jax', jax.__version__, jax.devices())"

@@ -72,3 +72,14 @@ def test_tiny_side_by_side_rows():
   assert 0.95 < ours["flops"] / bv["flops"] < 1.1
   # erf's polynomial costs more than tanh's: the toggle reached big_vision's MLP blocks.
   assert bv_exact["flops"] > bv["flops"]
+
+
+def test_remat_toggles_set_both_towers_policy():
+  """`--toggles remat_P` rows: both towers' blocks rematerialised with policy P, nothing else changed."""
+  base = bench.tipsito_config("clip", "tiny/16", 8)
+  for policy in ("nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable"):
+    c = bench.tipsito_config("clip", "tiny/16", 8, toggles=[f"remat_{policy}"])
+    for tower in ("image", "text"):
+      assert (c.model[tower].remat, c.model[tower].remat_policy) == (True, policy)
+      c.model[tower].update(dict(remat=base.model[tower].remat, remat_policy=base.model[tower].remat_policy))
+    assert c.to_dict() == base.to_dict()

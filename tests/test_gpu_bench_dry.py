@@ -43,3 +43,24 @@ def test_gpu_bench_dry_run_writes_rows_and_table(tmp_path):
   assert lines[1].endswith("| 1.00 | 1.00 |")
   want = f"| {ito['step_s'] / clip['step_s']:.2f} | {ito['step_tflop'] / clip['step_tflop']:.2f} |"
   assert lines[2].endswith(want)
+
+
+def test_cudnn_mask_rows_give_cudnn_the_mask(monkeypatch):
+  """`--attention cudnn,cudnn_mask` (the GPU rows of issue 43): both set the towers' core to cudnn; the
+  cudnn_mask row traces with LENGTH_CORES empty (the towers pass the boolean mask), the cudnn row with
+  lengths, and LENGTH_CORES is restored after. No GPU needed: the benchmark itself is replaced."""
+  from tipsito import step_bench
+  from tipsito.config import defaults
+  from tipsito.models import layers
+
+  seen = []
+
+  def fake(config, batch_candidates, **kw):
+    seen.append((config.model.text.attention, config.model.fusion.attention, layers.LENGTH_CORES))
+    return {"attention": config.model.image.attention, "step_s": 1.0}
+
+  monkeypatch.setattr(step_bench, "_bench_fitting", fake)
+  rows = step_bench.run_bench(defaults.tiny_config("ito"), attentions=["cudnn", "cudnn_mask"])
+  assert seen == [("cudnn", "cudnn", ("cudnn",)), ("cudnn", "cudnn", ())]
+  assert [r["attention"] for r in rows] == ["cudnn", "cudnn_mask"]
+  assert layers.LENGTH_CORES == ("cudnn",)

@@ -128,3 +128,77 @@ def test_config_rejects_cudnn_in_float32_and_names_the_key():
   cfg.model.fusion.attention = 'flash'
   with pytest.raises(ConfigError, match='model.fusion.attention'):
     validation.validate(cfg)
+
+
+# Key sequence lengths instead of a mask (layers.key_padding: what the towers pass on LENGTH_CORES, i.e.
+# cuDNN). On CPU the 'xla' core takes lengths too, so the two forms are compared there, bit for bit.
+
+
+@pytest.mark.parametrize('is_causal', [False, True])
+def test_xla_core_with_key_lengths_equals_the_mask(is_causal):
+  q, k, v = _qkv()
+  mask = _key_mask(2, 70)
+  lengths = layers.key_padding(mask[:, 0, 0, :], 'cudnn')
+  np.testing.assert_array_equal(lengths, [50, 10])
+
+  def loss(m):
+    return lambda q, k, v: jnp.sum(jnp.sin(layers.attention_core(q, k, v, m, is_causal, 'xla')))
+
+  np.testing.assert_array_equal(
+    layers.attention_core(q, k, v, lengths, is_causal, 'xla'),
+    layers.attention_core(q, k, v, mask, is_causal, 'xla'),
+  )
+  for a, b in zip(jax.grad(loss(lengths), (0, 1, 2))(q, k, v), jax.grad(loss(mask), (0, 1, 2))(q, k, v)):
+    np.testing.assert_array_equal(a, b)
+  with pytest.raises(ValueError, match='integer key lengths'):
+    layers.attention_core(q, k, v, jnp.ones((2,), bool), is_causal, 'xla')
+
+
+def _with_length_cores(monkeypatch, cores):
+  monkeypatch.setattr(layers, 'LENGTH_CORES', cores)
+
+
+@pytest.mark.parametrize('flavour', ['tips', 'clip'])
+def test_text_tower_with_key_lengths_equals_the_mask(flavour, monkeypatch):
+  """The towers' wiring: the text tower given lengths (here on 'xla') computes what it computes with the
+  mask, every output and gradient bitwise."""
+  kw = dict(flavour=flavour, vocab_size=32, max_len=16, width=64, depth=2, num_heads=2, mlp_dim=64, out_dim=8)
+  ids = _ids()
+  params = text.TextEncoder(**kw).init(jax.random.PRNGKey(0), ids)
+
+  def run(cores):
+    _with_length_cores(monkeypatch, cores)
+
+    def f(p):
+      out = text.TextEncoder(**kw).apply(p, ids)
+      return jnp.sum(out['pooled'] ** 2) + jnp.sum(jnp.sin(out['tokens'])), out
+
+    return jax.value_and_grad(f, has_aux=True)(params)
+
+  (_, want), g_want = run(())
+  (_, got), g_got = run(('xla',))
+  jax.tree.map(np.testing.assert_array_equal, (got, g_got), (want, g_want))
+
+
+def test_fusion_module_with_key_lengths_equals_the_mask(monkeypatch):
+  """[image; text] with the caption's padding on the right: lengths 1 + h*w + caption length."""
+  kw = dict(width=64, depth=1, num_heads=1, mlp_ratio=1, max_text_len=9)
+  r = np.random.RandomState(1)
+  cls, patches = jnp.asarray(r.randn(2, 16), jnp.float32), jnp.asarray(r.randn(2, 3, 3, 16), jnp.float32)
+  tokens = jnp.asarray(r.randn(2, 9, 16), jnp.float32)
+  valid = _ids() != 0
+  params = fusion.FusionTransformer(**kw).init(jax.random.PRNGKey(0), cls, patches, tokens, valid)
+
+  def run(cores):
+    _with_length_cores(monkeypatch, cores)
+
+    def f(p, tokens):
+      out = fusion.FusionTransformer(**kw).apply(p, cls, patches, tokens, valid)
+      return jnp.sum(out[:, :4]), out
+
+    return jax.value_and_grad(f, argnums=(0, 1), has_aux=True)(params, tokens)
+
+  (_, want), g_want = run(())
+  (_, got), g_got = run(('xla',))
+  jax.tree.map(np.testing.assert_array_equal, (got, g_got), (want, g_want))
+  assert not np.any(np.asarray(g_got[1])[1, 2:])  # padded caption tokens: masked as keys

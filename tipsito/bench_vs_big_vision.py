@@ -31,6 +31,8 @@ Toggles (`--toggles`, each one extra row of tipsito's `clip`, one thing changed;
   tips_image   the TIPS / big_vision-style image tower (tanh GELU, no ln_pre, patch bias, eps 1e-6)
   adamw        AdamW instead of Adafactor
   bv_exact_gelu  big_vision's rows with exact-erf GELU (its towers' `nn.gelu(approximate=False)`)
+  remat_P      both towers' blocks rematerialised with policy P (`model.{image,text}.remat_policy`:
+               nothing_saveable, dots_saveable, dots_with_no_batch_dims_saveable; tipsito/models/layers.py)
 """
 
 from __future__ import annotations
@@ -74,7 +76,17 @@ TEXT_SHAPES = {
   "tiny/16": dict(width=64, depth=2, num_heads=4, mlp_dim=128, vocab_size=1000, max_len=16, out_dim=64),
 }
 RECIPES = ("clip", "ito")
-TOGGLES = ("tanh_gelu", "no_ln_pre", "tips_image", "adamw", "bv_exact_gelu")
+TOGGLES = (
+  "tanh_gelu",
+  "no_ln_pre",
+  "tips_image",
+  "adamw",
+  "bv_exact_gelu",
+  "remat_nothing_saveable",
+  "remat_dots_saveable",
+  "remat_dots_with_no_batch_dims_saveable",
+)
+REMAT_PREFIX = "remat_"
 # big_vision's Adafactor settings (`big_vision/optax.py: scale_by_adafactor` defaults), given to both sides.
 ADAFACTOR = dict(momentum=0.9, momentum_dtype="bfloat16", decay_rate=0.8, beta2_cap=0.999, eps=1e-30)
 # The modules big_vision's model/optimizer files import that this tool may replace by stubs when they are
@@ -305,6 +317,9 @@ def tipsito_config(recipe: str, variant: str, batch: int, *, toggles: Sequence[s
       c.optim.update(dict(name="adamw", eps=1e-6, momentum_dtype="float32"))
     if t == "no_fusion":
       c.loss.fusion = 0.0
+    if t.startswith(REMAT_PREFIX):  # both towers' blocks rematerialised with that policy
+      for tower in ("image", "text"):
+        c.model[tower].update(dict(remat=True, remat_policy=t[len(REMAT_PREFIX) :]))
   return c
 
 

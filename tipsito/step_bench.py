@@ -6,7 +6,8 @@ measured, not guessed: the same config is built per recipe in one process, on sy
 needed), and step time, throughput, FLOPs (XLA cost analysis), FLOP utilisation against an optional
 `--peak_tflops`, and peak device memory (where the platform reports it) are printed as a table plus one
 JSON line. Ratios between recipes come from the same run, so machine load affects them alike.
-`--attention xla,cudnn --remat false,true` multiply the rows; `--batch_candidates 256,128,64` runs each row
+`--attention xla,cudnn --remat false,true` multiply the rows (`cudnn_mask`: cudnn with the padding as a mask,
+not as sequence lengths); `--batch_candidates 256,128,64` runs each row
 at the largest batch whose compiled memory fits the device; `--jsonl F` appends the rows to F and
 `--markdown F` prints them as a table with each recipe's time and FLOPs per image against CLIP's
 (launch/gpu_bench.sh drives all of this on one GPU).
@@ -31,6 +32,7 @@ from tipsito import distributed
 from tipsito.config import defaults
 from tipsito.config import validation as config_validation
 from tipsito.data.synthetic import synthetic_batch
+from tipsito.models import layers
 from tipsito.train import assembly
 from tipsito.train import observability
 from tipsito.train import sharding
@@ -38,6 +40,8 @@ from tipsito.train import step as step_lib
 
 FLAGS = flags.FLAGS
 _BOOLS = {"true": True, "false": False, "1": True, "0": False}
+# `--attention cudnn_mask`: the cudnn core with an explicit boolean padding mask (see _bench_row).
+CUDNN_MASK = "cudnn_mask"
 
 
 def _define_flags() -> None:
@@ -65,8 +69,8 @@ def _define_flags() -> None:
   flags.DEFINE_list(
     "attention",
     [],
-    "Attention cores to compare (model.{image,text,fusion}.attention: xla, cudnn, splash); default: the "
-    "config's.",
+    "Attention cores to compare (model.{image,text,fusion}.attention: xla, cudnn, splash; cudnn_mask: "
+    "cudnn given the padding as a boolean mask instead of sequence lengths); default: the config's.",
   )
   flags.DEFINE_list(
     "remat", [], "Remat settings to compare for both towers (false,true); default: the config's."
@@ -238,10 +242,10 @@ def run_bench(
           ck.input.microbatches = int(k)
         for t in ("image", "text", "fusion"):
           if att is not None and t in ck.model:
-            ck.model[t].attention = att
+            ck.model[t].attention = "cudnn" if att == CUDNN_MASK else att
           if remat is not None and t in ("image", "text"):
             ck.model[t].remat = bool(remat)
-        rows.append(_bench_fitting(ck, batch_candidates, steps=steps, peak_tflops=peak_tflops))
+        rows.append(_bench_row(ck, att, batch_candidates, steps=steps, peak_tflops=peak_tflops))
   rows = [r for r in rows if r.get("fits", True)]
   if rows:
     base = rows[0]["step_s"]
@@ -251,6 +255,19 @@ def run_bench(
       if base_flop and row.get("step_tflop"):
         row["flops_vs_first"] = round(row["step_tflop"] / base_flop, 3)
   return rows
+
+
+def _bench_row(config, attention: Optional[str], batch_candidates: Sequence[int], **kw) -> dict:
+  """`_bench_fitting`; for `--attention cudnn_mask`, the cudnn core handed the towers' right padding as an
+  explicit boolean mask (layers.LENGTH_CORES emptied for this row) instead of key sequence lengths."""
+  if attention != CUDNN_MASK:
+    return _bench_fitting(config, batch_candidates, **kw)
+  saved = layers.LENGTH_CORES
+  layers.LENGTH_CORES = ()
+  try:
+    return dict(_bench_fitting(config, batch_candidates, **kw), attention=CUDNN_MASK)
+  finally:
+    layers.LENGTH_CORES = saved
 
 
 def _bench_fitting(config, batch_candidates: Sequence[int], **kw) -> dict:

@@ -88,7 +88,7 @@ class FusionTransformer(nn.Module):
 
     x = jnp.concatenate([img, txt], axis=1)
     key_valid = jnp.concatenate([jnp.ones((b, 1 + h * w), bool), text_valid.astype(bool)], axis=1)
-    mask = key_valid[:, None, None, :]
+    mask = layers.key_padding(key_valid, self.attention)  # [image; text]: right padding
     for i in range(self.depth):
       x = layers.Block(
         num_heads=self.num_heads,

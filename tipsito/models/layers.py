@@ -17,6 +17,7 @@ is the Pallas TPU splash-attention kernel (tipsito/models/splash.py).
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Optional
 
 import flax.linen as nn
@@ -43,12 +44,49 @@ def quick_gelu(x: jax.Array) -> jax.Array:
   return x * jax.nn.sigmoid(jnp.asarray(1.702, x.dtype) * x)
 
 
+_SQRT_HALF = 0.5**0.5
+_INV_SQRT_2PI = (2.0 * math.pi) ** -0.5
+
+
+@jax.custom_vjp
+def gelu_exact(x: jax.Array) -> jax.Array:
+  """The exact erf GELU x * Phi(x) (torch nn.GELU: OpenCLIP ViT-B-16), lean in memory.
+
+  The forward is `jax.nn.gelu(x, approximate=False)` itself (0.5 x erfc(-x / sqrt 2)), so the values
+  are bitwise today's. Why a custom VJP: autodiff through XLA's erfc expansion keeps its intermediates
+  (erfc, exp and the product, each the size of the MLP's hidden layer) from the forward to the backward
+  pass; the analytic derivative Phi(x) + x phi(x) needs only x, which the MLP's first matmul has
+  produced anyway (docs/performance.md has the memory). The backward works on 2-D (rows, features)
+  views, the layout of the matmul it follows, so that XLA fuses it into one loop with the incoming
+  gradient instead of materialising Phi and phi (measured on XLA:CPU). Gradients differ from autodiff
+  through erfc by rounding only (tests/test_models_gelu.py).
+  """
+  return jax.nn.gelu(x, approximate=False)
+
+
+def _gelu_exact_fwd(x):
+  return gelu_exact(x), x
+
+
+def _gelu_exact_bwd(x, ct):
+  shape = x.shape
+  x2 = x.reshape(-1, shape[-1]) if x.ndim > 2 else x
+  g2 = ct.reshape(x2.shape)
+  c = lambda v: jnp.asarray(v, x.dtype)  # noqa: E731
+  cdf = c(0.5) * jax.lax.erfc(-x2 * c(_SQRT_HALF))
+  pdf = c(_INV_SQRT_2PI) * jnp.exp(c(-0.5) * x2 * x2)
+  return ((g2 * (cdf + x2 * pdf)).reshape(shape),)
+
+
+gelu_exact.defvjp(_gelu_exact_fwd, _gelu_exact_bwd)
+
+
 # FFN activations by config name (`model.image.activation`, `model.text.activation`):
 # 'gelu' is flax's tanh approximation (the official TIPS vision tower), 'gelu_exact' the erf GELU
 # (torch nn.GELU: OpenCLIP ViT-B-16), 'quick_gelu' OpenAI CLIP's, 'relu' the TIPS text tower's.
 ACTIVATIONS = {
   'gelu': nn.gelu,
-  'gelu_exact': lambda t: nn.gelu(t, approximate=False),
+  'gelu_exact': gelu_exact,
   'quick_gelu': quick_gelu,
   'relu': nn.relu,
 }
@@ -79,16 +117,41 @@ def drop_path(x: jax.Array, rate: float, rng: jax.Array) -> jax.Array:
 _HALF_DTYPES = (jnp.bfloat16, jnp.float16)
 
 
+# The cores the towers give right padding as key sequence lengths instead of a boolean mask
+# (`key_padding`). cuDNN's fused attention takes lengths natively (its padding mask type, no (B,1,1,T) mask
+# tensor to read), the form upstream JAX reports it fast and robust with. `step_bench --attention
+# cudnn_mask` empties this for a row, to measure the explicit-mask path next to it.
+LENGTH_CORES = ('cudnn',)
+
+
+def key_padding(key_valid: jax.Array, implementation: str) -> jax.Array:
+  """What the towers pass as `mask` for keys valid up to a per-example length ((B,T) bool, right padding:
+  the text tower's pad id 0 after EOT, the fusion module's [image; text]): int32 lengths (B,) on
+  LENGTH_CORES, the boolean key mask (B,1,1,T) otherwise. Both mean the same (tests/test_models_attention.py);
+  lengths are only right when no valid key follows a padded one, which the tokenizer guarantees."""
+  if implementation in LENGTH_CORES:
+    return jnp.sum(key_valid, axis=1, dtype=jnp.int32)
+  return key_valid[:, None, None, :]
+
+
 def attention_core(q, k, v, mask, is_causal: bool, implementation: str) -> jax.Array:
   """softmax(q k^T / sqrt(d) + mask) v for (B,T,H,d) q/k/v with the `implementation` asked for.
 
-  `mask` is None or a boolean key mask (B,1,1,T) (the text tower's padding, the fusion module's text
-  padding); 'xla' also takes any mask broadcastable to (B,H,T,T). Errors are raised at trace time, so a
-  wrong choice fails before anything is compiled.
+  `mask` is None, a boolean key mask (B,1,1,T) (the text tower's padding, the fusion module's text
+  padding) or int32 key lengths (B,) (keys at positions >= length are masked; `key_padding`); 'xla' also
+  takes any boolean mask broadcastable to (B,H,T,T). Errors are raised at trace time, so a wrong choice
+  fails before anything is compiled.
   """
   scale = 1.0 / (q.shape[-1] ** 0.5)
+  lengths = None
+  if mask is not None and mask.ndim == 1:
+    if not jnp.issubdtype(mask.dtype, jnp.integer):
+      raise ValueError(f'attention: a 1-D mask must be integer key lengths (B,), got {mask.dtype}')
+    lengths, mask = mask.astype(jnp.int32), None
   if implementation == 'xla':
-    return jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
+    return jax.nn.dot_product_attention(
+      q, k, v, mask=mask, is_causal=is_causal, scale=scale, key_value_seq_lengths=lengths
+    )
   if implementation == 'cudnn':
     if jax.default_backend() != 'gpu':
       raise ValueError(
@@ -101,14 +164,25 @@ def attention_core(q, k, v, mask, is_causal: bool, implementation: str) -> jax.A
         "set the tower's dtype to 'bfloat16' or its attention to 'xla'"
       )
     return jax.nn.dot_product_attention(
-      q, k, v, mask=mask, is_causal=is_causal, scale=scale, implementation='cudnn'
+      q,
+      k,
+      v,
+      mask=mask,
+      is_causal=is_causal,
+      scale=scale,
+      key_value_seq_lengths=lengths,
+      implementation='cudnn',
     )
   if implementation in ('splash', 'splash_interpret'):
+    if lengths is not None:
+      key_valid = jnp.arange(k.shape[1])[None, :] < lengths[:, None]
+    else:
+      key_valid = splash.key_valid_from_mask(mask, q.shape[:2])
     return splash.splash_attention(
       q,
       k,
       v,
-      splash.key_valid_from_mask(mask, q.shape[:2]),
+      key_valid,
       is_causal,
       scale,
       interpret=implementation == 'splash_interpret',

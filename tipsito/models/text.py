@@ -119,7 +119,7 @@ class TextEncoder(nn.Module):
     eps = float(self.ln_eps) if self.ln_eps is not None else eps
     x = nn.Dropout(self.dropout)(x, deterministic=not train)
 
-    attn_mask = valid[:, None, None, :]  # keys only: (B,1,1,L)
+    attn_mask = layers.key_padding(valid, self.attention)  # keys only: (B,1,1,L) or lengths (B,)
     block_kw = dict(
       num_heads=self.num_heads,
       mlp_dim=self.mlp_dim,
