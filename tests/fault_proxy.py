@@ -30,13 +30,17 @@ FAULTS = ("429", "503", "drop")
 _HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "upgrade", "te", "trailer"}
 
 
-def kind_of(method: str, target: str) -> str:
-  """The request kind of `method target` (see the module docstring)."""
+def kind_of(method: str, target: str, body: bytes = b"") -> str:
+  """The request kind of `method target` (see the module docstring); a multipart upload names its object
+  in the body's JSON part, not in the URL."""
   url = urllib.parse.urlsplit(target)
   q = urllib.parse.parse_qs(url.query)
   name = urllib.parse.unquote(url.path)
   m = re.search(r"/o/(.+)$", name)
   name = m.group(1) if m else " ".join(q.get("name", []) + q.get("prefix", []))
+  if not name and body:
+    found = re.search(rb'"name"\s*:\s*"([^"]+)"', body[:4096])
+    name = found.group(1).decode("utf-8", "replace") if found else ""
   if "run.lock" in name:
     return "lock"
   if re.search(r"(^|/)export[^/]*/", name):
@@ -96,7 +100,7 @@ class FaultProxy:
 
       def _handle(self):
         body = self._body()
-        fault = proxy._decide(self.command, self.path)
+        fault = proxy._decide(self.command, self.path, body)
         if fault in ("429", "503"):
           msg = b'{"error": {"code": %s, "message": "injected by tests/fault_proxy.py"}}' % fault.encode()
           self.send_response(int(fault))
@@ -145,8 +149,8 @@ class FaultProxy:
     self.url = f"http://127.0.0.1:{self.port}"
     self._thread = threading.Thread(target=self._server.serve_forever, name="fault-proxy", daemon=True)
 
-  def _decide(self, method: str, target: str) -> Optional[str]:
-    kind = kind_of(method, target)
+  def _decide(self, method: str, target: str, body: bytes = b"") -> Optional[str]:
+    kind = kind_of(method, target, body)
     if self.delay_s and kind in self.delay_kinds:
       import time  # pylint: disable=import-outside-toplevel
 

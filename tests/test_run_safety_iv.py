@@ -127,6 +127,8 @@ def test_proxy_classifies_requests_by_kind():
   assert k("GET", "/storage/v1/b/tipsito/o/w%2Fexport%2Fparams%2Fx") == "export"
   assert k("GET", "/storage/v1/b/tipsito/o?prefix=w%2Fcheckpoints%2F") == "metadata"
   assert k("GET", "/storage/v1/b/tipsito/o/w%2Fconfig.json") == "metadata"
+  body = b'--x\r\nContent-Type: application/json\r\n\r\n{"name": "w/run.lock"}\r\n--x\r\n'
+  assert k("POST", "/upload/storage/v1/b/tipsito/o?uploadType=multipart&ifGenerationMatch=0", body) == "lock"
 
 
 # --- restart after a hard failure: the gs:// lock ---------------------------------------------------
@@ -258,12 +260,18 @@ LOCK_RACE = textwrap.dedent("""\
 
 def test_gcs_lock_under_faults_neither_deadlocks_nor_admits_a_second_run(faulty_gcs, tmp_path):
   env, proxy = faulty_gcs
+  # 20 % of lock requests fail; dropped connections (the store acted, the client never heard) included, so
+  # a create whose answer was lost is retried and finds the run's own lock
   proxy.rate, proxy.kinds, proxy.max_faults = 0.2, {"lock"}, None
   before = dict(proxy.injected)
   try:
     r, wall = _script(tmp_path, "race", LOCK_RACE, env, f"gs://{BUCKET}/locks", "4", timeout=300)
+    proxy.faults = ("drop",)
+    r2, _ = _script(tmp_path, "race", LOCK_RACE, env, f"gs://{BUCKET}/locks_drop", "4", timeout=300)
   finally:
-    proxy.rate, proxy.kinds = 0.0, set(fault_proxy.KINDS)
+    proxy.rate, proxy.kinds, proxy.faults = 0.0, set(fault_proxy.KINDS), fault_proxy.FAULTS
+  out2 = _result(r2)
+  assert out2["rounds"] == 4 and out2["second_got_in"] == 0, out2
   out = _result(r)
   assert proxy.injected["lock"] > before["lock"], ("no fault was injected", proxy.requests, proxy.injected)
   assert out["rounds"] == 4 and out["second_got_in"] == 0, out
