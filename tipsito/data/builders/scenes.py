@@ -97,7 +97,10 @@ class Scenes(tfds.core.GeneratorBasedBuilder):
   VERSION = tfds.core.Version("1.1.0")
   RELEASE_NOTES = {
     "1.0.0": "10000 train / 200 validation / 200 test.",
-    "1.1.0": "2000 test scenes (examples 0-199 as in 1.0.0); train and validation unchanged.",
+    "1.1.0": (
+      "2000 test scenes (examples 0-199 as in 1.0.0); train and validation unchanged; depth stored as a "
+      "zlib uint16 Tensor that plain TFDS decodes without OpenCV (values equal 1.0.0's 16-bit PNG)."
+    ),
   }
   BUILDER_CONFIGS = [
     ScenesConfig(name="default", description="64px, 10000 train / 200 validation / 2000 test")
