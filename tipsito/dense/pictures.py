@@ -21,7 +21,7 @@ import numpy as np
 from PIL import Image
 
 from tipsito.dense import data as data_lib
-from tipsito.dense import dpt as dpt_lib
+from tipsito.models import dpt as dpt_lib
 from tipsito.dense import eval as eval_lib
 from tipsito.dense import train as train_lib
 
