@@ -1,4 +1,4 @@
-"""DPT heads (tipsito/dense/dpt.py) against transformers' `Tipsv2Dpt*`, and the `tipsv2_dpt` folder round trip.
+"""DPT heads (tipsito/models/dpt.py) against transformers' `Tipsv2Dpt*`, and the `tipsv2_dpt` folder round trip.
 
 Why: a head trained in tipsito is only useful elsewhere if transformers computes the same function from the
 exported folder, and a released head only if tipsito reads it exactly. Random weights everywhere (every
@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
-from tipsito.dense import dpt  # noqa: E402
+from tipsito.models import dpt  # noqa: E402
 from tipsito.interop import hf_dpt  # noqa: E402
 from tipsito.models import kwargs as kwargs_lib  # noqa: E402
 from tipsito.models.vit import VisionTransformer  # noqa: E402

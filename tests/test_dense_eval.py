@@ -92,7 +92,8 @@ def test_slide_eval_with_one_window_is_single_scale():
   sliding-window mIoU equals the single-scale one on the same head."""
   import jax
   from test_dense_dpt import CFG, TOWER, _randomise
-  from tipsito.dense import dpt, train
+  from tipsito.dense import train
+  from tipsito.models import dpt
   from tipsito.models import kwargs as kwargs_lib
   from tipsito.models.vit import VisionTransformer
 

@@ -16,7 +16,8 @@ import pytest
 pytest.importorskip("safetensors")
 
 from test_dense_dpt import CFG, TOWER, _randomise  # noqa: E402
-from tipsito.dense import dpt, train  # noqa: E402
+from tipsito.dense import train
+from tipsito.models import dpt  # noqa: E402
 from tipsito.interop import hf_dpt  # noqa: E402
 from tipsito.models import kwargs as kwargs_lib  # noqa: E402
 from tipsito.models.vit import VisionTransformer  # noqa: E402

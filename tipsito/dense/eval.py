@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from tipsito.dense import dpt as dpt_lib
+from tipsito.models import dpt as dpt_lib
 
 EIGEN_CROP = (45, 471, 41, 601)  # rows, cols of a 480 x 640 frame
 

@@ -5,7 +5,7 @@
 Why from the exported folder: the picture then shows what transformers will compute from the same folder
 (tests/test_dense_dpt.py checks the parity), not an in-memory state. One row per eval image of `scenes`
 (generated, tipsito/dense/data.py): the image, the prediction and the ground truth, depth on one colour
-scale shared by prediction and truth (near = bright), segmentation in a fixed palette, normals as RGB of
+scale shared by prediction and truth (inverse depth, near = bright), segmentation in a fixed palette, normals as RGB of
 (n + 1) / 2.
 """
 
@@ -21,14 +21,21 @@ import numpy as np
 from PIL import Image
 
 from tipsito.dense import data as data_lib
-from tipsito.dense import dpt as dpt_lib
+from tipsito.models import dpt as dpt_lib
 from tipsito.dense import eval as eval_lib
 from tipsito.dense import train as train_lib
 
 
 def _depth_rgb(d: np.ndarray, lo: float, hi: float) -> np.ndarray:
-  t = np.clip((hi - d) / (hi - lo), 0, 1)  # near = bright
-  return (np.stack([t, t**0.5, 1 - t], -1) * 255).astype(np.uint8)
+  """Inverse depth on [1/hi, 1/lo] (near = bright; inverse depth spreads the near range the ground
+  and the objects occupy) through a dark-blue -> teal -> yellow ramp."""
+  inv = 1 / np.maximum(d, 1e-6)
+  t = np.clip((inv - 1 / hi) / (1 / lo - 1 / hi), 0, 1)[..., None]
+  stops = np.array([[20, 20, 90], [30, 150, 140], [250, 230, 40]], np.float64)
+  rgb = np.where(
+    t < 0.5, stops[0] + (stops[1] - stops[0]) * 2 * t, stops[1] + (stops[2] - stops[1]) * (2 * t - 1)
+  )
+  return rgb.astype(np.uint8)
 
 
 def _palette(n: int) -> np.ndarray:

@@ -11,7 +11,7 @@ frozen backbones), so its block outputs for every train and eval image are compu
    TIPS weights, tipsito/interop/hf_tipsv2.py), or a `tipsv2_dpt` folder (tipsito/interop/hf_dpt.py),
    whose head of `--task` then initialises the head (fine-tuning a released head; its DPT shape wins).
 2. Data (tipsito/dense/data.py): scenes (generated), nyuv2 or ade20k (read from --data_dir).
-3. The head (tipsito/dense/dpt.py) trained with optax AdamW (b1 0.9, b2 0.999, --weight_decay), linear
+3. The head (tipsito/models/dpt.py) trained with optax AdamW (b1 0.9, b2 0.999, --weight_decay), linear
    warm-up over the first 10% of --steps then cosine decay to 0 (`optax.warmup_cosine_decay_schedule`);
    the loss of the task (tipsito/dense/eval.py). Batch k is drawn from `fold_in(PRNGKey(seed), k)`, so the
    run is a pure function of the seed: a resumed run is the uninterrupted run (checked by
@@ -41,7 +41,7 @@ import numpy as np
 import optax
 
 from tipsito.dense import data as data_lib
-from tipsito.dense import dpt as dpt_lib
+from tipsito.models import dpt as dpt_lib
 from tipsito.dense import eval as eval_lib
 from tipsito.models import kwargs as kwargs_lib
 from tipsito.models.vit import VisionTransformer
@@ -103,7 +103,7 @@ def _ints(s: Optional[str]) -> Optional[tuple[int, ...]]:
 
 def load_encoder(path: str) -> tuple[dict, Any, Optional[dict]]:
   """(image_config, image params, the tipsv2_dpt folder's reading or None) of --encoder."""
-  from tipsito.interop import hf_dpt, hf_tipsv2  # pylint: disable=g-import-not-at-top  (optional: safetensors)
+  from tipsito.interop import hf_dpt, hf_tipsv2  # optional dependency: safetensors  # pylint: disable=g-import-not-at-top
 
   cfg_file = os.path.join(path, 'config.json')
   if not os.path.isfile(cfg_file):
@@ -116,7 +116,7 @@ def load_encoder(path: str) -> tuple[dict, Any, Optional[dict]]:
   if model_type == hf_tipsv2.MODEL_TYPE:
     r = hf_tipsv2.read_hf_tipsv2(path)
     return r['image_config'], r['params']['image'], None
-  import tipsito  # pylint: disable=g-import-not-at-top  (heavy: the inference stack)
+  import tipsito  # heavy: the inference stack  # pylint: disable=g-import-not-at-top
 
   enc = tipsito.load(path)
   return enc.image_config, enc.params['image'], None
@@ -202,8 +202,8 @@ def _check_run(workdir: str, run: dict) -> None:
 
 def train(args: argparse.Namespace) -> dict:
   """The whole run; returns the final metrics."""
-  from tipsito.train import checkpointing  # pylint: disable=g-import-not-at-top  (heavy: Orbax)
-  from tipsito.train import observability  # pylint: disable=g-import-not-at-top  (heavy: clu)
+  from tipsito.train import checkpointing  # heavy: Orbax  # pylint: disable=g-import-not-at-top
+  from tipsito.train import observability  # heavy: clu  # pylint: disable=g-import-not-at-top
 
   image_config, tower, released = load_encoder(args.encoder)
   patch = int(image_config['patch_size'])
@@ -345,7 +345,7 @@ def train(args: argparse.Namespace) -> dict:
   with open(os.path.join(args.workdir, 'eval.json'), 'w') as fh:
     json.dump({'final': final, 'history': history}, fh, indent=2)
   if args.export:
-    from tipsito.interop import hf_dpt  # pylint: disable=g-import-not-at-top  (optional: safetensors)
+    from tipsito.interop import hf_dpt  # optional dependency: safetensors  # pylint: disable=g-import-not-at-top
 
     names = None
     if args.task == 'segmentation' and args.data == 'scenes':

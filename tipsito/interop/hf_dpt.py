@@ -18,7 +18,7 @@ One folder holds any set of heads; each per-task class ignores the other heads' 
 (`_keys_to_ignore_on_load_unexpected`), so the same folder opens as any class whose head it holds.
 `config.json` is a `Tipsv2DptConfig` (`backbone_config` with `out_indices` = the DPT's tower stages,
 `apply_layernorm` true, `reshape_hidden_states` false) under which transformers computes what
-tipsito/dense/dpt.py computes; `preprocessor_config.json` is the `Tipsv2DptImageProcessor`'s, with the
+tipsito/models/dpt.py computes; `preprocessor_config.json` is the `Tipsv2DptImageProcessor`'s, with the
 tower's pixel statistics.
 
 Reading is strict, as for Tipsv2 folders: JSON and safetensors only (never a pickle), every tensor used,
@@ -35,7 +35,7 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 
 from tipsito import paths
-from tipsito.dense import dpt as dpt_lib
+from tipsito.models import dpt as dpt_lib
 from tipsito.interop import hf_tipsv2
 from tipsito.interop.tips_npz import NotRepresentableError
 
@@ -222,7 +222,7 @@ def write_hf_dpt(
 
   Everything is converted (and refused, with the reason) before the folder is created.
   """
-  import safetensors.numpy as st  # pylint: disable=g-import-not-at-top  (optional dependency: interop)
+  import safetensors.numpy as st  # optional dependency: safetensors  # pylint: disable=g-import-not-at-top
 
   if not heads:
     raise ValueError('tipsv2_dpt: no heads to write')
@@ -303,7 +303,7 @@ def read_hf_dpt(path) -> dict[str, Any]:
       f'{os.fspath(folder)}: unexpected tensors (not used by the architecture of config.json): '
       f'{sorted(take.state)[:8]}'
     )
-  from tipsito.models import kwargs as kwargs_lib  # pylint: disable=g-import-not-at-top  (heavy: flax modules)
+  from tipsito.models import kwargs as kwargs_lib  # heavy: the flax tower modules  # pylint: disable=g-import-not-at-top
 
   icfg, _ = kwargs_lib.complete_tower_config(icfg, 'image', os.fspath(folder))
   labels = cfg.get('id2label') or {}

@@ -145,7 +145,7 @@ class VisionTransformer(nn.Module):
       return_blocks: also return the token sequences after these blocks, counted as Hugging Face's
         backbones count stages (0 = the embeddings before the first block, k = after block k, so
         `depth` is the last), each after the final LayerNorm (transformers' `apply_layernorm`): the
-        inputs of a DPT decoder (tipsito/dense/dpt.py). The other outputs are unchanged.
+        inputs of a DPT decoder (tipsito/models/dpt.py). The other outputs are unchanged.
     Returns:
       {'cls': (B,n_cls,D), 'patches': (B,gh,gw,D)[, 'values': (B,gh,gw,D)]
       [, 'blocks': tuple of {'cls', 'patches'} in the order of `return_blocks`]},
