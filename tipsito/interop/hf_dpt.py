@@ -58,7 +58,7 @@ def _check_tower(image_config: Mapping[str, Any]) -> None:
         f'tipsv2_dpt: image_config.{k} is {image_config[k]!r}; a Tipsv2 backbone needs {want!r} '
         '(a TIPS-style tower: recipes tips, tipsv2, tipsito, distill, or imported TIPS weights)'
       )
-  if float(image_config.get('ln_eps', hf_tipsv2.LN_EPS)) != hf_tipsv2.LN_EPS:
+  if float(image_config['ln_eps']) != hf_tipsv2.LN_EPS:
     raise NotRepresentableError(f"tipsv2_dpt: image_config.ln_eps {image_config['ln_eps']}, Tipsv2 uses 1e-6")
 
 
