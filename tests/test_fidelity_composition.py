@@ -25,7 +25,7 @@ from tipsito import objective
 from tipsito.config import validation as config_validation
 from tipsito.config.validation import ConfigError
 from tipsito.losses import contrastive as con_lib
-from tipsito import losses as sd_lib
+from tipsito.losses import ibot as ibot_lib
 
 from test_fidelity_objective import build, close, run_losses, tiny
 
@@ -110,7 +110,7 @@ def test_fusion_without_alignment_is_refused():
 
 def ibot_arguments(setup, state, batch, ctx):
   """(metrics, the arguments of the one `ibot_loss` call, its keywords) of the loss on `batch`."""
-  real = sd_lib.ibot_loss
+  real = ibot_lib.ibot_loss
   keywords = []
 
   def f(params, batch):
@@ -121,13 +121,13 @@ def ibot_arguments(setup, state, batch, ctx):
       keywords.append(kw)
       return real(*a, **kw)
 
-    sd_lib.ibot_loss = spy
+    ibot_lib.ibot_loss = spy
     try:
       _, (metrics, _) = objective.compute_losses(
         ctx, params, state.ema, state.centers, {}, batch, state.step, jax.random.PRNGKey(0)
       )
     finally:
-      sd_lib.ibot_loss = real
+      ibot_lib.ibot_loss = real
     (args,) = seen
     return metrics, args
 

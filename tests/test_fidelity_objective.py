@@ -23,7 +23,7 @@ from tipsito.config import defaults
 from tipsito.config import validation as config_validation
 from tipsito.config.validation import ConfigError
 from tipsito.losses import contrastive as con_lib
-from tipsito import losses as sd_lib
+from tipsito.losses import dino as dino_lib
 from tipsito.objective.features import unit
 from tipsito.objective.model import TrainModel
 from tipsito.data.synthetic import synthetic_batch
@@ -91,8 +91,8 @@ def test_dino_loss_sum_is_m_times_mean_on_a_fixed_example():
   s = jnp.asarray(rs.normal(size=(m, b, k)), jnp.float32)
   t = jnp.asarray(rs.normal(size=(1, b, k)), jnp.float32)
   c = jnp.asarray(rs.normal(size=(k,)) * 0.1, jnp.float32)
-  mean = sd_lib.dino_loss(s, t, c, 0.1, 0.04, reduction="mean")
-  total = sd_lib.dino_loss(s, t, c, 0.1, 0.04, reduction="sum")
+  mean = dino_lib.dino_loss(s, t, c, 0.1, 0.04, reduction="mean")
+  total = dino_lib.dino_loss(s, t, c, 0.1, 0.04, reduction="sum")
   close(total, m * mean, 1e-6)
   assert float(mean) > 0
 
@@ -222,7 +222,7 @@ def dino_student_logits(setup, state, batch, frozen):
   """The student logits `dino_loss` receives (spied), and the reference logits of the local crops and of
   the global crop, from the model's methods."""
   ctx = dataclasses.replace(setup.ctx, weights={"dino": 1.0})
-  real = sd_lib.dino_loss
+  real = dino_lib.dino_loss
 
   def f(params):
     seen = []
@@ -231,13 +231,13 @@ def dino_student_logits(setup, state, batch, frozen):
       seen.append(s)
       return real(s, *a, **kw)
 
-    sd_lib.dino_loss = spy
+    dino_lib.dino_loss = spy
     try:
       objective.compute_losses(
         ctx, params, state.ema, state.centers, frozen, batch, state.step, jax.random.PRNGKey(0)
       )
     finally:
-      sd_lib.dino_loss = real
+      dino_lib.dino_loss = real
     return seen[0]
 
   got = jax.jit(f)(state.params)

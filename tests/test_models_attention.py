@@ -83,7 +83,9 @@ def test_text_tower_splash_equals_xla(flavour):
   (_, want), g_want = run('xla')
   (_, got), g_got = run('splash_interpret')
   np.testing.assert_allclose(got, want, **TOL)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, **TOL), g_got, g_want)
+  # Gradients at 5e-5 relative: the exact GELU's custom VJP (tipsito/models/layers.py) sums its backward in
+  # a different order under each attention core (one element of 2048 differed by 3e-5 relative).
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=5e-5, atol=1e-5), g_got, g_want)
 
 
 def test_fusion_module_splash_equals_xla():

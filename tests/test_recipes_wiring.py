@@ -18,7 +18,8 @@ from tipsito.train import exporting
 from tipsito import objective
 from tipsito.config import defaults
 from tipsito.losses import contrastive as con_lib
-from tipsito import losses as sd_lib
+from tipsito.losses import dino as dino_lib
+from tipsito.losses import ibot as ibot_lib
 from tipsito.objective.features import unit
 from tipsito.objective.model import TrainModel
 from tipsito.data.synthetic import synthetic_batch
@@ -237,7 +238,7 @@ def test_dino_reads_local_crops_and_teacher_global_view():
   """Student DINO logits = student head on the local crops' CLS1 (M, B, K); teacher logits = EMA head on
   CLS1 of the unmasked global view (head-only EMA: the student encoder's features)."""
   setup, state, batch = build("tipsv2")
-  _, _, calls = losses(setup, state, batch, {"dino": 1.0}, record=[(sd_lib, "dino_loss")])
+  _, _, calls = losses(setup, state, batch, {"dino": 1.0}, record=[(dino_lib, "dino_loss")])
   ((_, args),) = calls
   p, t = state.params, {**state.params, **state.ema}
   loc = batch["local_crops"]
@@ -271,7 +272,7 @@ def test_ibot_vs_ibot_plus_plus_visible_tokens(all_patches):
   setup, state, batch = build("tipsv2", ibot_all_patches=all_patches)
   flat = batch["mask"].reshape(batch["mask"].shape[0], -1)
   assert 0 < int(flat.sum()) < flat.size
-  _, metrics, calls = losses(setup, state, batch, {"ibot": 1.0}, record=[(sd_lib, "ibot_loss")])
+  _, metrics, calls = losses(setup, state, batch, {"ibot": 1.0}, record=[(ibot_lib, "ibot_loss")])
   ((_, args),) = calls
   p, t = state.params, {**state.params, **state.ema}
   b = flat.shape[0]
@@ -290,18 +291,18 @@ def test_ibot_vs_ibot_plus_plus_visible_tokens(all_patches):
   close(args[0], s_want)
   close(args[1], t_want)
   base_loss = float(metrics["loss/ibot"])
-  real = sd_lib.ibot_loss
+  real = ibot_lib.ibot_loss
   bump = jnp.asarray(np.random.RandomState(3).normal(size=s_want.shape[-1]), jnp.float32)
 
   def shifted(where):
     def patched(sp, *a, **kw):
       return real(sp + 3.0 * jnp.where(where[..., None], bump, 0.0), *a, **kw)
 
-    sd_lib.ibot_loss = patched
+    ibot_lib.ibot_loss = patched
     try:
       return float(losses(setup, state, batch, {"ibot": 1.0}, cache=False)[1]["loss/ibot"])
     finally:
-      sd_lib.ibot_loss = real
+      ibot_lib.ibot_loss = real
 
   visible, masked = shifted(~flat), shifted(flat)
   assert abs(masked - base_loss) > 1e-4
@@ -325,7 +326,7 @@ def test_teacher_temperature_schedule():
       batch,
       {"dino": 1.0, "ibot": 1.0},
       step=step,
-      record=[(sd_lib, "dino_loss"), (sd_lib, "ibot_loss")],
+      record=[(dino_lib, "dino_loss"), (ibot_lib, "ibot_loss")],
     )
     assert float(metrics["teacher_temp"]) == pytest.approx(want, abs=1e-7)
     temps = {name: float(args[-1]) for name, args in calls}  # the last array argument is tau_t

@@ -225,7 +225,9 @@ def test_collapse_signal_values():
   assert math.isclose(float(collapse.entropy(jnp.full((4, k), 1.0 / k))), math.log(k), rel_tol=1e-6)
   assert float(collapse.entropy(jax.nn.one_hot(jnp.arange(4), k))) == 0.0
   x = jax.random.normal(jax.random.PRNGKey(0), (1, 32))
-  assert math.isclose(float(collapse.effective_rank(jnp.tile(x, (8, 1)))), 1.0, rel_tol=1e-3)
+  # Rank 1: the seven zero eigenvalues of x x^T come out of eigvalsh as float32 rounding (~1e-7), whose
+  # square roots (~3e-4) add ~2e-3 to the rank on some processors' LAPACK; rank 2 would read 2.
+  assert math.isclose(float(collapse.effective_rank(jnp.tile(x, (8, 1)))), 1.0, rel_tol=5e-3)
   assert math.isclose(float(collapse.effective_rank(jnp.eye(8, 32))), 8.0, rel_tol=1e-4)
 
 

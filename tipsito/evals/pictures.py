@@ -14,6 +14,8 @@ from typing import Mapping
 import numpy as np
 from PIL import Image
 
+from tipsito.data.builders import scenes_gen
+
 
 def _robust_minmax(x: np.ndarray, lo_q: float = 1.0, hi_q: float = 99.0) -> np.ndarray:
   """Scales each last-axis channel to [0, 1] by its 1st/99th percentiles (outlier patches saturate)."""
@@ -147,7 +149,6 @@ def class_looks(class_names, background_index: int | None = None):
 
   Why: a reader ties 'blue dots' on a map to the blue dotted object in the image without a legend, and
   sees at once which object a wrong answer was taken from."""
-  from tipsito.data.builders import scenes_gen  # pylint: disable=g-import-not-at-top
 
   looks = []
   for c, name in enumerate(class_names):
@@ -180,7 +181,6 @@ def hatch(pattern: str | None, hw: tuple[int, int], period: int = HATCH_PERIOD) 
 def textured(labels: np.ndarray, looks, num_classes: int, period: int = HATCH_PERIOD) -> np.ndarray:
   """uint8 (H, W) labels -> RGB (H, W, 3): each class in its `class_looks` colour, hatched with its
   pattern in the scenes' light colour; ignored (255) black."""
-  from tipsito.data.builders import scenes_gen  # pylint: disable=g-import-not-at-top
 
   lab = np.asarray(labels)
   out = colorize(lab, num_classes).copy()

@@ -41,6 +41,8 @@ from typing import Callable, Mapping
 
 import numpy as np
 
+from tipsito.evals import metrics
+
 RESAMPLES = 1000
 SEED = 0
 LEVEL = 0.95
@@ -123,7 +125,6 @@ def shuffle_null_confusion(
 def nonlargest_rows(gt, num_classes: int, ignore_index: int, background: int | None) -> np.ndarray:
   """(C,) bool: the object classes of one image other than its largest (`metrics.largest_object_class`):
   the rows of a confusion matrix whose pixels `metrics.nonlargest_mask` counts."""
-  from tipsito.evals import metrics  # pylint: disable=g-import-not-at-top
 
   n = class_counts(gt, num_classes, ignore_index)
   rows = n > 0
