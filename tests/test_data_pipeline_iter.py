@@ -282,6 +282,25 @@ def test_caption_sampling_uniform_through_pipeline():
   assert chi2 < 13.82, (chi2, counts)  # chi-square 0.999 quantile, 2 dof
 
 
+def test_one_cls_caption_drawn_from_alt_text_and_captions_without_alt_text_key():
+  """`data.alt_text_key=None` with the alt-text among `data.caption_keys` (the captions study's one-CLS arm
+  sampling alt-text and synthetic captions, TIPSv2 Table 13): 'text' is drawn per example uniformly over
+  those fields (chi-square), and 'text2' is the same caption."""
+  cfg = make_config(batch_size=10, alt_text_key=None, caption_keys=('alt_text', 'caption_a', 'caption_b'))
+  counts = np.zeros(3)
+  with pipeline.make_train_iterator(
+    cfg, source=make_source(50), process_index=0, process_count=1, tokenizer=StubTokenizer()
+  ) as it:
+    for _ in range(60):
+      b = next(it)
+      np.testing.assert_array_equal(b['text'], b['text2'])
+      np.testing.assert_array_equal(b['text'][:, 1] - 100, b['label'])
+      counts += np.bincount(b['text'][:, 0] - 1, minlength=3)  # 'alt' -> 1, 'a' -> 2, 'b' -> 3
+  expected = counts.sum() / 3
+  chi2 = float(((counts - expected) ** 2 / expected).sum())
+  assert chi2 < 13.82, (chi2, counts)
+
+
 def test_examples_identical_with_and_without_workers():
   """Per-example outputs depend on (seed, epoch, record) only, not on the worker count."""
   src = make_source(8)

@@ -654,7 +654,13 @@ KEYS: tuple[Key, ...] = (
   K("data.split", str, "train", "training split"),
   K("data.data_dir", str, None, "TFDS data dir (None = the TFDS default)", optional=True, safe=True),
   K("data.image_key", str, "image", "record field of the image"),
-  K("data.alt_text_key", str, "alt_text", "record field of the alt-text caption ('text')"),
+  K(
+    "data.alt_text_key",
+    str,
+    "alt_text",
+    "record field of the alt-text caption ('text'); None: 'text' is drawn from data.caption_keys, as 'text2'",
+    optional=True,
+  ),
   K("data.caption_keys", tuple, (), "record fields of the synthetic captions ('text2')"),
   K("data.label_key", str, None, "record field of a class label (evals only)", optional=True),
   K(

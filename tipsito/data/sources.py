@@ -36,7 +36,7 @@ class SourceInfo:
   dataset_dir: str
   num_examples: int
   image_key: str
-  alt_text_key: str
+  alt_text_key: str | None
   caption_keys: tuple[str, ...]
   label_key: str | None
   label_names: tuple[str, ...] | None
@@ -237,7 +237,9 @@ class RecordSource:
   def _select(self, raw: Mapping[str, Any]) -> dict:
     """Picks and renames the configured fields (see module docstring)."""
     info = self.info
-    out = {"image": _as_bytes(raw[info.image_key]), "alt_text": _as_str(raw[info.alt_text_key])}
+    out = {"image": _as_bytes(raw[info.image_key])}
+    if info.alt_text_key is not None:
+      out["alt_text"] = _as_str(raw[info.alt_text_key])
     caps = tuple(_as_str(raw[k]) for k in info.caption_keys)
     for k, v in zip(info.caption_keys, caps):
       out[k] = v
@@ -373,7 +375,8 @@ def open_dataset(
     return key
 
   image_key = need(image_key, "the image")
-  alt_text_key = need(alt_text_key, "the alt-text")
+  # None: no alt-text field; the pipeline then draws 'text' from the caption fields (data.alt_text_key).
+  alt_text_key = need(alt_text_key, "the alt-text") if alt_text_key is not None else None
   if isinstance(caption_keys, str):
     caption_keys = (caption_keys,)
   caption_keys = (
