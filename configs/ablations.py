@@ -537,6 +537,8 @@ def _dev_lr(a):
   test. ITO trains with AdamW, so its family sweeps AdamW only. The chosen setting is the arm with the
   best primary; docs/results.md records the sweep."""
   args_lib.check_choice("family", a.family, ("tips", "ito"))
+  if a.data != "scenes":
+    raise ValueError("config arg data: the dev sweep chooses Round III's optimizer on scenes; drop data=")
   bases, arms = {}, []
   optims = ("adamw", "adafactor") if a.family == "tips" else ("adamw",)
   for optim in optims:
@@ -625,6 +627,8 @@ def get_config(arg=None):
     raise ValueError(f"config args optim / pixels: the {a.study} study sets both itself; drop them")
   if not a.data:  # the runner's smoke study on procedural shapes; the paper studies on scenes
     a.data = "shapes" if a.study == "smoke" else "scenes"
+  if a.study == "dev_lr" and not a.split:
+    a.split = "validation"  # the dev sweep never reads the reported test split
   round3 = a.data == "scenes" and a.round >= 3
   if round3:
     # Round III: the family's optimizer and learning rate from the dev sweep, CLIP pixels, 3,200 steps and

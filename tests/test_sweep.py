@@ -295,6 +295,7 @@ def test_every_study_plans(tmp_path):
     "tipsito",
     "optimizer",
     "weighting",
+    "dev_lr",
   }
   for name in mod.STUDIES:
     study = mod.get_config(f"study={name}")
@@ -331,15 +332,16 @@ def test_width_and_depth_scale_both_towers_of_every_arm(tmp_path):
 
 
 def test_optim_and_pixels_args_set_every_arm_but_the_optimizer_studys(tmp_path):
-  """On scenes the studies run the paper's optimizer and pixel statistics (Adafactor, TIPS pixels) unless
-  the args say otherwise; on openclipart the first round's AdamW and CLIP pixels (its commands still run
+  """On scenes Round II ran the paper's optimizer and pixel statistics (Adafactor, TIPS pixels) and Round III
+  runs the dev sweep's choice with CLIP pixels, unless the args say otherwise; on openclipart the first round's AdamW and CLIP pixels (its commands still run
   what they ran); the `optimizer` and `weighting` studies, which set both themselves, refuse them."""
   from tipsito.config import presets
   from tipsito.studies import arms
 
   mod = _ablations()
   cases = (
-    ("study=ibot", "adafactor", presets.TIPS_PIXEL_MEAN),
+    ("study=ibot", "adamw", presets.CLIP_PIXEL_MEAN),  # Round III: the dev sweep's choice (ROUND3_OPTIM)
+    ("round=2,study=ibot", "adafactor", presets.TIPS_PIXEL_MEAN),
     ("study=ibot,optim=adamw,pixels=clip", "adamw", presets.CLIP_PIXEL_MEAN),
     ("study=ibot,data=openclipart", "adamw", presets.CLIP_PIXEL_MEAN),
     ("study=ibot,data=openclipart,optim=adafactor,pixels=tips", "adafactor", presets.TIPS_PIXEL_MEAN),
@@ -372,7 +374,7 @@ def test_paper_studies_train_on_scenes_and_judge_on_its_test_split(tmp_path):
   from tipsito.studies import arms
 
   mod = _ablations()
-  for name in set(mod.STUDIES) - {"smoke", "optimizer", "weighting"}:
+  for name in set(mod.STUDIES) - {"smoke", "optimizer", "weighting", "dev_lr"}:
     study = mod.get_config(f"study={name}")
     assert set(mod.SCENES_DENSE) <= set(study.metrics), name
     for job in arms.plan(study, [0], str(tmp_path)):
@@ -398,7 +400,7 @@ def test_first_round_studies_still_run_on_openclipart(tmp_path):
   from tipsito.studies import arms
 
   mod = _ablations()
-  for name in set(mod.STUDIES) - {"smoke", "weighting", "mask"}:
+  for name in set(mod.STUDIES) - {"smoke", "weighting", "mask", "dev_lr"}:
     for job in arms.plan(mod.get_config(f"study={name},data=openclipart"), [0], str(tmp_path)):
       c = job.config
       assert (c.data.name, c.data.split) == ("openclipart", "train"), (name, job.arm.name)

@@ -91,6 +91,37 @@ def loss_plot(summary: dict[str, Any], path: str) -> str:
   return path
 
 
+def eval_curve_plot(summary: dict[str, Any], metric: str, path: str) -> str | None:
+  """The learning curve of `metric`: one line per arm, its mean over seeds at every eval step (band:
+  min..max over seeds); None when no run has periodic evals of it."""
+  series = {}
+  for name, a in summary["arms"].items():
+    curves = [
+      dict((int(s), v) for s, v in r.get("eval_curves", {}).get(metric, []))
+      for r in a["runs"].values()
+      if r.get("eval_curves", {}).get(metric)
+    ]
+    if curves:
+      steps = sorted(set.intersection(*(set(c) for c in curves)))
+      if len(steps) > 1:
+        series[name] = (steps, np.array([[c[s] for s in steps] for c in curves]))
+  if not series:
+    return None
+  plt = _pyplot()
+  fig, ax = plt.subplots(figsize=(5.2, 3.6))
+  for i, (name, (steps, values)) in enumerate(series.items()):
+    ax.plot(steps, values.mean(0), marker="o", color=f"C{i % 10}", label=name)
+    ax.fill_between(steps, values.min(0), values.max(0), color=f"C{i % 10}", alpha=0.2)
+  ax.set_xlabel("step")
+  ax.set_ylabel(metric)
+  ax.set_title(f"{summary['study']}: {metric} during training")
+  ax.legend(fontsize="small")
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+  return path
+
+
 def write_plots(summary: dict[str, Any], directory: str) -> list[str]:
   """Every plot of the study into `directory`; returns the paths."""
   os.makedirs(directory, exist_ok=True)
@@ -102,4 +133,8 @@ def write_plots(summary: dict[str, Any], directory: str) -> list[str]:
   ]
   out = [metric_plot(summary, m, os.path.join(directory, file_name(m))) for m in present]
   out.append(loss_plot(summary, os.path.join(directory, "loss_curves.png")))
+  for m in present:
+    curve = eval_curve_plot(summary, m, os.path.join(directory, "curve_" + file_name(m)))
+    if curve:
+      out.append(curve)
   return out

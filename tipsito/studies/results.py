@@ -36,6 +36,10 @@ from tipsito.studies import paired as paired_lib
 # and the masked / visible patch cross-entropy of TIPSv2 Fig. 2 (`ibot/ce_masked`, `ibot/ce_visible`),
 # the mechanism the ibot and mask studies read.
 LOSS_PREFIX = ("loss/", "ibot/ce_")
+# Eval scalars a result keeps as learning curves (`eval_curves`: every periodic eval of the run, Round III
+# evaluates at four points), without their bootstrap bounds and counts.
+EVAL_CURVE_SKIP_SUFFIX = ("_ci_lo", "_ci_hi", "bootstrap_resamples")
+EVAL_CURVE_SKIP_PART = ("num_",)
 LOWER_IS_BETTER = ("loss/", "ibot/ce_", "state/")
 LOWER_IS_BETTER_SUFFIX = ("/rmse",)  # errors of an eval (the depth probe's RMSE)
 
@@ -46,9 +50,11 @@ def lower_is_better(metric: str) -> bool:
 
 
 # --- one run ------------------------------------------------------------------------------------------
-def loss_curves(run_dir: str) -> dict[str, list[list[float]]]:
+def loss_curves(run_dir: str, keep=None) -> dict[str, list[list[float]]]:
   """{'loss/<term>': [[step, value], ...]} from the TensorBoard events of `run_dir` (all attempts; per
-  step the value written last). A record cut off by a kill ends that file's reading."""
+  step the value written last). A record cut off by a kill ends that file's reading. `keep` (a function
+  of the tag) replaces the choice of tags (the loss terms and the patch cross-entropies)."""
+  keep = keep or (lambda tag: tag.startswith(LOSS_PREFIX))
   # pylint: disable-next=import-outside-toplevel
   from tensorboard.backend.event_processing import event_file_loader
   from tensorboard.util import tensor_util  # pylint: disable=import-outside-toplevel
@@ -57,7 +63,7 @@ def loss_curves(run_dir: str) -> dict[str, list[list[float]]]:
   for path in sorted(glob.glob(os.path.join(run_dir, "events.out.tfevents.*"))):
     for event in event_file_loader.EventFileLoader(path).Load():
       for v in event.summary.value:
-        if not v.tag.startswith(LOSS_PREFIX):
+        if not keep(v.tag):
           continue
         value = float(tensor_util.make_ndarray(v.tensor)) if v.HasField("tensor") else float(v.simple_value)
         steps = latest.setdefault(v.tag, {})
@@ -86,13 +92,34 @@ def _number(x) -> float | None:
   return x if math.isfinite(x) else None
 
 
+def eval_curves(run_dir: str, eval_names) -> dict[str, list[list[float]]]:
+  """{'<eval>/<metric>': [[step, value], ...]}: every periodic and final eval of the run (the learning
+  curve of each metric), without bootstrap bounds and counts."""
+
+  def keep(tag: str) -> bool:
+    name, _, rest = tag.partition("/")
+    return (
+      name in eval_names
+      and bool(rest)
+      and not tag.endswith(EVAL_CURVE_SKIP_SUFFIX)
+      and not any(part.startswith(EVAL_CURVE_SKIP_PART) for part in rest.split("/"))
+    )
+
+  return loss_curves(run_dir, keep)
+
+
 def run_result(config, run_dir: str, returned: Mapping[str, float]) -> dict[str, Any]:
   """A finished run's metrics and curves (`returned`: what train_and_evaluate returned)."""
   metrics = {k: _number(v) for k, v in returned.items() if k.split("/", 1)[0] in config.evals}
   curves = loss_curves(run_dir)
   metrics.update({tag: points[-1][1] for tag, points in curves.items() if points})
   metrics.update(state_metrics(config))
-  return {"metrics": dict(sorted(metrics.items())), "curves": curves, "steps": int(config.total_steps)}
+  return {
+    "metrics": dict(sorted(metrics.items())),
+    "curves": curves,
+    "eval_curves": eval_curves(run_dir, set(config.evals)),
+    "steps": int(config.total_steps),
+  }
 
 
 # --- the study ----------------------------------------------------------------------------------------
@@ -198,6 +225,7 @@ def summarize(
       "overrides": dict(arm.overrides),
       "depends_on": list(arm.depends_on),
       "budget": budget(configs[arm.name]),
+      "self_distillation": self_distillation_setup(configs[arm.name]),
       "runs": {str(s): arm_runs[s] for s in sorted(arm_runs)},
       **_arm_numbers(arm_runs, ref_runs, names),
       "seconds": _stats([r["seconds"] for r in arm_runs.values()]),
@@ -214,7 +242,57 @@ def summarize(
     "primary_declared": "before the runs",
     "arms": arms_out,
   }
+  if study.get("self_distillation_margin") is not None:
+    summary["self_distillation_margin"] = float(study.self_distillation_margin)
   return add_statistics(summary, primary_of(study))
+
+
+# The self-distillation cross-entropies the check reads (the last logged values), per loss term.
+SELF_DISTILLATION_CE = {"dino": "loss/dino", "ibot": "ibot/ce_masked"}
+
+
+def self_distillation_setup(config) -> dict[str, Any] | None:
+  """The arm's DINO / iBOT weights and prototype count K (None: an arm without self-distillation)."""
+  weights = {t: float(config.loss.get(t) or 0.0) for t in SELF_DISTILLATION_CE}
+  if not any(weights.values()):
+    return None
+  return {"weights": weights, "num_prototypes": int(config.model.heads.num_prototypes)}
+
+
+def self_distillation_check(summary: dict) -> dict[str, Any] | None:
+  """Whether self-distillation trained (issue 46's rule, declared with the study as
+  `self_distillation_margin`): for every arm with a DINO or iBOT term, the seed mean of its final DINO
+  cross-entropy (`loss/dino`) and iBOT masked-token cross-entropy (`ibot/ce_masked`) must be at most
+  ln K - margin. A uniform teacher gives exactly ln K whatever the student, so a value near ln K means the
+  term is not training. None when the study declares no margin."""
+  margin = summary.get("self_distillation_margin")
+  if margin is None:
+    return None
+  arms = {}
+  for name, a in summary["arms"].items():
+    setup = a.get("self_distillation")
+    if not setup:
+      continue
+    ln_k = math.log(setup["num_prototypes"])
+    terms = {}
+    for term, metric in SELF_DISTILLATION_CE.items():
+      if not setup["weights"].get(term):
+        continue
+      st = a["summary"].get(metric) or {"mean": None, "std": None, "n": 0}
+      passed = None if st["mean"] is None else bool(st["mean"] <= ln_k - margin)
+      terms[term] = {
+        "metric": metric,
+        **st,
+        "below_ln_k": None if st["mean"] is None else ln_k - st["mean"],
+        "passed": passed,
+      }
+    arms[name] = {"ln_k": ln_k, "threshold": ln_k - margin, "terms": terms}
+  verdicts = [t["passed"] for a in arms.values() for t in a["terms"].values()]
+  return {
+    "margin": margin,
+    "arms": arms,
+    "all_passed": bool(verdicts) and all(v is True for v in verdicts),
+  }
 
 
 def primary_of(study) -> dict[str, str] | None:
@@ -298,6 +376,9 @@ def add_statistics(summary: dict, primary: Mapping[str, str] | None, q: float = 
       seeds_needed_normal=paired_lib.seeds_needed_normal(comp["d_z"], alpha),
     )
   summary["primary"] = prim
+  sd = self_distillation_check(summary)
+  if sd is not None:
+    summary["self_distillation_check"] = sd
   return summary
 
 
@@ -316,6 +397,8 @@ def rerender(stored: dict, study=None, command: str = "") -> dict:
     names = sorted({k for r in arm_runs.values() for k in r["metrics"]})
     a.update(_arm_numbers(arm_runs, ref_runs, names))
   out.setdefault("environment", {})
+  if study is not None and study.get("self_distillation_margin") is not None:
+    out["self_distillation_margin"] = float(study.self_distillation_margin)
   if command:
     out["rendered_by"] = command
   primary = primary_of(study) if study is not None else (stored.get("primary") or None)
@@ -443,6 +526,38 @@ def primary_lines(summary: dict) -> list[str]:
   return lines
 
 
+def self_distillation_lines(summary: dict) -> list[str]:
+  """results.md's check that self-distillation trained (see `self_distillation_check`)."""
+  sd = summary.get("self_distillation_check")
+  if not sd:
+    return []
+  lines = [
+    "## Does self-distillation train?",
+    "",
+    f"Declared before the runs: every self-distillation arm's final DINO cross-entropy (`loss/dino`) and "
+    f"iBOT masked-token cross-entropy (`ibot/ce_masked`), mean over seeds, at most ln K - {sd['margin']:g} "
+    "nats (a uniform teacher gives ln K whatever the student). "
+    + (
+      "**Every arm passes.**"
+      if sd["all_passed"]
+      else "**Not every arm passes**: read the dense claims "
+      "of the failing arms as CLIP + whatever term trains."
+    ),
+    "",
+    "| arm | term | final CE (mean ± std, n) | ln K | below ln K | threshold | passes |",
+    "|---|---|---:|---:|---:|---:|---|",
+  ]
+  for name, a in sd["arms"].items():
+    for t in a["terms"].values():
+      ce = "–" if t["mean"] is None else _cell(t, False)
+      below = "–" if t["below_ln_k"] is None else f"{t['below_ln_k']:.3f}"
+      ok = {True: "yes", False: "**no**", None: "–"}[t["passed"]]
+      lines.append(
+        f"| {name} | `{t['metric']}` | {ce} | {a['ln_k']:.3f} | {below} | {a['threshold']:.3f} | {ok} |"
+      )
+  return lines + [""]
+
+
 def paired_lines(summary: dict) -> list[str]:
   """results.md's paired table: every arm against the reference arm on every declared metric."""
   ref = summary.get("reference_arm")
@@ -520,7 +635,7 @@ def markdown(summary: dict) -> str:
   for name, a in summary["arms"].items():
     cells = [_cell(a["summary"].get(m), name in best[m]) for m in metrics]
     lines.append(f"| {name} | " + " | ".join(cells) + f" | {_duration(a['seconds']['mean'])} |")
-  lines += [""] + primary_lines(summary)
+  lines += [""] + primary_lines(summary) + self_distillation_lines(summary)
   lines += [
     "## Arms",
     "",
