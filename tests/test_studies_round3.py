@@ -179,10 +179,14 @@ def test_eval_curves_keep_every_eval_point_and_drop_intervals(tmp_path):
       (800, "segmentation/margin/object_miou_ci_lo", 9.0),
       (800, "segmentation/num_examples", 2000.0),
       (800, "loss/total", 3.0),
+      (800, "collapse/dino_teacher_entropy", 5.0),
       (800, "knn/top1", 20.0),
       (1600, "segmentation/margin/object_miou", 12.5),
     ],
   )
   got = results.eval_curves(str(tmp_path), {"segmentation"})
   assert got == {"segmentation/margin/object_miou": [[800, 10.0], [1600, 12.5]]}
-  assert results.loss_curves(str(tmp_path)) == {"loss/total": [[800, 3.0]]}
+  assert results.loss_curves(str(tmp_path)) == {
+    "collapse/dino_teacher_entropy": [[800, 5.0]],
+    "loss/total": [[800, 3.0]],
+  }

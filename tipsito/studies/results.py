@@ -36,6 +36,10 @@ from tipsito.studies import paired as paired_lib
 # and the masked / visible patch cross-entropy of TIPSv2 Fig. 2 (`ibot/ce_masked`, `ibot/ce_visible`),
 # the mechanism the ibot and mask studies read.
 LOSS_PREFIX = ("loss/", "ibot/ce_")
+# Kept as curves too (not table columns): the collapse signals of self-distillation (teacher entropy against
+# ln K, centre norm, CLS effective rank; tipsito/objective/collapse.py) and the teacher temperature, which a
+# diagnosis of a loss stuck at ln K reads.
+DIAGNOSTIC_PREFIX = ("collapse/", "teacher_temp")
 # Eval scalars a result keeps as learning curves (`eval_curves`: every periodic eval of the run, Round III
 # evaluates at four points), without their bootstrap bounds and counts.
 EVAL_CURVE_SKIP_SUFFIX = ("_ci_lo", "_ci_hi", "bootstrap_resamples")
@@ -54,7 +58,7 @@ def loss_curves(run_dir: str, keep=None) -> dict[str, list[list[float]]]:
   """{'loss/<term>': [[step, value], ...]} from the TensorBoard events of `run_dir` (all attempts; per
   step the value written last). A record cut off by a kill ends that file's reading. `keep` (a function
   of the tag) replaces the choice of tags (the loss terms and the patch cross-entropies)."""
-  keep = keep or (lambda tag: tag.startswith(LOSS_PREFIX))
+  keep = keep or (lambda tag: tag.startswith(LOSS_PREFIX + DIAGNOSTIC_PREFIX))
   # pylint: disable-next=import-outside-toplevel
   from tensorboard.backend.event_processing import event_file_loader
   from tensorboard.util import tensor_util  # pylint: disable=import-outside-toplevel
@@ -112,7 +116,9 @@ def run_result(config, run_dir: str, returned: Mapping[str, float]) -> dict[str,
   """A finished run's metrics and curves (`returned`: what train_and_evaluate returned)."""
   metrics = {k: _number(v) for k, v in returned.items() if k.split("/", 1)[0] in config.evals}
   curves = loss_curves(run_dir)
-  metrics.update({tag: points[-1][1] for tag, points in curves.items() if points})
+  metrics.update(
+    {tag: points[-1][1] for tag, points in curves.items() if points and tag.startswith(LOSS_PREFIX)}
+  )
   metrics.update(state_metrics(config))
   return {
     "metrics": dict(sorted(metrics.items())),
