@@ -14,7 +14,11 @@ multiple of log_every, so that a resumed run logs the same per-step losses), opt
 `optimizer` study varies both itself), width / depth (0 = configs/demo.py's tiny tower, width 64 and
 depth 2: both towers' width, with head dim 16 and MLP 2 x width as that tower, and their layer count; the
 heads and the fusion keep the demo's size), primary ('' = the study's own primary metric; a metric key
-replaces it, e.g. `primary=segmentation/miou`, with which Round II is read).
+replaces it, e.g. `primary=segmentation/miou`, with which Round II is read), round (3: Studies III, the
+default on scenes: ROUND3_STEPS steps, evals at ROUND3_EVALS points, the dev sweep's optimizer per family,
+CLIP pixels, the self-distillation margin; 2: Round II's arms and budget, for its render commands), lr (0 =
+the optimizer's or the round's), eval_every (-1 = a quarter of the steps in round 3, else final evals
+only), split ('' = test; `validation` for dev_lr), family (`tips` | `ito`: the dev sweep's family).
 
 What a study is (read by tipsito/studies/arms.py):
   study    the name; claim: the sentence the study tests; metrics: the columns of results.md (a metric is
