@@ -296,6 +296,7 @@ def test_every_study_plans(tmp_path):
     "optimizer",
     "weighting",
     "dev_lr",
+    "sd_diagnosis",
   }
   for name in mod.STUDIES:
     study = mod.get_config(f"study={name}")
@@ -350,7 +351,7 @@ def test_optim_and_pixels_args_set_every_arm_but_the_optimizer_studys(tmp_path):
     for job in arms.plan(mod.get_config(arg), [0], str(tmp_path)):
       assert job.config.optim.name == optim, (arg, job.arm.name)
       assert tuple(job.config.model.image.pixel_mean) == tuple(mean), (arg, job.arm.name)
-  for study in ("optimizer", "weighting"):
+  for study in ("optimizer", "weighting", "sd_diagnosis"):
     with pytest.raises(ValueError, match=f"the {study} study sets both itself"):
       mod.get_config(f"study={study},optim=adafactor")
 
@@ -374,7 +375,7 @@ def test_paper_studies_train_on_scenes_and_judge_on_its_test_split(tmp_path):
   from tipsito.studies import arms
 
   mod = _ablations()
-  for name in set(mod.STUDIES) - {"smoke", "optimizer", "weighting", "dev_lr"}:
+  for name in set(mod.STUDIES) - {"smoke", "optimizer", "weighting", "dev_lr", "sd_diagnosis"}:
     study = mod.get_config(f"study={name}")
     assert set(mod.SCENES_DENSE) <= set(study.metrics), name
     for job in arms.plan(study, [0], str(tmp_path)):
@@ -400,7 +401,7 @@ def test_first_round_studies_still_run_on_openclipart(tmp_path):
   from tipsito.studies import arms
 
   mod = _ablations()
-  for name in set(mod.STUDIES) - {"smoke", "weighting", "mask", "dev_lr"}:
+  for name in set(mod.STUDIES) - {"smoke", "weighting", "mask", "dev_lr", "sd_diagnosis"}:
     for job in arms.plan(mod.get_config(f"study={name},data=openclipart"), [0], str(tmp_path)):
       c = job.config
       assert (c.data.name, c.data.split) == ("openclipart", "train"), (name, job.arm.name)
