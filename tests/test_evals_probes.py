@@ -252,7 +252,7 @@ def test_validation_refuses_a_bad_probe_config(change, match):
   c = _paper_config("tipsv2_distill.py", "student=B")
   c.evals.linear_depth_nyuv2.update(change)
   with pytest.raises(validation.ConfigError, match=r"config\.evals\.linear_depth_nyuv2: .*(" + match + ")"):
-    validation.validate(c, check_tokenizer=False)
+    validation.validate(c)
 
 
 class PixelEncoder:

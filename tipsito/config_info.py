@@ -336,7 +336,7 @@ def compute_info(
   config, *, with_sharding: bool = False, devices: int = 0, processes: int = 1
 ) -> dict[str, Any]:
   """All numbers as a JSON-friendly dict (see module docstring)."""
-  config_validation.validate(config, check_tokenizer=False)  # sizes only: nothing is tokenized
+  config_validation.validate(config)  # sizes only: nothing is tokenized
   mesh = sharding_lib.make_mesh({"data": 1, "fsdp": 1, "model": 1}, jax.devices()[:1])
   setup = _setup(config, mesh)
   params = setup.state_shapes.params
