@@ -119,6 +119,9 @@ def _default_text(key: schema.Key) -> str:
   """A key's default for the schema listing: the value, or what it depends on."""
   if key.default is schema.ABSENT:
     return "(absent)"
+  if key.type_defaults:
+    per = ", ".join(f"{t} {v!r}" for t, v in key.type_defaults.items())
+    return f"{key.default!r} ({per})"
   if not callable(key.default):
     return repr(key.default)
   values = {}
@@ -142,7 +145,7 @@ def schema_rows(config=None) -> list[dict[str, Any]]:
       "default": _default_text(k),
       "allowed": k.allowed(),
       "safe": k.safe,
-      "doc": k.doc,
+      "doc": k.doc + (f" [eval types: {', '.join(k.eval_types)}]" if k.eval_types else ""),
     }
     if config is not None and "*" not in k.path:
       node = config
