@@ -219,3 +219,23 @@ def test_the_training_command_refuses_a_bad_eval_before_writing_a_checkpoint(tmp
   assert r.returncode != 0
   assert "config.evals.zeroshot.batch_size=0" in r.stderr + r.stdout, r.stderr[-2000:]
   assert not (workdir / "checkpoints").exists()
+
+
+def test_validating_the_demo_config_loads_17_tipsito_modules_and_no_pil():
+  """Config validation is a leaf: the demo config (which imports the tokenizer and the eval suites itself)
+  validates with 17 tipsito modules loaded (13 for a config built from base_config) and without PIL."""
+  code = (
+    "import importlib, sys\n"
+    "from tipsito.config import defaults, validation\n"
+    "validation.validate(defaults.base_config('clip', 'tiny/16', total_steps=10, batch_size=8))\n"
+    "n0 = len([m for m in sys.modules if m.startswith('tipsito')])\n"
+    "validation.validate(importlib.import_module('configs.demo').get_config('steps=2'))\n"
+    "n = len([m for m in sys.modules if m.startswith('tipsito')])\n"
+    "print(n0, n, 'PIL' in sys.modules, 'jax' in sys.modules)\n"
+  )
+  env = dict(os.environ, PYTHONPATH=str(ROOT))
+  r = subprocess.run(
+    [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120
+  )
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert r.stdout.split() == ["13", "17", "False", "False"], r.stdout

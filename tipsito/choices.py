@@ -103,6 +103,13 @@ REMAT_POLICIES = (
 # `config.model.text.flavour`: TIPS' masked mean pooling or CLIP's last token (tipsito/models/text.py).
 FLAVOURS = ("tips", "clip")
 
+
+def dataset_base_name(name: str | None) -> str:
+  """'shapes/tiny:1.0.0' -> 'shapes': the builder name of a TFDS dataset name (config and version dropped),
+  which converters, dataset defaults and the eval suites use (tipsito/data/sources.py `base_name`)."""
+  return str(name or "").split(":")[0].split("/")[0]
+
+
 # --- evaluation settings (`config.evals.<name>.*`, declared in tipsito/config/schema.py `EVAL_KEYS`) ---
 # `type`: the evaluator types (the keys of `EVALUATOR_TYPES` in tipsito/evals/registry.py, in this order).
 EVAL_TYPES = (

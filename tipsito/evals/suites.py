@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from tipsito.data import sources
-from tipsito.choices import PROBE_TYPES, SCENES_PROMPTS
+from tipsito.choices import PROBE_TYPES, SCENES_PROMPTS, dataset_base_name
 
 # Types a suite lists but `builtin_evals` adds only when `types` names them: the probes train a linear
 # layer (seconds to minutes), so the demo configs' suites stay as they were unless a config asks.
@@ -83,7 +82,7 @@ def builtin_evals(
   `overrides` apply to every entry (e.g. tokenizer=...). The probes (OPT_IN_TYPES) are included only
   when `types` names them.
   """
-  base = sources.base_name(dataset)
+  base = dataset_base_name(dataset)
   if base not in BUILTIN_SUITES:
     raise KeyError(f"no built-in eval suite for {dataset!r}; known: {sorted(BUILTIN_SUITES)}")
   suite = BUILTIN_SUITES[base]
