@@ -239,3 +239,14 @@ def test_validating_the_demo_config_loads_17_tipsito_modules_and_no_pil():
   )
   assert r.returncode == 0, r.stderr[-2000:]
   assert r.stdout.split() == ["13", "17", "False", "False"], r.stdout
+
+
+def test_eval_defaults_equal_the_evaluators_dicts_of_main():
+  """Each type's completed defaults equal what its evaluator merged before the schema held them
+  (COMMON_DEFAULTS, SEGMENTATION_DEFAULTS and the evaluators' DEFAULTS of main 0bea7e5, written by
+  `git archive 0bea7e5 tipsito` and those dicts into tests/data/eval_defaults_main_0bea7e5.json)."""
+  snap = json.loads((ROOT / "tests" / "data" / "eval_defaults_main_0bea7e5.json").read_text())
+  assert sorted(snap) == sorted(choices.EVAL_TYPES)
+  for typ, old in snap.items():
+    new = {k: list(v) if isinstance(v, tuple) else v for k, v in schema.eval_defaults(typ).items()}
+    assert new == old, typ
