@@ -60,7 +60,8 @@ def test_config_validates(name, arg):
 )
 def test_paper_config_refuses_the_demo_tokenizer(name, vocab):
   """The paper configs size the text embedding for the official tokenizers; left at the 2k demo model
-  they fail validation with both numbers instead of training on 2k of the rows."""
+  they fail the checks before training (tipsito/data/prepare.py `check_tokenizer`) with both numbers instead
+  of training on 2k of the rows."""
   from tipsito.data import tokenizer as tok_lib
 
   c = load(name)
@@ -71,12 +72,12 @@ def test_paper_config_refuses_the_demo_tokenizer(name, vocab):
     match=rf"config\.tokenizer=None.*vocabulary of {demo}\b.* but "
     rf"config\.model\.text\.vocab_size={vocab}",
   ):
-    config_validation.validate(c)
+    data_prepare.check_tokenizer(c)
   c.model.text.vocab_size = None  # ... or take the size from the tokenizer
-  config_validation.validate(c)
+  data_prepare.check_tokenizer(c)
   c.tokenizer = "/nonexistent/sp32k.model"
   with pytest.raises(ConfigError, match=r"config\.tokenizer='/nonexistent/sp32k.model'.*not found"):
-    config_validation.validate(c)
+    data_prepare.check_tokenizer(c)
 
 
 def test_paper_settings():
