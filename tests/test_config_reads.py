@@ -29,6 +29,14 @@ CONFIG_PACKAGE = "tipsito/config/"
 
 # (file, key): why that call is not a read of a config key.
 ALLOWED = {
+  (
+    "tipsito/interop/hf_dpt.py",
+    "min_depth",
+  ): "a Hugging Face DPT config.json (its own defaults), not a config",
+  (
+    "tipsito/interop/hf_dpt.py",
+    "max_depth",
+  ): "a Hugging Face DPT config.json (its own defaults), not a config",
   ("tipsito/config_info.py", "text"): "the parameter tree's text tower (absent for image-only recipes)",
   ("tipsito/evals/evaluator.py", "tokenizer"): "an attribute of the encoder object, not a config key",
   ("tipsito/evals/segmentation.py", "patch_size"): "an attribute of the encoder object, not a config key",

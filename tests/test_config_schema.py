@@ -108,7 +108,7 @@ def _boundary_cases(key):
 
 def _wrap(key, v):
   if key.type is tuple:
-    return (v, v) if key.pair else (v,) * key.length
+    return (v, v) if key.pair else (v,) * (key.length or 2)
   return v
 
 
@@ -171,7 +171,7 @@ def test_out_of_range_value_names_key_and_range(path, value, words):
   c = demo()
   _set(c, path, value)
   with pytest.raises(ConfigError) as e:
-    validation.validate(c, check_tokenizer=False)
+    validation.validate(c)
   for w in words:
     assert w in str(e.value), (w, str(e.value))
   assert "info --schema" in str(e.value)
@@ -179,11 +179,11 @@ def test_out_of_range_value_names_key_and_range(path, value, words):
 
 def test_missing_key_fails_loudly():
   c = demo()
-  validation.validate(c, check_tokenizer=False)
+  validation.validate(c)
   with c.optim.unlocked():
     del c.optim["min_lr_ratio"]
   with pytest.raises(ConfigError, match=r"config\.optim\.min_lr_ratio is missing"):
-    validation.validate(c, check_tokenizer=False)
+    validation.validate(c)
   with pytest.raises((AttributeError, KeyError)):  # no fallback default where it is read either
     optim.make_optimizer(c, {"w": __import__("jax").numpy.ones((4, 4))})
 
@@ -194,11 +194,11 @@ def test_validation_builds_no_default_config(monkeypatch):
 
   c = demo()
   monkeypatch.setattr(defaults, "base_config", boom)
-  validation.validate(c, check_tokenizer=False)
+  validation.validate(c)
 
 
 def test_optional_keys_come_from_the_schema():
-  assert defaults.OPTIONAL_KEYS == {k.path: k.type for k in schema.KEYS if k.optional}
+  assert defaults.OPTIONAL_KEYS == {k.path: k.type for k in schema.KEYS if k.optional and k.typed}
   c = defaults.base_config("tipsito", "tiny/16")
   c.data.data_dir = "/x"  # a typed field reference: overridable after being None
   assert c.data.data_dir == "/x"

@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from tipsito.config import validation as config_validation
+from tipsito.data import prepare as data_prepare
 from tipsito.config.validation import ConfigError
 
 CONFIGS = pathlib.Path(__file__).resolve().parent.parent / "configs"
@@ -41,8 +42,9 @@ def load(name, arg=None):
 @pytest.mark.parametrize("name,arg", [(n, a) for n, args in PAPER.items() for a in args])
 def test_config_validates(name, arg):
   c = load(name, arg)
-  # The paper configs need the tokenizer they are sized for (not shipped): see the test below.
-  config_validation.validate(c, check_tokenizer=name == "demo.py")
+  config_validation.validate(c)
+  if name == "demo.py":  # the paper configs need the tokenizer they are sized for (not shipped): see below
+    data_prepare.check_tokenizer(c)
 
 
 @pytest.mark.parametrize(
@@ -58,7 +60,8 @@ def test_config_validates(name, arg):
 )
 def test_paper_config_refuses_the_demo_tokenizer(name, vocab):
   """The paper configs size the text embedding for the official tokenizers; left at the 2k demo model
-  they fail validation with both numbers instead of training on 2k of the rows."""
+  they fail the checks before training (tipsito/data/prepare.py `check_tokenizer`) with both numbers instead
+  of training on 2k of the rows."""
   from tipsito.data import tokenizer as tok_lib
 
   c = load(name)
@@ -69,12 +72,12 @@ def test_paper_config_refuses_the_demo_tokenizer(name, vocab):
     match=rf"config\.tokenizer=None.*vocabulary of {demo}\b.* but "
     rf"config\.model\.text\.vocab_size={vocab}",
   ):
-    config_validation.validate(c)
+    data_prepare.check_tokenizer(c)
   c.model.text.vocab_size = None  # ... or take the size from the tokenizer
-  config_validation.validate(c)
+  data_prepare.check_tokenizer(c)
   c.tokenizer = "/nonexistent/sp32k.model"
   with pytest.raises(ConfigError, match=r"config\.tokenizer='/nonexistent/sp32k.model'.*not found"):
-    config_validation.validate(c)
+    data_prepare.check_tokenizer(c)
 
 
 def test_paper_settings():
@@ -235,7 +238,7 @@ def test_installed_package_validates_a_config_file(tmp_path):
     "spec = importlib.util.spec_from_file_location('my_config', 'my_config.py')\n"
     "mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)\n"
     "from tipsito.config import validation\n"
-    "validation.validate(mod.get_config('variant=B/14,init=/x'), check_tokenizer=False)\n"
+    "validation.validate(mod.get_config('variant=B/14,init=/x'))\n"
   )
   env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
   env["PYTHONPATH"] = str(site)

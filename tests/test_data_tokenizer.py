@@ -188,6 +188,7 @@ def test_training_tokenization_follows_the_text_flavour(recipe, flavour):
   # The text embedding is sized for those ids (vocab_size=None: from the tokenizer), and a config sized
   # for the model's pieces alone fails validation when SOT/EOT do not fit.
   from tipsito.config import validation
+  from tipsito.data import prepare as data_prepare
   from tipsito.train import step as step_lib
 
   assert (
@@ -198,6 +199,6 @@ def test_training_tokenization_follows_the_text_flavour(recipe, flavour):
   c.model.text.vocab_size = tok_lib.Tokenizer().vocab_size
   if flavour == "clip":
     with pytest.raises(validation.ConfigError, match=r"vocabulary of 2002 \(2000 of the model \+ SOT/EOT"):
-      validation.check_text_vocab(c)
+      data_prepare.check_tokenizer(c)
   else:
-    validation.check_text_vocab(c)
+    data_prepare.check_tokenizer(c)

@@ -321,9 +321,11 @@ def test_knn_perfect_and_random():
 
 # ------------------------------------------------------------------------------- registry + hook
 def test_registry_config_errors_and_schedule():
+  from tipsito.config.validation import ConfigError  # pylint: disable=g-import-not-at-top
+
   with pytest.raises(KeyError):
     make_evaluator("x", dict(type="nope", dataset="fake"))
-  with pytest.raises(KeyError):
+  with pytest.raises(ConfigError, match=r"config\.evals\.x: \['typo_key'\] is not a key"):
     make_evaluator("x", dict(type="zeroshot", dataset="fake", typo_key=1))
   ev = make_evaluator("x", dict(type="knn", dataset="fake", every_steps=100))
   assert ev.should_run(200) and not ev.should_run(150) and not ev.should_run(0)

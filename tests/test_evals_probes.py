@@ -240,19 +240,23 @@ def test_paper_configs_evaluate_the_probes(name, arg, want):
 @pytest.mark.parametrize(
   "change,match",
   [
-    (dict(stepz=3), "unknown keys"),
-    (dict(steps=0), "steps must be >= 1"),
-    (dict(type="linear_segmentation"), "nyuv2 is a depth benchmark|'nyuv2' is a depth benchmark"),
-    (dict(split="validation"), "not a split of nyuv2"),
+    (dict(stepz=3), r": \['stepz'\] is not a key"),
+    (dict(steps=0), r"\.steps=0 is out of range"),
+    (dict(type="linear_segmentation"), r"\.dataset='nyuv2' is a depth benchmark"),
+    (dict(split="validation"), r"\.split='validation' is not a split of nyuv2"),
   ],
 )
 def test_validation_refuses_a_bad_probe_config(change, match):
+  """Keys and values when the config validates; a dense benchmark's kind and splits in the checks before
+  training (tipsito/evals/config_checks.py `check_evals_on_disk`)."""
   from tipsito.config import validation  # pylint: disable=g-import-not-at-top
+  from tipsito.evals import config_checks  # pylint: disable=g-import-not-at-top
 
   c = _paper_config("tipsv2_distill.py", "student=B")
   c.evals.linear_depth_nyuv2.update(change)
-  with pytest.raises(validation.ConfigError, match=r"config\.evals\.linear_depth_nyuv2: .*(" + match + ")"):
-    validation.validate(c, check_tokenizer=False)
+  with pytest.raises(validation.ConfigError, match=r"config\.evals\.linear_depth_nyuv2" + match):
+    validation.validate(c)
+    config_checks.check_evals_on_disk(c)
 
 
 class PixelEncoder:

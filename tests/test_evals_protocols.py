@@ -155,9 +155,9 @@ def test_wrong_segmentation_configs_fail_early(bad, match):
   c = defaults.base_config("clip", "tiny/16", total_steps=10, batch_size=8)
   c.evals.seg = dict(type="segmentation", dataset="d", **bad)
   with pytest.raises(validation.ConfigError, match="config.evals.seg"):
-    validation.validate(c, check_tokenizer=False)
+    validation.validate(c)
   c.evals.seg.enabled = False  # disabled evals are not built, so not checked
-  validation.validate(c, check_tokenizer=False)
+  validation.validate(c)
 
 
 # --------------------------------------------------------------------------------------- benchmarks

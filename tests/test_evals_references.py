@@ -284,5 +284,5 @@ def test_printed_tables_fold_each_interval_into_its_value():
     ("a/y_ci_lo", "2.00"),
   ]
   assert "1.00 [0.50, 1.50]" in evaluate.format_table(res)
-  with pytest.raises(ValueError, match="bootstrap=-1 is not allowed"):
+  with pytest.raises(ValueError, match="bootstrap=-1 is out of range"):
     segmentation.resolve_config(dict(type="segmentation", bootstrap=-1))

@@ -87,7 +87,7 @@ def test_fusion_to_alignment_ratio_is_itos_lambda(recipe, opts, cls_tokens, fusi
   c.loss_opts.update(opts)
   c.model.image.num_cls_tokens = cls_tokens
   c.loss.fusion = fusion_key
-  config_validation.validate(c, check_tokenizer=False)
+  config_validation.validate(c)
   setup, state, batch = build(c)
   got = measured_weights(setup, state, batch)
   alt = [got[k] for k in ALT_TEXT]
@@ -102,7 +102,7 @@ def test_fusion_without_alignment_is_refused():
   c = tiny("tipsito")
   c.loss.update(dict(clip=0.0, clip_view2=0.0))
   with pytest.raises(ConfigError, match=r"config\.loss\.fusion=2\.0 is ITO's lambda.*clip_view2"):
-    config_validation.validate(c, check_tokenizer=False)
+    config_validation.validate(c)
 
 
 # --- masked / visible patch cross-entropy (TIPSv2 Fig. 2) ----------------------------------------------
@@ -175,7 +175,7 @@ def test_masked_and_visible_cross_entropy_metrics_equal_a_direct_computation(rec
 def test_no_mask_logs_the_visible_cross_entropy_only():
   c = tiny("tipsv2")
   c.input.mask_ratio = 0.0
-  config_validation.validate(c, check_tokenizer=False)
+  config_validation.validate(c)
   setup, state, batch = build(c)
   metrics, args, _ = ibot_arguments(
     setup, state, batch, dataclasses.replace(setup.ctx, weights={"ibot": 1.0})
@@ -192,7 +192,7 @@ def test_separate_norm_trains_on_masked_plus_weighted_visible():
   ce_masked + 0.25 ce_visible (every image masks as many tokens, so token and image means agree)."""
   c = tiny("tipsv2")
   c.loss_opts.update(dict(ibot_token_norm="separate", ibot_visible_weight=0.25))
-  config_validation.validate(c, check_tokenizer=False)
+  config_validation.validate(c)
   setup, state, batch = build(c)
   _, metrics = run_losses(setup, state, batch, dataclasses.replace(setup.ctx, weights={"ibot": 1.0}))
   close(metrics["loss/ibot"], metrics["ibot/ce_masked"] + 0.25 * metrics["ibot/ce_visible"], 1e-5)
@@ -206,8 +206,8 @@ def test_separate_norm_options_are_validated():
   c = tiny("tips")
   c.loss_opts.ibot_token_norm = "separate"
   with pytest.raises(ConfigError, match=r"ibot_token_norm='separate' is an iBOT\+\+ option"):
-    config_validation.validate(c, check_tokenizer=False)
+    config_validation.validate(c)
   c = tiny("tipsv2")
   c.loss_opts.ibot_visible_weight = 0.5
   with pytest.raises(ConfigError, match=r"ibot_visible_weight=0\.5 is read only with"):
-    config_validation.validate(c, check_tokenizer=False)
+    config_validation.validate(c)

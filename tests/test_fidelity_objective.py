@@ -111,7 +111,7 @@ def test_dino_reduction_key_reaches_the_term():
   assert abs(float(summed["loss/dino"]) - float(mean["loss/dino"])) > 1e-3
   c.loss_opts.dino_reduction = "max"
   with pytest.raises(ConfigError, match=r"loss_opts\.dino_reduction='max'.*\['mean', 'sum'\]"):
-    config_validation.validate(c, check_tokenizer=False)
+    config_validation.validate(c)
 
 
 # --- item 5: contrastive weight per (term, CLS token, caption, view) --------------------------------
@@ -213,7 +213,7 @@ def distill_build(**distill):
   c.model.image.update(dict(patch_size=14))
   c.distill.teacher_image_npz = str(TIPS / "tiny_vit_mlp_vision.npz")
   c.distill.update(distill)
-  config_validation.validate(c, check_tokenizer=False)
+  config_validation.validate(c)
   setup, state, batch = build(c)
   return setup, state, batch, setup.frozen()
 
@@ -280,7 +280,7 @@ def test_dino_global_crop_is_a_distillation_option():
   c = tiny("tipsv2")
   c.distill.dino_global_crop = True
   with pytest.raises(ConfigError, match=r"distill\.dino_global_crop=True is for recipe 'distill'"):
-    config_validation.validate(c, check_tokenizer=False)
+    config_validation.validate(c)
 
 
 # --- item 9: stage 2 continues stage 1's teacher ---------------------------------------------------
@@ -376,15 +376,13 @@ def test_stage2_refuses_an_ema_mode_other_than_stage1s(stage1, data_dir):
     match=r"config\.ema\.mode='head'.*trained with ema\.mode='full'.*"
     r"--config\.ema\.mode=full.*ema=full.*init_teacher=reset",
   ):
-    config_validation.validate(
-      load_config("tipsv2_g14_hires.py", f"variant=B/14,init={w}"), check_tokenizer=False
-    )
+    config_validation.validate(load_config("tipsv2_g14_hires.py", f"variant=B/14,init={w}"))
   for arg in (f"variant=B/14,init={w},ema=full", f"variant=B/14,init={w},init_teacher=reset"):
-    config_validation.validate(load_config("tipsv2_g14_hires.py", arg), check_tokenizer=False)
+    config_validation.validate(load_config("tipsv2_g14_hires.py", arg))
   c = stage_config(data_dir, "full")
   c.init_from = stage1["head"]
   with pytest.raises(ConfigError, match=r"config\.ema\.mode='full'.*trained with ema\.mode='head'"):
-    config_validation.validate(c, check_tokenizer=False)
+    config_validation.validate(c)
 
 
 # --- distillation ablation: the student image encoder initialised from the teacher -------------------
@@ -406,7 +404,7 @@ def test_distill_init_image_starts_the_student_from_the_teacher():
     c.model.image.update(arch)
     c.distill.teacher_image_npz = str(TIPS / "tiny_vit_mlp_vision.npz")
     c.distill.init_image = init_image
-    config_validation.validate(c, check_tokenizer=False)
+    config_validation.validate(c)
     setup, state, _ = build(c)
     return jax.tree.map(np.asarray, {k: v for k, v in state.params["image"].items() if k != "mask_token"})
 
@@ -420,4 +418,4 @@ def test_distill_init_image_is_a_distillation_option():
   c = tiny("tipsv2")
   c.distill.init_image = True
   with pytest.raises(ConfigError, match=r"distill\.init_image=True is for recipe 'distill'"):
-    config_validation.validate(c, check_tokenizer=False)
+    config_validation.validate(c)

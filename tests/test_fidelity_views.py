@@ -69,7 +69,7 @@ def _training_crops(c):
 @pytest.mark.parametrize("name,arg", [(n, a) for n, args in SHIPPED.items() for a in args])
 def test_shipped_config_crops_are_whole_patches(name, arg):
   c = load(name, arg)
-  config_validation.validate(c, check_tokenizer=False)
+  config_validation.validate(c)
   p = int(c.model.image.patch_size)
   for key, px in _training_crops(c):
     assert px % p == 0, (name, arg, key, px, p)
@@ -137,7 +137,7 @@ def test_training_crop_that_is_not_whole_patches_is_refused(name, arg, key, px, 
   c = load(name, arg)
   c.input[key.split(".")[1]] = px
   with pytest.raises(ConfigError) as e:
-    config_validation.validate(c, check_tokenizer=False)
+    config_validation.validate(c)
   for w in words:
     assert w in str(e.value), (w, str(e.value))
 
@@ -146,18 +146,18 @@ def test_single_view_global_message_does_not_mention_view_2():
   c = load("clip_b16.py")
   c.input.global_size = 200
   with pytest.raises(ConfigError, match=r"global_size=200") as e:
-    config_validation.validate(c, check_tokenizer=False)
+    config_validation.validate(c)
   assert "view 2" not in str(e.value)
   c.input.global_size = 224
   c.input.local_size = 98  # a single-view config cuts no local crops: local_size is not used
-  config_validation.validate(c, check_tokenizer=False)
+  config_validation.validate(c)
 
 
 def test_evaluation_sizes_keep_the_padding_rule():
   """Only training crops must be whole patches; an eval at a size the ViT pads still validates."""
   c = load("tipsv2_g14.py", "variant=B/14")
   c.evals.zeroshot.image_size = 230
-  config_validation.validate(c, check_tokenizer=False)
+  config_validation.validate(c)
 
 
 def _jpeg(seed, h=96, w=128):
@@ -287,7 +287,7 @@ def test_dino_global_scale_is_one_override_away():
     config_flags.DEFINE_config_file("config", None, "", flag_values=fv, sys_argv=argv)
     fv(argv)
     c = fv.config
-    config_validation.validate(c, check_tokenizer=False)
+    config_validation.validate(c)
     assert pipeline.ExampleSpec.from_config(c).global_scale == (0.32, 1.0)
 
 

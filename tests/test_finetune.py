@@ -30,6 +30,7 @@ pytest.importorskip("safetensors")
 import tipsito  # noqa: E402
 from tipsito.config import init_source  # noqa: E402
 from tipsito.config import validation as config_validation  # noqa: E402
+from tipsito.data import prepare as data_prepare  # noqa: E402
 from tipsito.data import tokenizer as tok_lib  # noqa: E402
 from tipsito.interop import sources  # noqa: E402
 from tipsito.train import assembly  # noqa: E402
@@ -150,7 +151,8 @@ def test_finetune_config_copies_the_sources_architecture(imported, padded_tokeni
     500,
     {r"^(dino_head|ibot_head|fusion)/": 5.0},
   )
-  config_validation.validate(c)  # the copied tokenizer fits the copied vocabulary
+  config_validation.validate(c)
+  data_prepare.check_tokenizer(c)  # the copied tokenizer fits the copied vocabulary
 
 
 def test_end_to_end_import_continue_export_reload(finetuned, imported, initial, tmp_path):

@@ -182,7 +182,7 @@ def worker() -> None:
       for k in (1, 4):
         c = tiny(recipe, k, b)
         c.sharding.min_size = 1  # shard every divisible leaf, to exercise FSDP on tiny params
-        config_validation.validate(c, num_devices=len(devs), check_tokenizer=False)
+        config_validation.validate(c, num_devices=len(devs))
         state, mech = run(c, devs, mesh_cfg)
         if ref is None:
           ref, ref_mech = state, mech
@@ -259,17 +259,17 @@ def test_validation_names_both_numbers():
     match=r"batch_size=8 must be a multiple of "
     r"config.input.microbatches=3",
   ):
-    config_validation.validate(c, num_devices=1, check_tokenizer=False)
+    config_validation.validate(c, num_devices=1)
   c = tiny("clip", 4, 16)
   with pytest.raises(
     config_validation.ConfigError,
     match=r"batch_size=16 / config.input.microbatches=4 = 4 "
     r"per micro-batch must be divisible by mesh data\*fsdp=8",
   ):
-    config_validation.validate(c, num_devices=8, check_tokenizer=False)
+    config_validation.validate(c, num_devices=8)
   c = tiny("clip", 0, 8)
   with pytest.raises(config_validation.ConfigError, match="input.microbatches=0"):
-    config_validation.validate(c, num_devices=1, check_tokenizer=False)
+    config_validation.validate(c, num_devices=1)
 
 
 def test_resume_with_another_k_is_safe_and_says_why():

@@ -192,7 +192,7 @@ _WORKER = textwrap.dedent("""\
           from tipsito.config import validation as config_validation
           # Files the commands name (tokenizer, data) are placeholders here; that a paper config refuses a
           # tokenizer of the wrong size is tests/test_configs.py's job.
-          config_validation.validate(FLAGS.config, check_tokenizer=False)
+          config_validation.validate(FLAGS.config)
       except BaseException as e:  # SystemExit from absl counts as a failure too
         errors.append([argv, f"{type(e).__name__}: {e}"])
     print("RESULT " + json.dumps(errors))

@@ -58,7 +58,7 @@ def run(c, steps):
 def test_default_distill_config_trains_with_feature_loss_off():
   c = tiny_student(npz=True)
   assert c.loss.feature == 0.0 and c.input.mask_ratio == 0.0 and c.optim.name == "adafactor"
-  config_validation.validate(c, num_devices=1, check_tokenizer=False)
+  config_validation.validate(c, num_devices=1)
   setup, state, _, hist = run(c, 4)
   assert "loss/feature" not in hist[0] and {"loss/dino", "loss/ibot", "loss/clip"} <= set(hist[0])
   assert all(np.isfinite(v) for h in hist for v in h.values())

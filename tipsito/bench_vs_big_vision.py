@@ -326,7 +326,7 @@ def tipsito_config(recipe: str, variant: str, batch: int, *, toggles: Sequence[s
 def tipsito_entry(config) -> tuple[dict, dict]:
   """tipsito's jitted train step for `config` (as tipsito/step_bench.py builds it), compiled; and the host
   batch (given to big_vision too)."""
-  config_validation.validate(config, num_devices=jax.device_count(), check_tokenizer=False)  # synthetic ids
+  config_validation.validate(config, num_devices=jax.device_count())  # synthetic ids
   setup = assembly.build(config)
   host = synthetic_batch(
     config, batch_size=int(config.input.batch_size), vocab_size=int(config.model.text.vocab_size)

@@ -102,3 +102,61 @@ REMAT_POLICIES = (
 )
 # `config.model.text.flavour`: TIPS' masked mean pooling or CLIP's last token (tipsito/models/text.py).
 FLAVOURS = ("tips", "clip")
+
+
+def dataset_base_name(name: str | None) -> str:
+  """'shapes/tiny:1.0.0' -> 'shapes': the builder name of a TFDS dataset name (config and version dropped),
+  which converters, dataset defaults and the eval suites use (tipsito/data/sources.py `base_name`)."""
+  return str(name or "").split(":")[0].split("/")[0]
+
+
+# --- evaluation settings (`config.evals.<name>.*`, declared in tipsito/config/schema.py `EVAL_KEYS`) ---
+# `type`: the evaluator types (the keys of `EVALUATOR_TYPES` in tipsito/evals/registry.py, in this order).
+EVAL_TYPES = (
+  "zeroshot",
+  "retrieval",
+  "segmentation",
+  "knn",
+  "linear_segmentation",
+  "linear_depth",
+  "linear_classification",
+)
+# The linear probes (tipsito/evals/probes.py): they train a layer, so the suites add them on request only.
+PROBE_TYPES = ("linear_segmentation", "linear_depth", "linear_classification")
+# `resize`: how an eval image reaches `image_size` (tipsito/data/eval_input.py; the first two are the fixed
+# resizes of tipsito/data/transforms.py `FIXED_RESIZE_MODES`, 'short_side' keeps the aspect ratio).
+RESIZE_MODES = ("center_crop", "resize", "short_side")
+# `mask_source` of a segmentation eval: where the label map comes from (tipsito/data/eval_input.py).
+MASK_SOURCES = ("auto", "segmentation", "alpha")
+# `protocol` of a segmentation eval: the whole image at once or sliding windows (tipsito/evals/segmentation.py).
+PROTOCOLS = ("whole", "slide")
+# `benchmark` of a segmentation eval: name -> whether it scores a 'background' class (the class names and
+# label conventions: `BENCHMARKS` in tipsito/evals/config_checks.py, whose keys are these, in this order).
+SEGMENTATION_BENCHMARKS = {"ade150": False, "pc59": False, "pc60": True, "voc21": True}
+# The keys a benchmark sets itself (giving one beside `benchmark` is refused), and the sizes it uses when the
+# eval leaves them unset (short side, 'slide' window and step: the TIPS notebook's).
+BENCHMARK_KEYS = (
+  "class_names",
+  "background_index",
+  "background_name",
+  "ignore_index",
+  "reduce_zero_label",
+  "mask_source",
+  "resize",
+)
+BENCHMARK_SIZES = {"image_size": 448, "crop_size": 448, "stride": 336}
+# `templates` given as a name: the sets of tipsito/evals/templates.py `TEMPLATE_SETS` (its keys, in this order).
+TEMPLATE_SET_NAMES = (
+  "imagenet80",
+  "clip",
+  "tcl",
+  "simple",
+  "shapes",
+  "tuxpaint",
+  "fashion_mnist",
+  "openclipart",
+  "identity",
+)
+# The prompt templates of the `scenes` testbed, whose words its tokenizer knows (tipsito/evals/suites.py,
+# tipsito/data/builders/scenes_gen.py and tipsito/data/train_tokenizer.py read them here).
+SCENES_PROMPTS = ("{}.", "a picture of {}.", "photo of {}.", "{} on the ground.")

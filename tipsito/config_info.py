@@ -119,6 +119,9 @@ def _default_text(key: schema.Key) -> str:
   """A key's default for the schema listing: the value, or what it depends on."""
   if key.default is schema.ABSENT:
     return "(absent)"
+  if key.type_defaults:
+    per = ", ".join(f"{t} {v!r}" for t, v in key.type_defaults.items())
+    return f"{key.default!r} ({per})"
   if not callable(key.default):
     return repr(key.default)
   values = {}
@@ -142,7 +145,7 @@ def schema_rows(config=None) -> list[dict[str, Any]]:
       "default": _default_text(k),
       "allowed": k.allowed(),
       "safe": k.safe,
-      "doc": k.doc,
+      "doc": k.doc + (f" [eval types: {', '.join(k.eval_types)}]" if k.eval_types else ""),
     }
     if config is not None and "*" not in k.path:
       node = config
@@ -336,7 +339,7 @@ def compute_info(
   config, *, with_sharding: bool = False, devices: int = 0, processes: int = 1
 ) -> dict[str, Any]:
   """All numbers as a JSON-friendly dict (see module docstring)."""
-  config_validation.validate(config, check_tokenizer=False)  # sizes only: nothing is tokenized
+  config_validation.validate(config)  # sizes only: nothing is tokenized
   mesh = sharding_lib.make_mesh({"data": 1, "fsdp": 1, "model": 1}, jax.devices()[:1])
   setup = _setup(config, mesh)
   params = setup.state_shapes.params

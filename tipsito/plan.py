@@ -173,7 +173,7 @@ def plan_train(config, devices: list, *, topology: str = "", teacher_variant: st
   """Compiles the train step of `config` for `devices`; returns the per-chip report (see module doc)."""
   distributed.configure_jax()
   # Shapes only: the text tower never tokenizes here, so a paper config needs no tokenizer file.
-  config_validation.validate(config, num_devices=len(devices), check_tokenizer=False)
+  config_validation.validate(config, num_devices=len(devices))
   mesh = topology_mesh(config.mesh, devices)
   teacher = (
     teacher_lib.abstract_teacher(config, teacher_variant)

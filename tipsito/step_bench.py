@@ -98,7 +98,7 @@ def bench_one(
   With `max_bytes`, a step whose compiled memory (arguments + temporaries + outputs) exceeds it is not run:
   the row says `fits: False` (how `run_bench` finds the largest batch that fits without an OOM).
   """
-  config_validation.validate(config, num_devices=jax.device_count(), check_tokenizer=False)  # synthetic ids
+  config_validation.validate(config, num_devices=jax.device_count())  # synthetic ids
   setup = assembly.build(config)
   state = setup.init_state()
   vocab = setup.model.text_cfg["vocab_size"] if setup.model.text_cfg else 100  # no text tower: any ids

@@ -28,6 +28,14 @@ from tipsito.choices import (
   REMAT_POLICIES,
 )
 from tipsito.choices import TEACHER_METHODS, TERM_NAMES, VIEW_WEIGHTINGS, VIEWS, view_layout
+from tipsito.choices import (
+  EVAL_TYPES,
+  MASK_SOURCES,
+  PROBE_TYPES,
+  PROTOCOLS,
+  RESIZE_MODES,
+  SEGMENTATION_BENCHMARKS,
+)
 from tipsito.config import presets
 from tipsito.config import recipes as recipes_lib
 from tipsito.config.recipes import EMA_MODES
@@ -146,6 +154,11 @@ class Key:
     length: a tuple's length (None = any).
     pair: a tuple (lo, hi) with lo <= hi.
     when: the key exists only for recipes where this holds (loss weights: the recipe's terms).
+    eval_types: an eval key ('evals.*.k'): the evaluator types that read it (None = every type).
+    type_defaults: an eval key's default for the types that differ from `default` ({type: value}).
+    typed: an optional key present in a config is made a typed field reference (`optional_keys`); the
+      eval keys are, where configs set them to None and the command line overrides them (data_dir,
+      max_examples, tokenizer), the others keep the value a config gives.
   """
 
   path: str
@@ -159,6 +172,9 @@ class Key:
   length: Optional[int] = None
   pair: bool = False
   when: Optional[Callable[[recipes_lib.Recipe], bool]] = None
+  eval_types: Optional[tuple[str, ...]] = None
+  type_defaults: Optional[dict[str, Any]] = None
+  typed: bool = True
 
   def default_for(self, ctx: Ctx) -> Any:
     return self.default(ctx) if callable(self.default) else self.default
@@ -235,7 +251,10 @@ _C = "the TFDS config names of tipsito.data.builders; see DATA_PRESETS in tipsit
 
 TREES: tuple[Tree, ...] = (
   Tree(
-    "evals", "evaluations by name (tipsito/evals/registry.py checks their keys)", free_form=True, safe=True
+    "evals",
+    "evaluations by name, each with the `evals.*` keys of its type (below)",
+    free_form=True,
+    safe=True,
   ),
   Tree(
     "optim.lr_mults",
@@ -829,35 +848,247 @@ KEYS: tuple[Key, ...] = (
     "the global crop is also a DINO student view (distill only)",
     choices=BOOLS,
   ),
-  # --- user-named evals: typed optional entries (not created by the builder) ---
-  K("evals.*.data_dir", str, ABSENT, "TFDS data dir of an eval", optional=True, safe=True),
-  K(
-    "evals.*.max_examples",
+)
+
+# --- evaluation settings: `config.evals.<name>.<key>`, per evaluator type ---
+# Every key an evaluator reads (tipsito/evals/*.py document what each means), with its default, which types
+# read it (`eval_types`; None = every type) and where a type's default differs (`type_defaults`).
+# Validation (tipsito/config/validation.py `eval_settings`) refuses a key its type does not read and checks
+# each value here, and the evaluators read the completed settings it returns, so no default lives in them.
+_SEG = ("segmentation",)
+_KNN_PROBES = ("knn",) + PROBE_TYPES
+_DENSE_RESIZE = {"segmentation": "resize", "linear_segmentation": "resize", "linear_depth": "resize"}
+
+
+def _E(name: str, typ: type, default: Any, doc: str, types: Optional[tuple] = None, **kw: Any) -> Key:
+  typed = name in _TYPED_EVAL_KEYS
+  return Key(f"evals.*.{name}", typ, default, doc, safe=True, eval_types=types, typed=typed, **kw)
+
+
+_TYPED_EVAL_KEYS = ("data_dir", "max_examples", "tokenizer")
+
+
+EVAL_KEYS: tuple[Key, ...] = (
+  # read by every evaluator (tipsito/evals/evaluator.py)
+  _E("type", str, None, "the evaluator (tipsito/evals/registry.py)", choices=EVAL_TYPES),
+  _E("dataset", str, None, "TFDS name of the eval data ('shapes', 'scenes', ...)", optional=True),
+  _E("split", str, "test", "the split evaluated"),
+  _E("data_dir", str, None, "TFDS data dir of the eval (None = the TFDS default)", optional=True),
+  _E("every_steps", int, 0, "eval cadence in training steps (0 = only at the end)", range=_COUNT),
+  _E("batch_size", int, 32, "images per encoder call", range=_POS_INT),
+  _E(
+    "image_size",
     int,
-    ABSENT,
-    "examples an eval reads (None = all)",
-    optional=True,
-    safe=True,
+    224,
+    "eval image side in px, a whole number of patches (a segmentation benchmark: 448, its short side)",
     range=_POS_INT,
   ),
-  K("evals.*.tokenizer", str, ABSENT, "tokenizer of an eval (None = the config's)", optional=True, safe=True),
-  K(
-    "evals.*.patch_tokens",
+  _E("cls_index", int, 0, "CLS token of the global evals (< model.image.num_cls_tokens)", range=_COUNT),
+  _E(
+    "project",
     bool,
-    ABSENT,
-    "segmentation evals: also score the final patch tokens, 'patches/*' metrics (absent = True)",
+    None,
+    "apply the image projection (None = what the model was trained with)",
+    optional=True,
     choices=BOOLS,
-    safe=True,
+    type_defaults={t: False for t in _KNN_PROBES},
   ),
-  K(
-    "evals.*.global_copy",
+  _E("max_examples", int, None, "examples the eval reads (None = all)", optional=True, range=_POS_INT),
+  _E("image_key", str, "image", "record field of the image"),
+  _E("label_key", str, "label", "record field of the class label"),
+  _E("segmentation_key", str, "segmentation", "record field of the label map"),
+  _E(
+    "caption_keys",
+    tuple,
+    None,
+    "record fields of the captions (None = alt-text and every 'caption_*' field)",
+    optional=True,
+  ),
+  _E(
+    "resize",
+    str,
+    "center_crop",
+    "how an image reaches image_size",
+    choices=RESIZE_MODES,
+    type_defaults=_DENSE_RESIZE,
+  ),
+  _E("num_pictures", int, 0, "images drawn into <workdir>/pictures", range=_COUNT),
+  _E("class_names", tuple, None, "class names (None = the dataset's)", optional=True),
+  _E(
+    "templates",
+    object,
+    None,
+    "prompt templates: a set name of tipsito/evals/templates.py or a list, each with one '{}' "
+    "(None = the dataset's)",
+    optional=True,
+  ),
+  _E("text_batch_size", int, 64, "prompts per text-encoder call", range=_POS_INT),
+  _E("tokenizer", str, None, "tokenizer of an encoder without one (None = the config's)", optional=True),
+  _E("prepare", bool, True, "build a missing built-in dataset", choices=BOOLS),
+  _E("enabled", bool, True, "run this eval", choices=BOOLS),
+  _E("num_workers", int, 4, "decode threads (0 = 1)", range=_COUNT),
+  _E("bootstrap", int, 1000, "bootstrap resamples of the 95 % intervals (0 = none)", range=_COUNT),
+  # zero-shot segmentation (tipsito/evals/segmentation.py)
+  _E(
+    "benchmark",
+    str,
+    None,
+    "a named zero-shot segmentation benchmark (it sets the keys of choices.BENCHMARK_KEYS)",
+    _SEG,
+    optional=True,
+    choices=tuple(SEGMENTATION_BENCHMARKS),
+  ),
+  _E("protocol", str, "whole", "the whole image at once or sliding windows", _SEG, choices=PROTOCOLS),
+  _E(
+    "crop_size",
+    int,
+    None,
+    "'slide' window in px (None = the short side; a benchmark: 448)",
+    _SEG,
+    optional=True,
+    range=_POS_INT,
+  ),
+  _E(
+    "stride",
+    int,
+    None,
+    "'slide' step in px (None = 2/3 of the window; a benchmark: 336)",
+    _SEG,
+    optional=True,
+    range=_POS_INT,
+  ),
+  _E(
+    "background_index",
+    int,
+    0,
+    "label value of the prompted background class (None = no background)",
+    _SEG,
+    optional=True,
+    range=_COUNT,
+  ),
+  _E("background_name", str, "background", "the background class's prompt word", _SEG, optional=True),
+  _E(
+    "bg_threshold",
+    float,
+    None,
+    "a constant background score instead of its prompt (None = prompted)",
+    _SEG,
+    optional=True,
+    range=ANY,
+  ),
+  _E(
+    "ignore_index",
+    int,
+    255,
+    "label value that is not scored",
+    ("segmentation", "linear_segmentation"),
+    range=_COUNT,
+  ),
+  _E(
+    "reduce_zero_label",
     bool,
-    ABSENT,
-    "segmentation evals: the CLS answer painted on every pixel, 'global_copy/*' metrics (absent = True)",
+    False,
+    "label 0 -> ignored, v -> v - 1",
+    ("segmentation", "linear_segmentation"),
     choices=BOOLS,
-    safe=True,
   ),
+  _E("mask_source", str, "auto", "where the label map comes from", _SEG, choices=MASK_SOURCES),
+  _E(
+    "alpha_label",
+    str,
+    "label",
+    "mask_source='alpha': 'label' labels the foreground label+1, anything else 1",
+    _SEG,
+  ),
+  _E("patch_tokens", bool, True, "also score the final patch tokens ('patches/*')", _SEG, choices=BOOLS),
+  _E(
+    "global_copy",
+    bool,
+    True,
+    "the CLS answer painted on every pixel ('global_copy/*' reference)",
+    _SEG,
+    choices=BOOLS,
+  ),
+  # zero-shot classification, kNN and the probes (tipsito/evals/zeroshot.py, knn.py, probes.py)
+  _E("topk", tuple, (1, 5), "the top-k accuracies reported", ("zeroshot", "knn"), range=_POS_INT),
+  _E(
+    "present_class",
+    bool,
+    False,
+    "also the present-class reference (reads the label maps)",
+    ("zeroshot",),
+    choices=BOOLS,
+  ),
+  _E("train_split", str, "train", "the split of the kNN bank / probe training", _KNN_PROBES),
+  _E(
+    "max_train_examples",
+    int,
+    None,
+    "train-split examples read (None = all)",
+    _KNN_PROBES,
+    optional=True,
+    range=_POS_INT,
+  ),
+  _E(
+    "num_classes",
+    int,
+    None,
+    "classes (None = from the class names or the labels)",
+    ("knn", "linear_segmentation", "linear_classification"),
+    optional=True,
+    range=_POS_INT,
+  ),
+  _E("k", int, 20, "neighbours that vote", ("knn",), range=_POS_INT),
+  _E("temperature", float, 0.07, "vote weight exp(cos / T)", ("knn",), range=gt(0)),
+  # retrieval (tipsito/evals/retrieval.py)
+  _E("ks", tuple, (1, 5, 10), "the recall@k reported", ("retrieval",), range=_POS_INT),
+  _E(
+    "max_captions_per_image",
+    int,
+    None,
+    "captions per image (None = all)",
+    ("retrieval",),
+    optional=True,
+    range=_POS_INT,
+  ),
+  _E("chunk_size", int, 1024, "query rows per similarity block", ("retrieval",), range=_POS_INT),
+  # linear probes (tipsito/evals/probes.py)
+  _E("steps", int, 1000, "probe training steps", PROBE_TYPES, range=_POS_INT),
+  _E("lr", float, 1e-3, "probe learning rate", PROBE_TYPES, range=gt(0)),
+  _E("weight_decay", float, 1e-4, "probe weight decay", PROBE_TYPES, range=ge(0)),
+  _E("probe_batch_size", int, 16, "probe training batch", PROBE_TYPES, range=_POS_INT),
+  _E("seed", int, 0, "probe init and data order seed", PROBE_TYPES, range=_COUNT),
+  _E(
+    "raw_pixel_probe",
+    bool,
+    True,
+    "also the probe on raw pixels (reference)",
+    ("linear_segmentation",),
+    choices=BOOLS,
+  ),
+  _E("depth_key", str, "depth", "record field of the depth map", ("linear_depth",)),
+  _E("depth_scale", float, 1000.0, "stored depth / depth_scale = metres", ("linear_depth",), range=gt(0)),
+  _E("min_depth", float, 1e-3, "depths below are not scored (m)", ("linear_depth",), range=gt(0)),
+  _E("max_depth", float, 10.0, "depths above are not scored (m)", ("linear_depth",), range=gt(0)),
 )
+
+
+def eval_keys(eval_type: str) -> tuple[Key, ...]:
+  """The keys an eval of `eval_type` reads (a type of choices.EVAL_TYPES)."""
+  return tuple(k for k in EVAL_KEYS if k.eval_types is None or eval_type in k.eval_types)
+
+
+def eval_default(key: Key, eval_type: str) -> Any:
+  """The default of eval key `key` for `eval_type`."""
+  return (key.type_defaults or {}).get(eval_type, key.default)
+
+
+def eval_defaults(eval_type: str) -> dict[str, Any]:
+  """{key: default} of an eval of `eval_type` (the leaf names of `eval_keys`)."""
+  return {k.path.rpartition(".")[2]: eval_default(k, eval_type) for k in eval_keys(eval_type)}
+
+
+KEYS = KEYS + EVAL_KEYS
 
 BY_PATH: dict[str, Key] = {k.path: k for k in KEYS}
 TREE_BY_PATH: dict[str, Tree] = {t.path: t for t in TREES}
@@ -891,7 +1122,7 @@ def keys_for(recipe: recipes_lib.Recipe) -> tuple[Key, ...]:
 
 def optional_keys() -> dict[str, type]:
   """{path: type} of the keys whose value may be None (the typed field references)."""
-  return {k.path: k.type for k in KEYS if k.optional}
+  return {k.path: k.type for k in KEYS if k.optional and k.typed}
 
 
 def safe_keys() -> tuple[str, ...]:

@@ -19,10 +19,9 @@ from tipsito.config import init_source
 from tipsito.config import mesh as mesh_lib
 from tipsito.config import run_file
 from tipsito.config import schema
-from tipsito.data import tokenizer as tok_lib
-from tipsito.evals import config_checks as eval_checks
 from tipsito.config import recipes as recipes_lib
 from tipsito.choices import SECOND_VIEW_TERMS, TWO_VIEWS, view_layout
+from tipsito.choices import BENCHMARK_KEYS, BENCHMARK_SIZES, SEGMENTATION_BENCHMARKS, TEMPLATE_SET_NAMES
 
 # Enumerations no other module names as a constant (declared with the schema).
 DTYPES = schema.DTYPES
@@ -170,13 +169,6 @@ def _check_schema(config: mlc.ConfigDict, recipe) -> None:
         f"tipsito.config.defaults.base_config, or add the key"
       )
     check_value(key, value)
-  for key in schema.KEYS:  # user-named entries ('evals.*.max_examples'): where present
-    if "*" not in key.path:
-      continue
-    head, _, rest = key.path.partition(".*.")
-    for name, entry in (_lookup(config, head) or {}).items():
-      if hasattr(entry, "keys") and rest in entry:
-        check_value(key, entry[rest], f"{head}.{name}.{rest}")
   for regex, mult in config.optim.lr_mults.items():
     if not _is_number(mult, float) or not float(mult) >= 0:
       raise ConfigError(
@@ -260,52 +252,20 @@ def _check_keys(key: str, got: Any, allowed: Iterable[str]) -> None:
       )
 
 
-def check_text_vocab(config: mlc.ConfigDict) -> None:
-  """`config.tokenizer` must load, and its vocabulary must equal `config.model.text.vocab_size` (when that
-  is not None, which means: take the size from the tokenizer).
-
-  Why: the paper configs size the embedding for the official 32k (TIPS) / 49k (CLIP) tokenizers while
-  `config.tokenizer=None` is the 2k demo model; training would silently use 2k of 32k rows, and released
-  text weights would be indexed by the wrong ids.
-  """
-  recipe = recipes_lib.get_recipe(config.recipe)
-  vocab = config.model.text.vocab_size
-  if "text" not in recipe.parts:
-    return
-  try:
-    tok = tok_lib.from_config(config)  # the text flavour's special tokens count ('clip': SOT/EOT)
-  except FileNotFoundError as e:
-    raise ConfigError(f"config.tokenizer={config.tokenizer!r}: {e}") from None
-  if vocab is not None and tok.vocab_size != int(vocab):
-    which = "None (the shipped demo model)" if config.tokenizer is None else repr(config.tokenizer)
-    special = (
-      f" ({tok.vocab_size - 2} of the model + SOT/EOT of the 'clip' text flavour)"
-      if tok.flavour == "clip"
-      else ""
-    )
-    raise ConfigError(
-      f"config.tokenizer={which} has a vocabulary of {tok.vocab_size}{special} but "
-      f"config.model.text.vocab_size={vocab}; set --config.tokenizer to the SentencePiece model the text tower is sized for (e.g. the "
-      f"official 32k TIPS model for vocab_size=32000), or --config.model.text.vocab_size=None to take the "
-      f"size from the tokenizer"
-    )
-
-
 def validate(
   config: mlc.ConfigDict,
   *,
   num_devices: int | None = None,
   process_count: int = 1,
-  check_tokenizer: bool = True,
 ) -> None:
-  """Raises ConfigError naming the first wrong key/value. Cheap: no model is built.
+  """Raises ConfigError naming the first wrong key/value. Cheap: no model is built, and no file is read but
+  an existing `init_from`'s kind and config.json (what needs the tokenizer or the eval data on disk is
+  checked before training by tipsito/train/loop.py `_check_workdir`).
 
   Args:
     config: the full training config.
     num_devices: when given, also checks the mesh and that the global batch splits over (data, fsdp).
     process_count: number of JAX processes (the batch must split over hosts too).
-    check_tokenizer: load `config.tokenizer` and compare its vocabulary with `model.text.vocab_size`
-      (`check_text_vocab`). Off only for tools that never tokenize (info, bench on synthetic batches).
   """
   if "recipe" not in config:
     raise ConfigError(f"config.recipe is missing; valid values: {sorted(recipes_lib.RECIPES)}")
@@ -319,24 +279,140 @@ def validate(
   if num_devices is not None:
     _check_batch_split(config, num_devices, process_count)
   _check_evals(config)
-  if check_tokenizer:
-    check_text_vocab(config)
+
+
+def _eval_error(name: str, key: str, value: Any, why: str) -> ConfigError:
+  return ConfigError(
+    f"config.evals.{name}.{key}={value!r} {why}. Set --config.evals.{name}.{key} (or the config file) "
+    f"accordingly; `python -m tipsito.info --schema` lists every evals.* key"
+  )
+
+
+def eval_settings(name: str, cfg: Any, *, need_dataset: bool = True) -> dict[str, Any]:
+  """The completed settings of eval `name` (`config.evals.<name>`): every key its type reads, the given
+  value or the schema's default (tipsito/config/schema.py `EVAL_KEYS`), each checked; a segmentation
+  benchmark's sizes filled in where the eval leaves them unset. Raises ConfigError naming the key.
+
+  Why one function: validation runs it on every enabled eval before anything compiles, and the evaluators
+  (tipsito/evals/evaluator.py) read what it returns, so an eval reads no key with a default of its own and
+  a value that cannot run is refused before training, not in the final eval. `need_dataset`: False for an
+  evaluator given its records directly (tests).
+  """
+  given = cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg or {})
+  typ = given.get("type")
+  check_value(schema.BY_PATH["evals.*.type"], typ, f"evals.{name}.type")
+  keys = {k.path.rpartition(".")[2]: k for k in schema.eval_keys(typ)}
+  unknown = sorted(set(given) - set(keys))
+  if unknown:
+    raise ConfigError(
+      f"config.evals.{name}: {unknown} {'is not a key' if len(unknown) == 1 else 'are not keys'} of an eval "
+      f"of type {typ!r}; valid keys: {sorted(keys)} (`python -m tipsito.info --schema` lists them)"
+    )
+  for k, v in given.items():
+    check_value(keys[k], v, f"evals.{name}.{k}")
+  out = {k: given[k] if k in given else schema.eval_default(key, typ) for k, key in keys.items()}
+  if need_dataset and not out["dataset"]:
+    raise _eval_error(name, "dataset", out["dataset"], "is not allowed; valid values: a TFDS dataset name")
+  for k in ("topk", "ks"):
+    if k in out and not out[k]:
+      raise _eval_error(name, k, out[k], "is not allowed; valid values: a non-empty tuple of integers >= 1")
+  _check_templates(name, out["templates"])
+  if typ == "linear_depth" and not out["min_depth"] < out["max_depth"]:
+    raise _eval_error(
+      name, "min_depth", out["min_depth"], f"must be below max_depth={out['max_depth']!r} (metres scored)"
+    )
+  if typ == "segmentation":
+    _complete_benchmark(name, given, out)
+  return out
+
+
+def eval_enabled(cfg: Any) -> bool:
+  """Whether eval settings `cfg` run (`enabled`, read before the rest is checked: a disabled eval is
+  neither built nor checked, so a config can keep one it does not run)."""
+  key = "enabled"
+  return (cfg[key] if key in cfg else schema.BY_PATH["evals.*.enabled"].default) is not False
+
+
+def _check_templates(name: str, spec: Any) -> None:
+  """`templates`: None, a set name, one template, or a non-empty list; every template has one '{}'."""
+  if spec is None:
+    return
+  if isinstance(spec, str):
+    if spec in TEMPLATE_SET_NAMES:
+      return
+    spec = (spec,)
+  elif not isinstance(spec, (tuple, list)) or not spec:
+    raise _eval_error(
+      name,
+      "templates",
+      spec,
+      f"is not allowed; valid values: None, a set name {list(TEMPLATE_SET_NAMES)} or a non-empty list of "
+      "templates with one '{}' each",
+    )
+  for t in spec:
+    if not isinstance(t, str) or t.count("{}") != 1:
+      raise _eval_error(
+        name,
+        "templates",
+        spec,
+        f"has {t!r}, which is not a set name {list(TEMPLATE_SET_NAMES)} nor a template with exactly one "
+        "'{}' (where the class name goes)",
+      )
+
+
+def _complete_benchmark(name: str, given: dict, out: dict) -> None:
+  """A segmentation `benchmark` sets the keys of choices.BENCHMARK_KEYS itself (the evaluator fills them,
+  tipsito/evals/segmentation.py `resolve_config`), so giving one beside it is refused; its sizes apply
+  where the eval leaves them unset; `bg_threshold` needs a background class."""
+  bench = out["benchmark"]
+  if bench is None:
+    return
+  clash = sorted(k for k in BENCHMARK_KEYS if k in given)
+  if clash:
+    raise ConfigError(
+      f"config.evals.{name}: benchmark={bench!r} defines {clash}; remove them, or drop `benchmark` and set "
+      f"every key yourself"
+    )
+  for k, v in BENCHMARK_SIZES.items():
+    if given.get(k) is None:
+      out[k] = v
+  if not SEGMENTATION_BENCHMARKS[bench] and out["bg_threshold"] is not None:
+    raise _eval_error(
+      name, "bg_threshold", out["bg_threshold"], f"is set but benchmark={bench!r} has no background class"
+    )
 
 
 def _check_evals(config: mlc.ConfigDict) -> None:
-  """Enabled segmentation and probe evals: keys and values (tipsito/evals/config_checks.py: the
-  segmentation benchmark, protocol and resize; the probes' keys, schedule, benchmark kind and splits)."""
+  """Every enabled eval: its settings (`eval_settings`) and the rules that relate them to the model: the
+  image size a whole number of patches and a CLS index the image tower has. What needs the data on disk
+  (splits, fields, a dense benchmark's kind) is checked before training by tipsito/evals/config_checks.py
+  `check_evals_on_disk`."""
+  patch = config.model.image.patch_size
+  num_cls = config.model.image.num_cls_tokens
   for name, ev in config.evals.items():
-    ev = ev.to_dict() if hasattr(ev, "to_dict") else dict(ev)
-    if ev.get("enabled", True) is False or ev.get("type") not in ("segmentation", *eval_checks.PROBE_KINDS):
+    if not hasattr(ev, "keys"):
+      raise ConfigError(f"config.evals.{name}={ev!r} is not a dict of eval settings (`evals.*` keys)")
+    if not eval_enabled(ev):
       continue
-    try:
-      if ev["type"] == "segmentation":
-        eval_checks.resolve_segmentation_config(ev)
-      else:
-        eval_checks.check_probe_config(ev)
-    except (KeyError, ValueError) as e:
-      raise ConfigError(f"config.evals.{name}: {e.args[0]}") from None
+    s = eval_settings(name, ev)
+    if s["image_size"] % patch:
+      lo = s["image_size"] - s["image_size"] % patch
+      near = " or ".join(str(v) for v in (lo, lo + patch) if v > 0)
+      raise _eval_error(
+        name,
+        "image_size",
+        s["image_size"],
+        f"is not a whole number of patches of config.model.image.patch_size={patch}; valid values: "
+        f"multiples of {patch}, e.g. {near}",
+      )
+    if s["cls_index"] >= num_cls:
+      raise _eval_error(
+        name,
+        "cls_index",
+        s["cls_index"],
+        f"is not a CLS token of the image tower (config.model.image.num_cls_tokens={num_cls}); valid "
+        f"values: {list(range(num_cls))}",
+      )
 
 
 def _check_model(config: mlc.ConfigDict, recipe) -> None:

@@ -32,6 +32,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 from PIL import Image
 
+from tipsito import choices
 from tipsito.data import batch as batch_lib
 from tipsito.data import conversion
 from tipsito.data import sources
@@ -41,11 +42,13 @@ from tipsito.data import transforms as T
 # thin or tiny images that training would skip, since an evaluation must count every example.
 EVAL_LIMITS = T.ImageLimits(min_side=1, max_aspect=float('inf'))
 
-MASK_SOURCES = ('auto', 'segmentation', 'alpha')
-# `EvalFields.resize` modes: the two fixed-size ones of `transforms.fixed_resize` (image and label map
-# resized together to (S, S)), and 'short_side' (zero-shot segmentation benchmarks: the image's short
-# side to S keeping the aspect ratio, the label map left at its original size; see `short_side_size`).
-RESIZE_MODES = tuple(T.FIXED_RESIZE_MODES) + ('short_side',)
+# `MaskSpec.source` and `EvalFields.resize` modes, declared in the leaf tipsito/choices.py (the config
+# schema checks them without importing this module): resize is one of the two fixed-size modes of
+# `transforms.fixed_resize` (image and label map resized together to (S, S)), or 'short_side' (zero-shot
+# segmentation benchmarks: the image's short side to S keeping the aspect ratio, the label map left at
+# its original size; see `short_side_size`). tests/test_eval_config_validation.py checks they agree.
+MASK_SOURCES = choices.MASK_SOURCES
+RESIZE_MODES = choices.RESIZE_MODES
 
 
 # --------------------------------------------------------------------------------------------

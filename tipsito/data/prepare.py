@@ -3,7 +3,8 @@
 Why its own module: a missing dataset must stop a run before anything is written to the workdir, and the
 demo's built-in dataset (`data.build_if_missing`) is built into the workdir on first use; both are data
 questions the training loop (tipsito/train/loop.py) only asks, in this order: `resolve_data_dirs`,
-`check_data_available`, then `ensure_dataset` on every process.
+`check_data_available`, `check_tokenizer` (the other file a run reads before its first step), then
+`ensure_dataset` on every process.
 """
 
 from __future__ import annotations
@@ -12,8 +13,11 @@ import jax
 import ml_collections as mlc
 
 from tipsito import paths
+from tipsito.config import recipes as recipes_lib
+from tipsito.config import validation as config_validation
 from tipsito.data import conversion
 from tipsito.data import sources
+from tipsito.data import tokenizer as tok_lib
 
 
 def resolve_data_dirs(config: mlc.ConfigDict, workdir: str) -> mlc.ConfigDict:
@@ -41,6 +45,39 @@ def check_data_available(config: mlc.ConfigDict) -> None:
     raise FileNotFoundError(
       f"config.data.name={d.name!r}, config.data.data_dir={d.data_dir!r}: {e}. Nothing was written."
     ) from None
+
+
+def check_tokenizer(config: mlc.ConfigDict) -> None:
+  """`config.tokenizer` must load, and its vocabulary must equal `config.model.text.vocab_size` (when that
+  is not None, which means: take the size from the tokenizer).
+
+  Checked here, with the data, before anything is written (tipsito/train/loop.py `_check_workdir`), not in
+  config validation, which opens no file (a config validates in a process without the tokenizer library).
+  Why: the paper configs size the embedding for the official 32k (TIPS) / 49k (CLIP) tokenizers while
+  `config.tokenizer=None` is the 2k demo model; training would silently use 2k of 32k rows, and released
+  text weights would be indexed by the wrong ids.
+  """
+  recipe = recipes_lib.get_recipe(config.recipe)
+  vocab = config.model.text.vocab_size
+  if "text" not in recipe.parts:
+    return
+  try:
+    tok = tok_lib.from_config(config)  # the text flavour's special tokens count ('clip': SOT/EOT)
+  except FileNotFoundError as e:
+    raise config_validation.ConfigError(f"config.tokenizer={config.tokenizer!r}: {e}") from None
+  if vocab is not None and tok.vocab_size != int(vocab):
+    which = "None (the shipped demo model)" if config.tokenizer is None else repr(config.tokenizer)
+    special = (
+      f" ({tok.vocab_size - 2} of the model + SOT/EOT of the 'clip' text flavour)"
+      if tok.flavour == "clip"
+      else ""
+    )
+    raise config_validation.ConfigError(
+      f"config.tokenizer={which} has a vocabulary of {tok.vocab_size}{special} but "
+      f"config.model.text.vocab_size={vocab}; set --config.tokenizer to the SentencePiece model the text tower is sized for (e.g. the "
+      f"official 32k TIPS model for vocab_size=32000), or --config.model.text.vocab_size=None to take the "
+      f"size from the tokenizer"
+    )
 
 
 def ensure_dataset(config: mlc.ConfigDict) -> None:

@@ -9,7 +9,10 @@ numbers are comparable across evals and across training/standalone runs:
   3. class names and prompt templates resolved the same way.
 Subclasses (zeroshot.py, retrieval.py, segmentation.py, knn.py) hold only their metric logic.
 
-Config (`config.evals.<name>`, a ConfigDict or dict), keys common to all evaluators:
+Config (`config.evals.<name>`, a ConfigDict or dict): every key, its default and range is declared in
+tipsito/config/schema.py (`EVAL_KEYS`, listed by `python -m tipsito.info --schema`), and `self.cfg` holds
+the completed, checked settings (tipsito/config/validation.py `eval_settings`). Keys common to all
+evaluators:
   type: 'zeroshot' | 'retrieval' | 'segmentation' | 'knn' | 'linear_segmentation' | 'linear_depth' |
     'linear_classification' (probes.py)
   dataset: 'shapes' | 'tuxpaint' | 'fashion_mnist' | any TFDS name prepared under data_dir
@@ -41,7 +44,7 @@ from tipsito.data import eval_input
 from tipsito.data import sources
 from tipsito.data.tokenizer import Tokenizer
 from tipsito.evals import metrics as metrics_lib
-from tipsito.evals.config_checks import COMMON_DEFAULTS  # noqa: F401  (evaluator.COMMON_DEFAULTS: the keys every evaluator takes)
+from tipsito.config import validation as config_validation
 from tipsito.evals.config_checks import as_dict  # noqa: F401  (registry.py, the evaluators)
 from tipsito.evals import pictures as pictures_lib
 from tipsito.evals import templates as templates_lib
@@ -93,42 +96,38 @@ def _accepts_kwarg(fn, name: str) -> bool:
 class Evaluator:
   """Base class: configuration, eval data and encoder calls shared by all evaluators.
 
-  Subclasses set `TYPE`, `DEFAULTS` (their specific keys) and implement `run(encoder)`. `pictures` is a
-  dict name -> uint8 (H,W,3) array filled by the last `run` when `num_pictures > 0`.
+  Subclasses set `TYPE` (their keys are the schema's for that type) and implement `run(encoder)`.
+  `pictures` is a dict name -> uint8 (H,W,3) array filled by the last `run` when `num_pictures > 0`.
   """
 
   TYPE = ""
-  DEFAULTS: dict[str, Any] = {}
   NEEDS_MASKS = False  # segmentation masks are only read (and decoded) by evaluators that use them
 
   def __init__(
     self, name: str, cfg=None, *, source_fn: SourceFn | None = None, class_names: Sequence[str] | None = None
   ):
     self.name = str(name)
-    merged = dict(COMMON_DEFAULTS)
-    merged.update(self.DEFAULTS)
-    given = as_dict(cfg)
-    unknown = set(given) - set(merged)
-    if unknown:
-      raise KeyError(f"eval {self.name!r}: unknown config keys {sorted(unknown)}")
-    merged.update({k: v for k, v in given.items()})
-    self.cfg = merged
-    if not merged.get("dataset") and source_fn is None:
-      raise ValueError(f"eval {self.name!r}: config needs a 'dataset'")
+    self.cfg = self.settings(cfg, need_dataset=source_fn is None)
     self._source_fn = source_fn
     self._class_names_override = list(class_names) if class_names is not None else None
     self._sources: dict[str, tuple[Any, list[str] | None]] = {}
     self.pictures: dict[str, np.ndarray] = {}
     self._tokenizer = None
 
+  def settings(self, cfg, *, need_dataset: bool) -> dict[str, Any]:
+    """The completed settings of this eval (`type` = `TYPE` when the config leaves it out)."""
+    return config_validation.eval_settings(
+      self.name, {"type": self.TYPE, **as_dict(cfg)}, need_dataset=need_dataset
+    )
+
   # -------------------------------------------------------------------- scheduling / config helpers
   def should_run(self, step: int, *, is_last: bool = False) -> bool:
     """True at multiples of every_steps (>0) and always at the last step (final report)."""
-    every = int(self.cfg.get("every_steps") or 0)
+    every = int(self.cfg["every_steps"])
     return bool(is_last or (every > 0 and step > 0 and step % every == 0))
 
   def __repr__(self) -> str:
-    return f"{type(self).__name__}({self.name!r}, dataset={self.cfg.get('dataset')!r})"
+    return f"{type(self).__name__}({self.name!r}, dataset={self.cfg['dataset']!r})"
 
   def key(self, metric: str) -> str:
     """Namespaced metric key '<eval name>/<metric>'."""
@@ -157,11 +156,11 @@ class Evaluator:
   def class_names(self) -> list[str]:
     """Class names: config > constructor override > curated names of a built-in dataset
     (templates.class_names_for) > the dataset's ClassLabel names ('_' -> ' ')."""
-    if self.cfg.get("class_names"):
+    if self.cfg["class_names"]:
       return [str(c) for c in self.cfg["class_names"]]
     if self._class_names_override:
       return self._class_names_override
-    curated = templates_lib.class_names_for(self.cfg.get("dataset"))
+    curated = templates_lib.class_names_for(self.cfg["dataset"])
     if curated:
       return list(curated)
     self.source()
@@ -172,14 +171,14 @@ class Evaluator:
 
   def templates(self, default: str | None = None) -> tuple[str, ...]:
     """Prompt templates from the config (or the dataset / evaluator default)."""
-    spec = self.cfg.get("templates")
+    spec = self.cfg["templates"]
     if (
       spec is None
       and default is not None
-      and sources.base_name(self.cfg.get("dataset")) not in templates_lib.DEFAULT_TEMPLATES
+      and sources.base_name(self.cfg["dataset"]) not in templates_lib.DEFAULT_TEMPLATES
     ):
       spec = default
-    return templates_lib.get_templates(spec, self.cfg.get("dataset"))
+    return templates_lib.get_templates(spec, self.cfg["dataset"])
 
   def mask_spec(self) -> eval_input.MaskSpec:
     """Where the GT label map comes from (the segmentation evaluator adds alpha masks)."""
@@ -188,7 +187,7 @@ class Evaluator:
   def input_fields(self, *, need_label=False, need_mask=False, need_captions=False) -> eval_input.EvalFields:
     """The per-example fields an evaluator asks for, with this config's keys and geometry."""
     cfg = self.cfg
-    caption_keys = cfg.get("caption_keys")
+    caption_keys = cfg["caption_keys"]
     return eval_input.EvalFields(
       image_size=cfg["image_size"],
       resize=cfg["resize"],
@@ -203,13 +202,13 @@ class Evaluator:
     """Padded fixed-size batches (with `_valid`) of a split in dataset order; `need`: the keywords of
     `input_fields` (need_label, need_mask, need_captions)."""
     if max_examples is None:
-      max_examples = self.cfg.get("max_examples")
+      max_examples = self.cfg["max_examples"]
     return eval_input.eval_batches(
       self.source(split),
       self.input_fields(**need),
       int(self.cfg["batch_size"]),
       max_examples=max_examples,
-      num_workers=int(self.cfg.get("num_workers") or 1),
+      num_workers=max(1, int(self.cfg["num_workers"])),
     )
 
   # -------------------------------------------------------------------- encoder calls
@@ -271,7 +270,7 @@ class Evaluator:
     if self._tokenizer is None:
       text_cfg = encoder.text_config  # every key stated (tipsito/inference.py: Encoder)
       self._tokenizer = Tokenizer(
-        self.cfg.get("tokenizer"),
+        self.cfg["tokenizer"],
         max_len=int(text_cfg["max_len"]),
         flavour=text_cfg["flavour"],
       )
@@ -298,7 +297,7 @@ class Evaluator:
   # -------------------------------------------------------------------- pictures
   def _collect_pca(self, out: Mapping[str, np.ndarray], batch: Mapping[str, np.ndarray]) -> None:
     """Stores PCA maps of the first `num_pictures` valid images of a batch (TIPSv2 Fig. 5 style)."""
-    n = int(self.cfg.get("num_pictures") or 0)
+    n = int(self.cfg["num_pictures"])
     if n <= 0 or f"{self.name}/pca" in self.pictures:
       return
     k = int(min(n, int(np.sum(batch[batch_lib.VALID]))))

@@ -5,7 +5,7 @@ The train split's L2-normalised CLS features (`cls_index`, backbone features: `p
 form the bank; each test feature votes with its k nearest bank entries weighted by exp(cos / T)
 (k=20, T=0.07 as in DINO).
 
-Config keys (besides evaluator.COMMON_DEFAULTS): `train_split` ('train'), `max_train_examples` (None),
+Config keys (besides the common ones; all declared in tipsito/config/schema.py `EVAL_KEYS`): `train_split` ('train'), `max_train_examples` (None),
 `k` (20), `temperature` (0.07), `topk` ((1, 5)), `num_classes` (None = len(class_names) or max label+1).
 Metrics: '<name>/top1', '<name>/top5' (percent), '<name>/num_examples', '<name>/num_train'; every
 top-k with a bootstrap 95 % interval over the queries ('_ci_lo', '_ci_hi'; tipsito/evals/references.py).
@@ -25,15 +25,6 @@ class KnnEvaluator(evaluator.Evaluator):
   """Weighted kNN accuracy: train split as bank, eval split as queries."""
 
   TYPE = "knn"
-  DEFAULTS = dict(
-    train_split="train",
-    max_train_examples=None,
-    k=20,
-    temperature=0.07,
-    topk=(1, 5),
-    num_classes=None,
-    project=False,
-  )
 
   def _features(self, encoder, split: str, max_examples):
     """Normalised CLS features and labels of the valid examples of a split."""
@@ -54,7 +45,7 @@ class KnnEvaluator(evaluator.Evaluator):
     self.pictures = {}
     bank, bank_labels = self._features(encoder, self.cfg["train_split"], self.cfg["max_train_examples"])
     queries, query_labels = self._features(encoder, self.cfg["split"], self.cfg["max_examples"])
-    num_classes = self.cfg.get("num_classes")
+    num_classes = self.cfg["num_classes"]
     if not num_classes:
       try:
         num_classes = len(self.class_names())

@@ -48,7 +48,8 @@ uint16 millimetres) or a dense benchmark read from its published layout under `d
 both splits are held in memory (float32; the train split's on the accelerator): cap them with
 `max_train_examples` / `max_examples` at large scale.
 
-Config keys (besides evaluator.COMMON_DEFAULTS; their defaults and the config check are in
+Config keys (besides the common ones; every key, its default and range are declared in
+tipsito/config/schema.py `EVAL_KEYS`, a dense benchmark's kind and splits are checked before training by
 tipsito/evals/config_checks.py): train_split ('train'), max_train_examples (None),
 steps (1000), lr (1e-3), weight_decay (1e-4), probe_batch_size (16), seed (0), resize ('resize');
 segmentation: num_classes (None = the benchmark's, else the dataset's class names + 1 for background,
@@ -71,7 +72,6 @@ from tipsito.data import batch as batch_lib
 from tipsito.data import dense_benchmarks
 from tipsito.data import eval_input
 from tipsito.data import sources
-from tipsito.evals import config_checks
 from tipsito.evals import evaluator
 from tipsito.evals import metrics as metrics_lib
 from tipsito.evals import references as refs_lib
@@ -273,11 +273,9 @@ def depth_metrics(pred: np.ndarray, gt: np.ndarray, min_depth: float, max_depth:
 class _ProbeEvaluator(evaluator.Evaluator):
   """Shared by the three probes: sources (tipsito datasets or dense benchmarks), frozen features."""
 
-  DEFAULTS = dict(config_checks.PROBE_DEFAULTS)  # the probes' defaults and check: config_checks.py
-
   def __init__(self, name: str, cfg=None, **kwargs):
     super().__init__(name, cfg, **kwargs)
-    self.bench = dense_benchmarks.benchmark(self.cfg.get("dataset")) if self._source_fn is None else None
+    self.bench = dense_benchmarks.benchmark(self.cfg["dataset"]) if self._source_fn is None else None
 
   def source(self, split: str | None = None):
     """Dense benchmarks are read from their layout under data_dir; other datasets as every eval."""
@@ -328,7 +326,7 @@ class _ProbeEvaluator(evaluator.Evaluator):
 
   def native_records(self) -> Iterator:
     """The eval split's records in the order of its batches (for ground truth at its own size)."""
-    return eval_input.iterate_source(self.source(self.cfg["split"]), self.cfg.get("max_examples"))
+    return eval_input.iterate_source(self.source(self.cfg["split"]), self.cfg["max_examples"])
 
   def cls_token(self, out) -> np.ndarray:
     """The configured CLS token (cls_index), raw (the probe normalises), (B, D)."""
@@ -343,7 +341,6 @@ class LinearSegmentationEvaluator(_ProbeEvaluator):
   """Linear probe on frozen patch tokens -> per-pixel classes, mIoU at the label map's resolution."""
 
   TYPE = "linear_segmentation"
-  DEFAULTS = dict(config_checks.PROBE_TYPE_DEFAULTS[TYPE])
   NEEDS_MASKS = True
 
   def mask_spec(self) -> eval_input.MaskSpec:
@@ -358,7 +355,7 @@ class LinearSegmentationEvaluator(_ProbeEvaluator):
 
   def num_classes(self) -> int:
     """Config > benchmark > dataset class names (+1 background unless reduce_zero_label)."""
-    if self.cfg.get("num_classes"):
+    if self.cfg["num_classes"]:
       return int(self.cfg["num_classes"])
     if self.bench is not None:
       return self.bench.num_classes
@@ -437,7 +434,6 @@ class LinearDepthEvaluator(_ProbeEvaluator):
   """Linear regression of depth from frozen [patch, CLS] tokens; RMSE and delta1 at the GT's resolution."""
 
   TYPE = "linear_depth"
-  DEFAULTS = dict(config_checks.PROBE_TYPE_DEFAULTS[TYPE])
 
   def depth_spec(self) -> eval_input.DepthSpec:
     """Where the depth map is and its unit."""
@@ -537,7 +533,6 @@ class LinearClassificationEvaluator(_ProbeEvaluator):
   """Linear classifier on the frozen CLS token (beside kNN); top-1."""
 
   TYPE = "linear_classification"
-  DEFAULTS = dict(config_checks.PROBE_TYPE_DEFAULTS[TYPE])
 
   def run(self, encoder) -> dict[str, float]:
     """Encodes both splits once, trains the classifier, scores top-1 on the eval split."""
@@ -553,7 +548,7 @@ class LinearClassificationEvaluator(_ProbeEvaluator):
     eval_x, eval_y = self.gather(
       encoder, self.cfg["split"], self.cfg["max_examples"], self.cls_token, batch_lib.LABEL, need_label=True
     )
-    num_classes = self.cfg.get("num_classes")
+    num_classes = self.cfg["num_classes"]
     if not num_classes:
       try:
         num_classes = len(self.class_names())

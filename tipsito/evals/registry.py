@@ -14,7 +14,7 @@ from tipsito.evals import probes
 from tipsito.evals import retrieval
 from tipsito.evals import segmentation
 from tipsito.evals import zeroshot
-from tipsito.evals.evaluator import COMMON_DEFAULTS
+from tipsito.config import validation as config_validation
 from tipsito.evals.evaluator import Evaluator
 from tipsito.evals.evaluator import as_dict
 from tipsito.evals.suites import BUILTIN_SUITES, OPT_IN_TYPES, builtin_evals  # noqa: F401 (re-exported)
@@ -44,13 +44,12 @@ def _type_of(name: str, cfg) -> str:
 
 
 def resolved_config(name: str, cfg) -> dict:
-  """`config.evals.<name>` with the defaults of its evaluator type filled in: the values the evaluator
-  reads (COMMON_DEFAULTS, then the type's DEFAULTS, then the config; a segmentation benchmark's sizes too),
-  for callers that need them without building the evaluator (`python -m tipsito.plan`)."""
-  typ = _type_of(name, cfg)
-  if typ == "segmentation":
-    return segmentation.resolve_config(cfg)
-  return {**COMMON_DEFAULTS, **EVALUATOR_TYPES[typ].DEFAULTS, **as_dict(cfg)}
+  """`config.evals.<name>` completed: the values the evaluator reads (tipsito/config/validation.py
+  `eval_settings`: the schema's defaults of its type, a segmentation benchmark's sizes and class names
+  too), for callers that need them without building the evaluator (`python -m tipsito.plan`)."""
+  if _type_of(name, cfg) == "segmentation":
+    return segmentation.resolve_config(cfg, name=name)
+  return config_validation.eval_settings(name, cfg, need_dataset=False)
 
 
 def make_evaluators(config) -> dict[str, Evaluator]:
@@ -59,7 +58,7 @@ def make_evaluators(config) -> dict[str, Evaluator]:
   out = {}
   for name in sorted(evals):
     cfg = as_dict(evals[name])
-    if {**COMMON_DEFAULTS, **cfg}["enabled"] is False:
+    if not config_validation.eval_enabled(cfg):  # a disabled eval is not built (nor checked)
       continue
     out[name] = make_evaluator(name, cfg)
   return out

@@ -6,7 +6,7 @@ R@1). The gallery is the whole eval split: every image with *all* of its caption
 TFDS coco_captions). Image->text: an image is a hit at k if any of its captions is among its k most
 similar texts. Text->image: a caption is a hit if its own image is among its k most similar images.
 
-Config keys (besides evaluator.COMMON_DEFAULTS): `ks` ((1, 5, 10)), `caption_keys` (None = all),
+Config keys (besides the common ones; all declared in tipsito/config/schema.py `EVAL_KEYS`): `ks` ((1, 5, 10)), `caption_keys` (None = all),
 `max_captions_per_image` (None = all), `chunk_size` (1024 query rows per similarity block).
 Metrics: '<name>/i2t_r1', ..., '<name>/t2i_r10' (percent), '<name>/num_images', '<name>/num_texts';
 every recall with a bootstrap 95 % interval over the images ('_ci_lo', '_ci_hi'; a resampled image
@@ -27,14 +27,13 @@ class RetrievalEvaluator(evaluator.Evaluator):
   """Bidirectional recall@k over the whole split (all captions of every image)."""
 
   TYPE = "retrieval"
-  DEFAULTS = dict(ks=(1, 5, 10), max_captions_per_image=None, chunk_size=1024)
 
   def run(self, encoder) -> dict[str, float]:
     """Embeds all images and captions, then ranks in blocks (memory O(chunk x gallery))."""
     self.pictures = {}
     img_feats, texts, text_to_image = [], [], []
     n_img = 0
-    max_caps = self.cfg.get("max_captions_per_image")
+    max_caps = self.cfg["max_captions_per_image"]
     for batch in self.batches(need_captions=True):
       out = self.embed_images(encoder, batch[batch_lib.IMAGE])
       feats = self.cls_features(out)

@@ -52,8 +52,8 @@ with `background_name` inserted at `background_index` (tipsito builders: mask va
 ('resize', 'center_crop') GT is resized with nearest neighbour together with the image; with
 'short_side' it keeps its size. The GT maps are read by `tipsito.data.eval_input` (`MaskSpec`).
 
-Config keys (besides evaluator.COMMON_DEFAULTS; their defaults, the benchmarks and the config check are in
-tipsito/evals/config_checks.py): benchmark (None | 'ade150' | 'pc59' | 'pc60' |
+Config keys (besides the common ones; every key, its default and range are declared in
+tipsito/config/schema.py `EVAL_KEYS`, the benchmarks' class names in tipsito/evals/config_checks.py): benchmark (None | 'ade150' | 'pc59' | 'pc60' |
 'voc21'), protocol ('whole' | 'slide'), crop_size (None = the image's short side; benchmarks: 448),
 stride (None = crop_size * 2 // 3; benchmarks: 336, the TIPS notebook's), bg_threshold (None),
 templates (None = 'tcl'), patch_tokens (True), global_copy (True), and, only without a benchmark (a benchmark defines them, `BENCHMARK_KEYS`):
@@ -117,10 +117,9 @@ from tipsito.evals import pictures as pictures_lib
 from tipsito.evals import references as refs_lib
 from tipsito.evals import templates as templates_lib
 
-# The benchmarks, the defaults and the config check live in the light module validation uses.
+# The benchmarks and the completion of a segmentation eval's settings (tipsito/evals/config_checks.py).
 BENCHMARKS = config_checks.BENCHMARKS
 BENCHMARK_KEYS = config_checks.BENCHMARK_KEYS
-DEFAULTS = config_checks.SEGMENTATION_DEFAULTS
 resolve_config = config_checks.resolve_segmentation_config
 
 # The predictions scored, each with its metric-key prefix ('values' keeps the keys it always had).
@@ -271,23 +270,19 @@ class SegmentationEvaluator(evaluator.Evaluator):
 
   TYPE = "segmentation"
   NEEDS_MASKS = True
-  DEFAULTS = DEFAULTS
   MAX_QUEUED_BATCHES = 8  # 'whole': examples waiting for a full batch of their shape, in batches
 
-  def __init__(self, name: str, cfg=None, **kwargs):
-    super().__init__(name, cfg, **kwargs)
-    try:
-      self.cfg = resolve_config(cfg)
-    except (KeyError, ValueError) as e:
-      raise type(e)(f"eval {self.name!r}: {e.args[0]}") from None
+  def settings(self, cfg, *, need_dataset: bool) -> dict:
+    """The completed settings, a benchmark's class names and label conventions included."""
+    return resolve_config(cfg, name=self.name, need_dataset=need_dataset)
 
   # ------------------------------------------------------------------ classes and prompts
   def seg_class_names(self) -> list[str]:
     """Class names indexed by GT value (see module docstring)."""
-    if self.cfg.get("class_names"):
+    if self.cfg["class_names"]:
       return [str(c) for c in self.cfg["class_names"]]
     names = list(self.class_names())
-    bg = self.cfg.get("background_index")
+    bg = self.cfg["background_index"]
     if bg is not None:
       names.insert(int(bg), str(self.cfg["background_name"]))
     return names
@@ -295,14 +290,14 @@ class SegmentationEvaluator(evaluator.Evaluator):
   def _class_embeddings(self, encoder, names):
     """(C, D) unit text embeddings (zero rows for constant-score classes), the (C,) mask of the
     constant-score classes and their (C,) scores."""
-    bg = self.cfg.get("background_index")
-    thr = self.cfg.get("bg_threshold")
+    bg = self.cfg["background_index"]
+    thr = self.cfg["bg_threshold"]
     const = np.zeros(len(names), bool)
     const_value = np.zeros(len(names), np.float32)
     if bg is not None and thr is not None:
       const[int(bg)] = True
       const_value[int(bg)] = float(thr)
-    if self.cfg.get("benchmark") and self.cfg.get("templates") is None:
+    if self.cfg["benchmark"] and self.cfg["templates"] is None:
       templates = templates_lib.get_templates("tcl")  # a benchmark's prompts, whatever the dataset
     else:
       templates = self.templates("tcl")
@@ -328,8 +323,8 @@ class SegmentationEvaluator(evaluator.Evaluator):
     return eval_input.eval_examples(
       self.source(),
       self.input_fields(need_mask=True),
-      max_examples=self.cfg.get("max_examples"),
-      num_workers=int(self.cfg.get("num_workers") or 1),
+      max_examples=self.cfg["max_examples"],
+      num_workers=max(1, int(self.cfg["num_workers"])),
     )
 
   # ------------------------------------------------------------------ encoder passes
@@ -403,8 +398,8 @@ class SegmentationEvaluator(evaluator.Evaluator):
       plans, queues = [], {}
       for j, ex in enumerate(chunk):
         h, w = ex[batch_lib.IMAGE].shape[:2]
-        crop = int(self.cfg.get("crop_size") or min(h, w))
-        stride = int(self.cfg.get("stride") or max(1, crop * 2 // 3))
+        crop = int(self.cfg["crop_size"] or min(h, w))
+        stride = int(self.cfg["stride"] or max(1, crop * 2 // 3))
         boxes = tuple(window_boxes(h, w, crop, stride))
         plans.append(boxes)
         for k, (y1, x1, y2, x2) in enumerate(boxes):
@@ -429,7 +424,7 @@ class SegmentationEvaluator(evaluator.Evaluator):
   def _objects_only(self, scores):
     """Scores with the background class out of the running (the object-only prediction's arg-max is
     over the object classes); the scores themselves without a background class."""
-    bg = self.cfg.get("background_index")
+    bg = self.cfg["background_index"]
     if bg is None:
       return scores
     return jnp.asarray(scores).at[..., int(bg)].set(-1e9)  # finite: bilinear weights of 0 stay 0
@@ -437,7 +432,7 @@ class SegmentationEvaluator(evaluator.Evaluator):
   def _object_argmax(self, scores, hw, pred):
     """The object-only (H, W) prediction: `upsample_argmax` with the background out of the running
     (`pred` itself when there is no background class)."""
-    if self.cfg.get("background_index") is None:
+    if self.cfg["background_index"] is None:
       return pred
     return upsample_argmax(self._objects_only(scores), hw)
 
@@ -587,12 +582,12 @@ class _Sink:
     ignore = int(ev.cfg["ignore_index"])
     self.cms = {k: metrics_lib.ConfusionMatrix(num_classes, ignore) for k in ev.kinds()}
     self.nonlargest = {k: [0, 0] for k in ev.kinds()}
-    bg = ev.cfg.get("background_index")
+    bg = ev.cfg["background_index"]
     # A background scored by a constant (bg_threshold) is still background; None: label 0 was ignored.
     self.background = None if bg is None else int(bg)
     self.count = 0
     self.per_image = refs_lib.PerImage()  # the bootstrap's statistics (references.py)
-    self.n_pics = int(ev.cfg.get("num_pictures") or 0)
+    self.n_pics = int(ev.cfg["num_pictures"])
     self.rows: list[np.ndarray] = []
     self.looks = pictures_lib.class_looks(ev.seg_class_names(), self.background) if self.n_pics else None
     self.shown_classes: set[int] = set()

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from tipsito.data import sources
-from tipsito.data.builders import scenes_gen
+from tipsito.choices import PROBE_TYPES, SCENES_PROMPTS, dataset_base_name
 
 # Types a suite lists but `builtin_evals` adds only when `types` names them: the probes train a linear
 # layer (seconds to minutes), so the demo configs' suites stay as they were unless a config asks.
-OPT_IN_TYPES = ("linear_segmentation", "linear_depth", "linear_classification")
+OPT_IN_TYPES = PROBE_TYPES
 
 # Which evals each built-in dataset supports, and the split each reads (tuxpaint has only 'train').
 BUILTIN_SUITES: dict[str, dict[str, dict[str, Any]]] = {
@@ -32,9 +31,9 @@ BUILTIN_SUITES: dict[str, dict[str, dict[str, Any]]] = {
   # segmentation prompts the background as the shapes suite does; prompts are the scenes ones, whose words
   # the scenes tokenizer knows.
   "scenes": {
-    "zeroshot": dict(split="test", templates=scenes_gen.PROMPTS, present_class=True),
+    "zeroshot": dict(split="test", templates=SCENES_PROMPTS, present_class=True),
     "retrieval": dict(split="test", caption_keys=("caption_detailed",)),
-    "segmentation": dict(split="test", templates=scenes_gen.PROMPTS),
+    "segmentation": dict(split="test", templates=SCENES_PROMPTS),
     "knn": dict(split="test", train_split="train"),
     "linear_segmentation": dict(split="test", train_split="train"),
     "linear_depth": dict(split="test", train_split="train"),
@@ -83,7 +82,7 @@ def builtin_evals(
   `overrides` apply to every entry (e.g. tokenizer=...). The probes (OPT_IN_TYPES) are included only
   when `types` names them.
   """
-  base = sources.base_name(dataset)
+  base = dataset_base_name(dataset)
   if base not in BUILTIN_SUITES:
     raise KeyError(f"no built-in eval suite for {dataset!r}; known: {sorted(BUILTIN_SUITES)}")
   suite = BUILTIN_SUITES[base]
@@ -104,7 +103,10 @@ def builtin_evals(
     )
     cfg.update(spec)
     if (typ == "knn" or typ in OPT_IN_TYPES) and max_examples is not None:
-      cfg["max_train_examples"] = min(int(spec.get("max_train_examples", 10**9)), 4 * int(max_examples))
+      cap = 4 * int(max_examples)
+      cfg["max_train_examples"] = (
+        min(int(spec["max_train_examples"]), cap) if "max_train_examples" in spec else cap
+      )
     cfg.update(overrides)
     out[f"{base}_{typ}"] = cfg
   return out

@@ -16,10 +16,10 @@ Sets:
 
 from __future__ import annotations
 
-import importlib
 from typing import Sequence
 
 from tipsito.data import sources
+from tipsito.data.builders import class_words
 
 IMAGENET80 = (
   "a bad photo of a {}.",
@@ -171,29 +171,17 @@ def class_names_for(dataset: str | None) -> tuple[str, ...] | None:
   tuxpaint's and openclipart's ClassLabel names are folder names ('naturalforces', 'signs_and_symbols');
   their builders also define the words their captions use ('force of nature', 'sign or symbol'), which
   are what a prompt should say. Fashion-MNIST's are its builder's `CLASS_NAMES` (the one list of its
-  labels, tipsito/data/builders/fashion_mnist.py), which also hold for a copy built elsewhere that
-  stores integer labels only.
+  labels), which also hold for a copy built elsewhere that stores integer labels only. All three tables
+  live in tipsito/data/builders/class_words.py, which imports nothing (the builders import TFDS).
   """
-  base = sources.base_name(dataset)
-  try:
-    if base in _WORD_BUILDERS:
-      mod = importlib.import_module(_WORD_BUILDERS[base])
-      return tuple(mod.CATEGORY_WORDS[c] for c in mod.CATEGORIES)
-    if base in _CLASS_NAME_BUILDERS:
-      return tuple(importlib.import_module(_CLASS_NAME_BUILDERS[base]).CLASS_NAMES)
-  except Exception:  # pylint: disable=broad-except
-    return None
-  return None
+  return CURATED_CLASS_NAMES.get(sources.base_name(dataset))
 
 
-# Builders whose CATEGORY_WORDS (per ClassLabel name in CATEGORIES) are the class names.
-_WORD_BUILDERS = {
-  "tuxpaint": "tipsito.data.builders.tuxpaint",
-  "openclipart": "tipsito.data.builders.openclipart",
-}
-# Builders whose CLASS_NAMES (in label order) are the class names.
-_CLASS_NAME_BUILDERS = {
-  "fashion_mnist": "tipsito.data.builders.fashion_mnist",
+# Built-in datasets whose prompts name their classes by these words (in label order).
+CURATED_CLASS_NAMES: dict[str, tuple[str, ...]] = {
+  "tuxpaint": tuple(class_words.TUXPAINT_CATEGORY_WORDS[c] for c in class_words.TUXPAINT_CATEGORIES),
+  "openclipart": tuple(class_words.OPENCLIPART_CATEGORY_WORDS[c] for c in class_words.OPENCLIPART_CATEGORIES),
+  "fashion_mnist": tuple(class_words.FASHION_MNIST_CLASS_NAMES),
 }
 
 

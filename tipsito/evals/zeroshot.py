@@ -5,7 +5,7 @@ represented by its name inserted into prompt templates; the prompts are embedded
 averaged over templates and renormalised (CLIP's prompt ensembling). An image is classified by the cosine
 between its L2-normalised CLS embedding (`cls_index`) and the class embeddings.
 
-Config keys (besides evaluator.COMMON_DEFAULTS): `topk` ((1, 5)); `templates` defaults to the dataset's
+Config keys (besides the common ones; all declared in tipsito/config/schema.py `EVAL_KEYS`): `topk` ((1, 5)); `templates` defaults to the dataset's
 list (templates.DEFAULT_TEMPLATES) or CLIP's 80 ImageNet templates; `present_class` (False): also read
 each image's label map (`segmentation_key`; tipsito's convention 0 = background, c + 1 = class c) for
 the "present class" reference below (the `scenes` suite sets it).
@@ -32,7 +32,6 @@ class ZeroShotEvaluator(evaluator.Evaluator):
   """Top-k zero-shot accuracy from class-name prompts."""
 
   TYPE = "zeroshot"
-  DEFAULTS = dict(topk=(1, 5), present_class=False)
 
   def __init__(self, name: str, cfg=None, **kwargs):
     super().__init__(name, cfg, **kwargs)

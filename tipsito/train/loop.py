@@ -34,6 +34,7 @@ from absl import logging
 from clu import metric_writers
 
 from tipsito import distributed
+from tipsito.evals import config_checks as eval_checks
 from tipsito.evals import registry as eval_registry
 from tipsito.evals import runner as eval_runner
 from tipsito.distributed import peer_loss
@@ -196,7 +197,8 @@ def _check_workdir(
   config: mlc.ConfigDict, workdir: str, *, check_data: bool
 ) -> tuple[mlc.ConfigDict, list, Optional[run_lock.RunLock]]:
   """Validates, resolves data folders, takes the workdir lock and runs every check that must fail before
-  anything is written (dataset present, no other run on the workdir, resume compatible). Returns
+  anything is written (dataset present, the tokenizer fits the text tower, the evals' splits and fields,
+  no other run on the workdir, resume compatible). Returns
   (resolved config, config.json history to write, the lock: process 0's, None elsewhere)."""
   config_validation.validate(config, num_devices=jax.device_count(), process_count=jax.process_count())
   if config.init_from and workdir_lib.latest_checkpoint_step(workdir) is None:  # read only when used
@@ -204,6 +206,8 @@ def _check_workdir(
   config = data_prepare.resolve_data_dirs(config, workdir)
   if check_data:
     data_prepare.check_data_available(config)
+  data_prepare.check_tokenizer(config)
+  eval_checks.check_evals_on_disk(config)
   lock = _lock_workdir(workdir)
   try:
     history = guard_resume(config, workdir)

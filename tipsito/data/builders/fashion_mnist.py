@@ -22,20 +22,10 @@ import tensorflow_datasets as tfds
 from PIL import Image
 
 from tipsito.data.builders import _common
+from tipsito.data.builders import class_words
 
 DEFAULT_DIR = "/usr/share/datasets/fashion-mnist"
-CLASS_NAMES = (
-  "t-shirt",
-  "trouser",
-  "pullover",
-  "dress",
-  "coat",
-  "sandal",
-  "shirt",
-  "sneaker",
-  "bag",
-  "ankle boot",
-)
+CLASS_NAMES = class_words.FASHION_MNIST_CLASS_NAMES
 _DESCRIPTIONS = {
   "t-shirt": "a short-sleeved top",
   "trouser": "a pair of long pants",

@@ -69,59 +69,12 @@ import tensorflow_datasets as tfds
 from PIL import Image
 
 from tipsito.data.builders import _common
+from tipsito.data.builders import class_words
 
 DEFAULT_DIR = "/usr/share/openclipart"
 
-CATEGORIES = (
-  "animals",
-  "buildings",
-  "buttons",
-  "computer",
-  "containers",
-  "decorations",
-  "education",
-  "electronics",
-  "food",
-  "geography",
-  "logos",
-  "office",
-  "people",
-  "plants",
-  "recreation",
-  "science",
-  "shapes",
-  "signs_and_symbols",
-  "special",
-  "tools",
-  "transportation",
-  "unsorted",
-)
-# Words used in the synthetic captions (and by zero-shot evals as class names); the folders' content
-# decides the word (e.g. computer/ holds icons, folders and diagrams; special/ patterns and gradients).
-CATEGORY_WORDS = {
-  "animals": "animal",
-  "buildings": "building",
-  "buttons": "button",
-  "computer": "computer icon",
-  "containers": "container",
-  "decorations": "decoration",
-  "education": "school item",
-  "electronics": "electronic device",
-  "food": "food item",
-  "geography": "map",
-  "logos": "logo",
-  "office": "office item",
-  "people": "person",
-  "plants": "plant",
-  "recreation": "leisure item",
-  "science": "science item",
-  "shapes": "shape",
-  "signs_and_symbols": "sign or symbol",
-  "special": "pattern",
-  "tools": "tool",
-  "transportation": "vehicle or traffic sign",
-  "unsorted": "miscellaneous object",
-}
+CATEGORIES = class_words.OPENCLIPART_CATEGORIES
+CATEGORY_WORDS = class_words.OPENCLIPART_CATEGORY_WORDS
 
 ALPHA_THRESHOLD = 128  # alpha >= this is object (as tuxpaint and the segmentation eval's alpha source)
 KEYWORDS_SHORT = 3

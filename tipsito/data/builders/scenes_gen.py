@@ -24,6 +24,8 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image, ImageDraw
 
+from tipsito.choices import SCENES_PROMPTS
+
 # The class set: every colour x pattern. Class c is CLASSES[c]; segmentation value c + 1.
 COLOURS = {
   "red": (215, 35, 40),
@@ -52,9 +54,10 @@ MIN_VISIBLE = 0.4  # every object keeps at least this fraction of its own area v
 PATTERN_PERIOD = 1 / 16  # pattern period as a fraction of the side (4 px at 64 px; at least 4 px)
 _LAYOUT_TRIES = 60
 _SPLIT_IDS = {"train": 0, "test": 1, "validation": 2}
-# Zero-shot prompts of the scenes eval suite (tipsito/evals/registry.py), phrased like the alt-texts so that
-# the scenes tokenizer (tipsito/data/assets/scenes_sp.model) knows every word.
-PROMPTS = ("{}.", "a picture of {}.", "photo of {}.", "{} on the ground.")
+# Zero-shot prompts of the scenes eval suite (tipsito/evals/suites.py), phrased like the alt-texts so that
+# the scenes tokenizer (tipsito/data/assets/scenes_sp.model) knows every word; declared in the leaf
+# tipsito/choices.py so that a config names them without importing this generator (and PIL).
+PROMPTS = SCENES_PROMPTS
 _ALT_TEMPLATES = ("{}", "{} in a picture", "photo of {}", "{} on the ground", "some {}")
 
 

@@ -30,46 +30,12 @@ import tensorflow_datasets as tfds
 from PIL import Image
 
 from tipsito.data.builders import _common
+from tipsito.data.builders import class_words
 
 DEFAULT_STAMPS_DIR = "/usr/share/tuxpaint/stamps"
 
-CATEGORIES = (
-  "animals",
-  "clothes",
-  "food",
-  "hobbies",
-  "household",
-  "medical",
-  "military",
-  "naturalforces",
-  "people",
-  "plants",
-  "seasonal",
-  "space",
-  "sports",
-  "symbols",
-  "town",
-  "vehicles",
-)
-# Words used in the synthetic captions (and by zero-shot evals as class names).
-CATEGORY_WORDS = {
-  "animals": "animal",
-  "clothes": "piece of clothing",
-  "food": "food",
-  "hobbies": "hobby item",
-  "household": "household object",
-  "medical": "medical item",
-  "military": "military vehicle",
-  "naturalforces": "force of nature",
-  "people": "person",
-  "plants": "plant",
-  "seasonal": "holiday decoration",
-  "space": "space object",
-  "sports": "sports item",
-  "symbols": "symbol",
-  "town": "town building or sign",
-  "vehicles": "vehicle",
-}
+CATEGORIES = class_words.TUXPAINT_CATEGORIES
+CATEGORY_WORDS = class_words.TUXPAINT_CATEGORY_WORDS
 _BACKGROUNDS = {
   "white": (250, 250, 250),
   "light gray": (200, 200, 200),
