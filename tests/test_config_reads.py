@@ -29,15 +29,18 @@ CONFIG_PACKAGE = "tipsito/config/"
 
 # (file, key): why that call is not a read of a config key.
 ALLOWED = {
-  ("tipsito/config_info.py", "text"): "the parameter tree's text tower (absent for image-only recipes)",
+  ("tipsito/planning/costs.py", "text"): "the parameter tree's text tower (absent for image-only recipes)",
   ("tipsito/evals/evaluator.py", "tokenizer"): "an attribute of the encoder object, not a config key",
   ("tipsito/evals/segmentation.py", "patch_size"): "an attribute of the encoder object, not a config key",
-  ("tipsito/info.py", "sharding"): "a row of the `info` report dict (tipsito/config_info.py), not a config",
+  ("tipsito/info.py", "sharding"): "a row of the `info` report (tipsito/planning/costs.py), not a config",
   ("tipsito/models/splash.py", "model"): "the mesh's axis sizes (`mesh.shape`), not the config",
-  ("tipsito/plan.py", "microbatches"): "rows of the plan report (a failed row lacks the key), not a config",
-  ("tipsito/plan.py", "recipe"): "rows of the plan report, not a config",
-  ("tipsito/plan.py", "mesh"): "rows of the plan report, not a config",
-  ("tipsito/plan.py", "sharding"): "`getattr(array, 'sharding')`: a jax array's sharding",
+  (
+    "tipsito/planning/pod.py",
+    "microbatches",
+  ): "rows of the plan report (a failed row lacks it), not a config",
+  ("tipsito/planning/pod.py", "recipe"): "rows of the plan report, not a config",
+  ("tipsito/planning/pod.py", "mesh"): "rows of the plan report, not a config",
+  ("tipsito/planning/pod.py", "sharding"): "`getattr(array, 'sharding')`: a jax array's sharding",
   ("tipsito/step_bench.py", "image"): "rows of the step benchmark report, not a config",
   ("tipsito/interop/hf_tipsv2.py", "patch_size"): "a Hugging Face config.json's `vision_config`, with "
   "Tipsv2Config's own defaults for keys it leaves out: not a tipsito config",

@@ -3,7 +3,7 @@ completion of a tower config with the tower module's defaults.
 
 Why one function: configs hold dtypes as names and sequences as lists (JSON, ml_collections), while flax
 module fields need dtype objects and hashable values. The training model (tipsito/train/step.py), the
-distillation teacher (tipsito/train/teacher.py), the planner (tipsito/plan.py) and inference
+distillation teacher (tipsito/train/teacher.py), the planner (tipsito/planning/pod.py) and inference
 (tipsito/inference.py, from an export's config.json) must build the same module from the same config.
 
 Why the completion is here: a tower config (an export's config.json `image`/`text`, or one built in memory
