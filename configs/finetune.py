@@ -47,36 +47,6 @@ from tipsito.config import init_source
 from tipsito.config import recipes
 
 RECIPES = ("tipsv2", "tips", "tipsito")
-# The towers' keys copied from the source (everything that fixes their params or what they compute).
-IMAGE_KEYS = (
-  "patch_size",
-  "width",
-  "depth",
-  "num_heads",
-  "mlp_dim",
-  "ffn",
-  "num_cls_tokens",
-  "posemb_grid",
-  "pixel_mean",
-  "pixel_std",
-  "activation",
-  "ln_eps",
-  "patch_bias",
-  "cls_posemb",
-  "pre_norm",
-)
-TEXT_KEYS = (
-  "flavour",
-  "vocab_size",
-  "max_len",
-  "width",
-  "depth",
-  "num_heads",
-  "mlp_dim",
-  "out_dim",
-  "activation",
-  "ln_eps",
-)
 HEADS_LR_REGEX = r"^(dino_head|ibot_head|fusion)/"
 
 
@@ -105,16 +75,19 @@ def get_config(arg=None):
     src = init_source.detect(a["from"], key="configs/finetune.py:from")
     from tipsito.interop import sources  # pylint: disable=g-import-not-at-top  # the readers, only with from=
 
+    from tipsito.models import kwargs  # pylint: disable=g-import-not-at-top  # the towers' keys: JAX, as above
+
     image, text = sources.towers_of(src)
     tokenizer = init_source.tokenizer_of(src)
     trained_size = _trained_size(src)
     c.init_from = a["from"]
-  for k in IMAGE_KEYS:
-    if image.get(k) is not None:
-      c.model.image[k] = tuple(image[k]) if isinstance(image[k], list) and k != "posemb_grid" else image[k]
-  for k in TEXT_KEYS:
-    if text.get(k) is not None:
-      c.model.text[k] = text[k]
+    # Everything that fixes the towers' params or what they compute (tipsito/models/kwargs.py).
+    for k in kwargs.ARCHITECTURE_KEYS["image"]:
+      if image.get(k) is not None:
+        c.model.image[k] = tuple(image[k]) if isinstance(image[k], list) and k != "posemb_grid" else image[k]
+    for k in kwargs.ARCHITECTURE_KEYS["text"]:
+      if text.get(k) is not None:
+        c.model.text[k] = text[k]
   if text.get("max_len"):
     c.max_len = int(text["max_len"])
   c.tokenizer = a.tokenizer or tokenizer

@@ -26,7 +26,7 @@ declare -A ROWS=(
 ORDER=(tipsv2_g14 tipsv2_g14_fsdp tipsv2_g14_full_ema tipsv2_g14_hires distill_B distill_L distill_So400m ito_b16 tipsito_b16
        tipsv2_b14_v5e16 tipsv2_b14_v5e16_k8 ito_b16_v5e8)
 SCAN="--config.model.image.scan=True --config.model.text.scan=True"
-python -c "from tipsito import plan; print(plan.TABLE_HEADER)"
+python -c "from tipsito.planning import pod; print(pod.TABLE_HEADER)"
 for row in "${@:-${ORDER[@]}}"; do
   read -r cfg rest <<<"${ROWS[$row]:?unknown row $row; rows: ${ORDER[*]}}"
   # shellcheck disable=SC2086  # $rest and $SCAN are flag lists

@@ -33,6 +33,7 @@ from tipsito.config import validation as config_validation  # noqa: E402
 from tipsito.data import prepare as data_prepare  # noqa: E402
 from tipsito.data import tokenizer as tok_lib  # noqa: E402
 from tipsito.interop import sources  # noqa: E402
+from tipsito.models import kwargs as kwargs_lib  # noqa: E402
 from tipsito.train import assembly  # noqa: E402
 from tipsito.train import loop  # noqa: E402
 
@@ -140,7 +141,7 @@ def test_finetune_config_copies_the_sources_architecture(imported, padded_tokeni
   e, _ = imported
   c = _finetune_module().get_config(f"from={e},recipe=tipsv2")
   want = sources.from_export(e)
-  for k in assembly.IMAGE_ARCH:
+  for k in kwargs_lib.PARAM_KEYS["image"]:
     assert c.model.image[k] == want.image_config[k], k
   for k in ("vocab_size", "width", "depth", "num_heads", "mlp_dim", "flavour", "max_len"):
     assert c.model.text[k] == want.text_config[k], k

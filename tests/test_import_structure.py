@@ -527,6 +527,51 @@ def test_the_checks_see_a_circle(tmp_path):
 
 
 # --------------------------------------------------------------------------------------------------------
+# The load path (issue 44 item 3): `tipsito.load` (tipsito/inference.py) builds an export's towers and no
+# more, so importing it runs no evaluation, data, objective or training module. What `enc.classify` and
+# decoding files need (the zero-shot protocol, the eval decoder) is imported by the call that needs it
+# (tipsito/inference_tools.py), and the tokenizer when an export ships one (tipsito/inference.py).
+# --------------------------------------------------------------------------------------------------------
+LOAD_MODULE = "tipsito.inference"
+LOAD_MAY_NOT_IMPORT = (
+  "tipsito.evals",
+  "tipsito.data",
+  "tipsito.objective",
+  "tipsito.train",
+  "tipsito.losses",
+)
+
+
+def import_closure(start: str, imps: Iterable[Import], files: dict[str, pathlib.Path]) -> set[str]:
+  """The package modules importing `start` runs: its module-level imports, theirs, and so on, each with
+  the packages (`__init__.py`) above it, which Python runs first."""
+  edges: dict[str, set[str]] = {}
+  for i in imps:
+    if not i.local:
+      edges.setdefault(i.source, set()).add(i.target)
+  seen, todo = set(), [start]
+  while todo:
+    m = todo.pop()
+    if m in seen:
+      continue
+    seen.add(m)
+    parts = m.split(".")
+    todo += [p for p in (".".join(parts[:n]) for n in range(1, len(parts))) if p in files]
+    todo += sorted(edges.get(m, ()))
+  return seen
+
+
+def test_load_imports_no_eval_or_data_module():
+  files = module_files()
+  loaded = import_closure(LOAD_MODULE, all_imports(files), files)
+  bad = sorted(m for m in loaded if any(m == p or m.startswith(p + ".") for p in LOAD_MAY_NOT_IMPORT))
+  assert not bad, (
+    f"importing {LOAD_MODULE} (tipsito.load) runs {bad}: import them in the function that needs them, "
+    "with the reason on the line"
+  )
+
+
+# --------------------------------------------------------------------------------------------------------
 # The files one training step runs code in (a figure, not a test: it compiles nothing but builds a model)
 # --------------------------------------------------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""`tipsito.plan`: ahead-of-time TPU compiles report per-chip bytes that follow the sharding.
+"""`tipsito.plan` (the library: tipsito/planning/pod.py): ahead-of-time TPU compiles report per-chip bytes
+that follow the sharding.
 
 Why: the plan table in README.md is only worth something if the per-chip numbers are the sharded ones.
 The compile test needs libtpu (`pip install -e ".[tpu-plan]"`, which .ci/run installs) and skips without
@@ -9,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from tipsito import plan
+from tipsito.planning import pod as plan
 from tipsito.config import defaults
 from tipsito.config import validation as config_validation
 

@@ -354,7 +354,7 @@ def test_platform_is_cpu_on_a_machine_without_accelerators():
 
 
 def test_two_cpu_trainings_at_once_never_touch_libtpu(tmp_path, data_dir):
-  from tipsito import plan
+  from tipsito.planning import pod as plan
 
   if not plan.libtpu_available():
     pytest.skip("libtpu not installed (pip install -e '.[tpu-plan]'): nothing to keep away")

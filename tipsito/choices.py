@@ -17,9 +17,9 @@ from typing import NamedTuple
 
 class ViewLayout(NamedTuple):
   """What a value of `config.input.views` means, decoded here once: every reader of the views (the pipeline,
-  the declared batch tipsito/data/batch.py, validation, the schema's defaults, `config_info`) asks this
-  record instead of testing substrings of the name. A NamedTuple, not a dataclass, because this module
-  imports nothing but `typing` (tests/test_import_structure.py: `LEAVES`)."""
+  the declared batch tipsito/data/batch.py, validation, the schema's defaults, tipsito/planning/costs.py)
+  asks this record instead of testing substrings of the name. A NamedTuple, not a dataclass, because this
+  module imports nothing but `typing` (tests/test_import_structure.py: `LEAVES`)."""
 
   global_views: int  # 1: the global crop 'image'; 2: also ITO's second view 'image2' (same size)
   local_crops: bool  # multi-crop: also `config.input.num_local` local crops 'local_crops'

@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 import time
 from typing import Any, Mapping, Sequence
 
@@ -30,6 +29,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from tipsito import command
 from tipsito import distributed
 from tipsito.evals import registry as eval_registry
 from tipsito.evals import runner as eval_runner
@@ -215,17 +215,13 @@ def evaluate(
 
 def main(argv: Sequence[str]) -> None:
   """CLI body."""
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  command.no_arguments(argv)
   if FLAGS.config is None:
     raise app.UsageError("--config is required")
   if not FLAGS.checkpoint:
     raise app.UsageError("--checkpoint is required")
-  try:
-    distributed.initialize_from_flags()
-  except ValueError as e:
-    raise app.UsageError(str(e)) from None
-  try:
+  command.initialize_distributed()
+  with command.exit_on((ValueError, FileNotFoundError, KeyError)):
     evaluate(
       FLAGS.config,
       FLAGS.checkpoint,
@@ -234,15 +230,9 @@ def main(argv: Sequence[str]) -> None:
       only=FLAGS.only,
       max_examples=FLAGS.max_examples,
     )
-  except (ValueError, FileNotFoundError, KeyError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(1)
 
 
-def run() -> None:
-  """Console-script entry point (tipsito-evaluate)."""
-  _define_flags()
-  app.run(main)
+run = command.entry_point(_define_flags, main)  # tipsito-evaluate
 
 
 if __name__ == "__main__":

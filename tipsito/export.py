@@ -27,6 +27,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from tipsito import command
 from tipsito.interop import sources
 from tipsito.train import exporting
 
@@ -60,8 +61,7 @@ def _define_flags() -> None:
 
 def main(argv: Sequence[str]) -> None:
   """CLI body: read the source (official .npz, workdir [step], export or Tipsv2 folder), write --format."""
-  if len(argv) > 1:
-    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  command.no_arguments(argv)
   if not FLAGS.output:
     raise app.UsageError('--output is required')
   src = FLAGS['from'].value
@@ -103,10 +103,7 @@ def main(argv: Sequence[str]) -> None:
   print(out)
 
 
-def run() -> None:
-  """Console-script entry point (tipsito-export)."""
-  _define_flags()
-  app.run(main)
+run = command.entry_point(_define_flags, main)  # tipsito-export
 
 
 if __name__ == '__main__':

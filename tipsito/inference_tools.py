@@ -8,6 +8,9 @@ PIL images, single images, prompt ensembling), and they reuse the evaluation cod
   * class embeddings are the zero-shot eval's: prompts from tipsito/evals/templates.py, each embedded and
     L2-normalised, averaged over templates, renormalised; an image's CLS (`cls_index`) is L2-normalised
     and logits = cos / T with the model's temperature T.
+Those pieces are imported when a function here first needs them, not with this module: `tipsito.load`
+and `embed_images` on arrays import no eval or data module (tests/test_import_structure.py
+`test_load_imports_no_eval_or_data_module`); decoding a file or classifying does.
 """
 
 from __future__ import annotations
@@ -16,10 +19,6 @@ import os
 from typing import Any, Optional, Sequence
 
 import numpy as np
-
-from tipsito.data import transforms as T
-from tipsito.evals import metrics
-from tipsito.evals import templates as templates_lib
 
 TEXT_CHUNK = 64  # prompts per text call (fixed, so that one shape compiles; the last chunk is padded)
 
@@ -35,6 +34,8 @@ def _is_single(x: Any) -> bool:
 
 def _decode(item: Any, size: int, resize: str) -> np.ndarray:
   """One image of any accepted kind -> (size, size, 3) uint8 through the eval decoder and resize."""
+  from tipsito.data import transforms as T  # lazy: not under tipsito.load (docstring)
+
   value = item
   if isinstance(item, (str, os.PathLike)):
     from etils import epath  # pylint: disable=g-import-not-at-top
@@ -75,6 +76,9 @@ def model_input(image_model, x: np.ndarray) -> np.ndarray:
 
 def class_embeddings(encoder, class_names: Sequence[str], templates: Sequence[str]) -> np.ndarray:
   """(C, D) class embeddings of the zero-shot protocol (tipsito/evals/evaluator.py: class_text_embeddings)."""
+  from tipsito.evals import metrics  # lazy: not under tipsito.load (docstring)
+  from tipsito.evals import templates as templates_lib  # lazy: not under tipsito.load (docstring)
+
   prompts = templates_lib.fill(templates, class_names)
   out = []
   for start in range(0, len(prompts), TEXT_CHUNK):
@@ -97,6 +101,9 @@ def classify(
   project: Optional[bool] = None,
 ) -> np.ndarray:
   """Zero-shot class probabilities (B, C): softmax over classes of cos(CLS, class embedding) / T."""
+  from tipsito.evals import metrics  # lazy: not under tipsito.load (docstring)
+  from tipsito.evals import templates as templates_lib  # lazy: not under tipsito.load (docstring)
+
   if isinstance(class_names, str):
     raise TypeError('class_names must be a list of names, not one string')
   templates = templates_lib.get_templates(templates)

@@ -16,11 +16,11 @@ import json
 import sys
 from typing import Sequence
 
-from absl import app
 from absl import flags
 
+from tipsito import command
 from tipsito import distributed
-from tipsito.config_info import (  # noqa: F401  (the library, also re-exported for callers of this module)
+from tipsito.planning.costs import (  # noqa: F401  (the library, also re-exported for callers of this module)
   PAPER_SAVING_B,
   compute_info,
   crop_geometry,
@@ -89,7 +89,7 @@ def _table(info: dict) -> str:
 
 def main(argv: Sequence[str]) -> None:
   """Prints the info table or JSON."""
-  del argv
+  command.no_arguments(argv)
   if FLAGS.schema:
     rows = schema_rows(FLAGS.config)
     print(json.dumps(rows) if FLAGS.json else schema_table(rows))
@@ -103,10 +103,7 @@ def main(argv: Sequence[str]) -> None:
   sys.stdout.flush()
 
 
-def run() -> None:
-  """Console-script entry point (tipsito-info)."""
-  _define_flags()
-  app.run(main)
+run = command.entry_point(_define_flags, main)  # tipsito-info
 
 
 if __name__ == "__main__":

@@ -24,8 +24,9 @@ import shlex
 import sys
 from typing import Sequence
 
-from absl import app
 from absl import flags
+
+from tipsito import command
 
 FLAGS = flags.FLAGS
 
@@ -67,30 +68,20 @@ def _define_flags() -> None:
     "run nothing.",
   )
   flags.mark_flags_as_required(["config", "workdir"])
-  for name in (
-    "config",
-    "workdir",
-    "seeds",
-    "first_seed",
-    "parallel",
-    "only",
-    "dry_run",
-    "plots",
-    "render_only",
-  ):
-    FLAGS.register_key_flag_for_module(sys.argv[0], FLAGS[name])
+  command.key_flags_in_help(
+    ["config", "workdir", "seeds", "first_seed", "parallel", "only", "dry_run", "plots", "render_only"]
+  )
 
 
 def main(argv: Sequence[str]) -> None:
   """Parses flags, runs the sweep, exits with its status."""
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  command.no_arguments(argv)
   # After flag parsing, so that --help stays light.
   from tipsito.studies import arms  # heavy: JAX and the trainer's modules
   from tipsito.studies import runner  # heavy: as above
 
-  command = " ".join(["python -m tipsito.sweep"] + [shlex.quote(a) for a in sys.argv[1:]])
-  try:
+  command_line = " ".join(["python -m tipsito.sweep"] + [shlex.quote(a) for a in sys.argv[1:]])
+  with command.exit_on((arms.StudyError, ImportError), code=2):
     if FLAGS.render_only:
       if FLAGS.dry_run or FLAGS.only:
         raise arms.StudyError("--render_only runs nothing: drop --dry_run / --only")
@@ -99,7 +90,7 @@ def main(argv: Sequence[str]) -> None:
           FLAGS.config,
           workdir=FLAGS.workdir,
           plots=FLAGS.plots,
-          command=command,
+          command=command_line,
           out=lambda line: print(line, flush=True),
         )
       )
@@ -111,19 +102,13 @@ def main(argv: Sequence[str]) -> None:
       only=FLAGS.only,
       dry_run=FLAGS.dry_run,
       plots=FLAGS.plots,
-      command=command,
+      command=command_line,
       out=lambda line: print(line, flush=True),
     )
-  except (arms.StudyError, ImportError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
   sys.exit(code)
 
 
-def run() -> None:
-  """Console-script entry point (tipsito-sweep)."""
-  _define_flags()
-  app.run(main)
+run = command.entry_point(_define_flags, main)  # tipsito-sweep
 
 
 if __name__ == "__main__":

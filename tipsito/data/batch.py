@@ -3,7 +3,7 @@
 Why a module of its own: the batch is a contract between the code that fills it (tipsito/data/pipeline.py
 and the grain operations of tipsito/data/grain_ops.py, or tipsito/data/synthetic.py without a dataset)
 and every reader (the objective's feature passes, tipsito/objective/terms.py's `TERMS`, the planner
-tipsito/plan.py, the benchmarks). The names are constants here, the views string is decoded once
+tipsito/planning/pod.py, the benchmarks). The names are constants here, the views string is decoded once
 (`tipsito.choices.view_layout`), and `shape_spec` gives the shapes the planner compiles against, so a
 new field is declared in one file and read by name everywhere else (tests/test_import_structure.py fails
 on a field name written as a string key outside this module and the pipelines that fill the batches).
@@ -119,7 +119,7 @@ class BatchLayout:
 def shape_spec(config, batch_size: Optional[int] = None, sharding=None) -> dict:
   """Field -> `jax.ShapeDtypeStruct` of the batch a training step of `config` takes (`batch_size`
   examples, default `config.input.batch_size`, the global batch), each with `sharding` when given: what
-  the planner (tipsito/plan.py) compiles the step against without building a batch."""
+  the planner (tipsito/planning/pod.py) compiles the step against without building a batch."""
   import jax  # pylint: disable=import-outside-toplevel  # the module stays importable without JAX
 
   b = int(batch_size or config.input.batch_size)

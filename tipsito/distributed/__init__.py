@@ -14,7 +14,7 @@ selects JAX's platforms before any backend starts (`jax_platforms`, JAX's own sw
 on the machine is an accelerator (no TPU PCI device, no /dev/accel*, no /dev/vfio/<group>, no TPU
 environment variable, no GPU device node); otherwise JAX chooses as usual. An explicit `JAX_PLATFORMS`
 (or an earlier `jax.config.update("jax_platforms", ...)`) always wins. Only `tipsito.plan` uses libtpu on
-such a machine (compile-only topologies, tipsito/plan.py).
+such a machine (compile-only topologies, tipsito/planning/pod.py).
 
 Peer loss: with several processes, `initialize` starts the watch of tipsito/distributed/peer_loss.py, so
 that a process that disappears is named by the others, which exit with status 76. Why a subpackage: the

@@ -3,7 +3,7 @@ completion of a tower config with the tower module's defaults.
 
 Why one function: configs hold dtypes as names and sequences as lists (JSON, ml_collections), while flax
 module fields need dtype objects and hashable values. The training model (tipsito/train/step.py), the
-distillation teacher (tipsito/train/teacher.py), the planner (tipsito/plan.py) and inference
+distillation teacher (tipsito/train/teacher.py), the planner (tipsito/planning/pod.py) and inference
 (tipsito/inference.py, from an export's config.json) must build the same module from the same config.
 
 Why the completion is here: a tower config (an export's config.json `image`/`text`, or one built in memory
@@ -55,6 +55,33 @@ TOWER_MODULES = {"image": VisionTransformer, "text": TextEncoder}
 SHAPE_KEYS = {
   "image": ("patch_size", "width", "depth", "num_heads", "mlp_dim"),
   "text": ("vocab_size", "width", "depth", "num_heads", "mlp_dim"),
+}
+# The keys of a tower config that fix its parameter tree or shapes: a run started from another model's
+# towers (`config.init_from`) must agree with the source on each, checked before anything is written
+# (tipsito/train/assembly.py `check_init_from`). `max_len` is not one: the TIPS text tower's positions are
+# not parameters, so a run may shorten its captions (the load's per-leaf check covers the CLIP tower's).
+PARAM_KEYS = {
+  "image": (
+    "patch_size",
+    "width",
+    "depth",
+    "num_heads",
+    "mlp_dim",
+    "ffn",
+    "num_cls_tokens",
+    "posemb_grid",
+    "patch_bias",
+    "cls_posemb",
+    "pre_norm",
+  ),
+  "text": ("flavour", "vocab_size", "width", "depth", "num_heads", "mlp_dim", "out_dim"),
+}
+# A tower's architecture: PARAM_KEYS and the keys that change what the same parameters compute (pixel
+# statistics, activation, LayerNorm epsilon, caption length). configs/finetune.py copies these from the
+# model it continues, so that the run computes what the source computed.
+ARCHITECTURE_KEYS = {
+  "image": PARAM_KEYS["image"] + ("pixel_mean", "pixel_std", "activation", "ln_eps"),
+  "text": PARAM_KEYS["text"] + ("max_len", "activation", "ln_eps"),
 }
 # Module fields a tower config need not state and that are not filled: `remat` is a training-time memory
 # setting with no effect on the outputs, which the export leaves out of the image tower

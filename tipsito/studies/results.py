@@ -77,11 +77,11 @@ def loss_curves(run_dir: str, keep=None) -> dict[str, list[list[float]]]:
 
 
 def state_metrics(config) -> dict[str, float]:
-  """Train-state size and parameter counts of `config` (tipsito/config_info.py's `compute_info`)."""
+  """Train-state size and parameter counts of `config` (tipsito/planning/costs.py's `compute_info`)."""
   # A --parallel / --dry_run sweep process imports this module and never calls this function.
-  from tipsito import config_info  # lazy: builds the trainer's models
+  from tipsito.planning import costs  # lazy: builds the trainer's models
 
-  i = config_info.compute_info(config)
+  i = costs.compute_info(config)
   return {
     "state/train_state_MiB": i["train_state_bytes"] / 2**20,
     "state/params_M": i["student_params"] / 1e6,

@@ -28,6 +28,7 @@ from tipsito.config import init_source as init_source_lib
 from tipsito.config import recipes as recipes_lib
 from tipsito.config import validation as config_validation
 from tipsito.interop import sources
+from tipsito.models import kwargs as kwargs_lib
 from tipsito.models import layer_stack
 from tipsito.train import checkpointing
 from tipsito.train import sharding as sharding_lib
@@ -60,25 +61,6 @@ def restore_latest(
   return setup, state
 
 
-# Tower kwargs that fix the params' tree or shapes: an `init_from` source must agree with the run on each
-# (checked before anything is written, `check_init_from`). `max_len` is left to the per-leaf check of the
-# load: the TIPS text tower's positions are not parameters, so a run may shorten its captions.
-IMAGE_ARCH = (
-  "patch_size",
-  "width",
-  "depth",
-  "num_heads",
-  "mlp_dim",
-  "ffn",
-  "num_cls_tokens",
-  "posemb_grid",
-  "patch_bias",
-  "cls_posemb",
-  "pre_norm",
-)
-TEXT_ARCH = ("flavour", "vocab_size", "width", "depth", "num_heads", "mlp_dim", "out_dim")
-
-
 def _same(a: Any, b: Any) -> bool:
   """Config values compared as JSON would hold them (a grid 32 is [32, 32]; tuples are lists)."""
 
@@ -97,8 +79,8 @@ def _same(a: Any, b: Any) -> bool:
 def check_init_from(config) -> Optional[init_source_lib.InitSource]:
   """The `config.init_from` source, detected and checked against the run before anything is written
   (tipsito/train/loop.py calls this right after validation): the kind must be one tipsito reads, and its
-  towers must have the run's architecture (IMAGE_ARCH, TEXT_ARCH); errors name the key and both values,
-  and the config that copies the source's architecture (configs/finetune.py). Reads config files and
+  towers must have the run's parameter structure (tipsito/models/kwargs.py PARAM_KEYS); errors name the
+  key and both values, and the config that copies the source's architecture (configs/finetune.py). Reads config files and
   array headers only, except for Hugging Face folders, whose architecture is read with their weights."""
   if not config.init_from:
     return None
@@ -113,8 +95,8 @@ def check_init_from(config) -> Optional[init_source_lib.InitSource]:
       f"config.init_from={config.init_from!r} is {src.describe()}, but it cannot be read: {e}"
     ) from e
   run = {"image": step_lib.image_kwargs(config), "text": step_lib.text_kwargs(config)}
-  for tower, got, keys in (("image", image, IMAGE_ARCH), ("text", text, TEXT_ARCH)):
-    for k in keys:
+  for tower, got in (("image", image), ("text", text)):
+    for k in kwargs_lib.PARAM_KEYS[tower]:
       if k not in got or got[k] is None or run[tower].get(k) is None:
         continue
       if not _same(got[k], run[tower][k]):

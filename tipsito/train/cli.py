@@ -18,10 +18,10 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
-from absl import app
 from absl import flags
 from absl import logging
 
+from tipsito import command
 from tipsito import distributed
 from tipsito.train import flag_errors
 
@@ -40,21 +40,13 @@ def _define_flags() -> None:
   flags.DEFINE_string("workdir", None, "Output directory (resumed automatically if it has checkpoints).")
   distributed.define_flags()
   flags.mark_flags_as_required(["config", "workdir"])
-  import sys  # pylint: disable=import-outside-toplevel
-
-  for name in ("config", "workdir"):
-    # --help lists the key flags of the program (sys.argv[0]), which is __main__.py, not this module.
-    FLAGS.register_key_flag_for_module(sys.argv[0], FLAGS[name])
+  command.key_flags_in_help(["config", "workdir"])  # the program is __main__.py, not this module
 
 
 def main(argv: Sequence[str]) -> None:
   """Parses flags, sets up JAX, runs the loop."""
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  try:
-    distributed.initialize_from_flags()
-  except ValueError as e:
-    raise app.UsageError(str(e)) from None
+  command.no_arguments(argv)
+  command.initialize_distributed()
   distributed.configure_jax()
   import jax  # pylint: disable=import-outside-toplevel
 
@@ -72,10 +64,7 @@ def main(argv: Sequence[str]) -> None:
   loop.train_and_evaluate(FLAGS.config, FLAGS.workdir)  # raises Preempted (exit 75) after SIGTERM
 
 
-def run() -> None:
-  """Console-script entry point (tipsito-train)."""
-  _define_flags()
-  app.run(main, flags_parser=flag_errors.parse_flags)
+run = command.entry_point(_define_flags, main, flags_parser=flag_errors.parse_flags)  # tipsito-train
 
 
 if __name__ == "__main__":

@@ -39,8 +39,8 @@ def abstract_teacher(config, variant: str = "g/14") -> Teacher:
   no mask token, the official release's 32 x 32 position grid, the student's dtype and scan), its params
   `jax.ShapeDtypeStruct`s from `jax.eval_shape` at the student's global crop.
 
-  Why one: the planner (tipsito/plan.py), `python -m tipsito.info` (tipsito/config_info.py) and anything
-  else that needs only the shapes of a distillation run (the state layout, the memory of the compiled
+  Why one: the planner (tipsito/planning/pod.py), `python -m tipsito.info` (tipsito/planning/costs.py) and
+  anything else that needs only the shapes of a distillation run (the state layout, the memory of the compiled
   step) describe the teacher the same way, and none of them reads a teacher from disk.
   """
   image_cfg = presets.vit_config(

@@ -1,4 +1,5 @@
-"""What a config costs, without memory: the library behind `python -m tipsito.info` (tipsito/info.py: the CLI).
+"""What a config costs, without memory: the library behind `python -m tipsito.info` (tipsito/info.py: the
+command).
 
 `compute_info` gives parameter counts per tower and per training-only part, the size of the whole train state
 (params, optimiser state, EMA teacher), the head-only vs full EMA saving, the training crops, the effective
