@@ -1,4 +1,4 @@
-"""tipsito/bench_vs_big_vision.py: the side-by-side step against big_vision's two-tower CLIP.
+"""tipsito/bench/vs_big_vision.py: the side-by-side step against big_vision's two-tower CLIP.
 
 Why: the parity numbers in docs/performance.md come from this tool; these tests keep it runnable and keep
 its big_vision side honest (big_vision's own loss and towers at tipsito's shapes). big_vision is not a
@@ -16,7 +16,7 @@ from absl import app
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from tipsito import bench_vs_big_vision as bench
+from tipsito.bench import vs_big_vision as bench
 from tipsito.losses import contrastive
 
 BIG_VISION = os.environ.get("TIPSITO_BIG_VISION")

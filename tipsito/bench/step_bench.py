@@ -1,4 +1,4 @@
-"""Train-step benchmark: `python -m tipsito.step_bench --config F[:args] [--recipes a,b] [--steps N]
+"""Train-step benchmark: `python -m tipsito.bench.step_bench --config F[:args] [--recipes a,b] [--steps N]
 [--batch B] [--microbatches 1,4]` (console script `tipsito-bench`); the input pipeline has its own, tipsito/data/pipeline_bench.py.
 
 Why: the cost of a recipe (e.g. tipsito's extra view + fusion over TIPSv2, or head-only vs full EMA) is

@@ -1,9 +1,9 @@
 """Side-by-side train step against big_vision's two-tower CLIP:
-`python -m tipsito.bench_vs_big_vision --big_vision PATH [--recipes clip,ito] [--variant B/16] [--batch 8]
+`python -m tipsito.bench.vs_big_vision --big_vision PATH [--recipes clip,ito] [--variant B/16] [--batch 8]
 [--steps 5] [--toggles tanh_gelu,no_ln_pre] [--jsonl F]`.
 
 Why: "as fast and as lean as big_vision" is a claim about a measurement, so this tool makes it in ONE process:
-tipsito's jitted train step (`tipsito/train/step.py`, the same build as `tipsito/step_bench.py`) and a step
+tipsito's jitted train step (`tipsito/train/step.py`, the same build as `tipsito/bench/step_bench.py`) and a step
 of big_vision's own model (`big_vision/models/proj/image_text/two_towers.py` with its `vit` image and
 `text_transformer` text towers), its softmax contrastive loss (`softmax_loss` of
 `big_vision/trainers/proj/image_text/_deprecated_contrastive.py`, the CLIP trainer) and its optimizer
@@ -124,7 +124,7 @@ def _stub(name: str) -> None:
     def __getattr__(self, attr):
       if attr.startswith("__"):
         raise AttributeError(attr)
-      raise RuntimeError(f"{name}.{attr}: not installed (a stub of tipsito/bench_vs_big_vision.py)")
+      raise RuntimeError(f"{name}.{attr}: not installed (a stub of tipsito/bench/vs_big_vision.py)")
 
   sys.modules[name] = _Missing(name)
   parent, _, child = name.rpartition(".")
@@ -324,7 +324,7 @@ def tipsito_config(recipe: str, variant: str, batch: int, *, toggles: Sequence[s
 
 
 def tipsito_entry(config) -> tuple[dict, dict]:
-  """tipsito's jitted train step for `config` (as tipsito/step_bench.py builds it), compiled; and the host
+  """tipsito's jitted train step for `config` (as tipsito/bench/step_bench.py builds it), compiled; and the host
   batch (given to big_vision too)."""
   config_validation.validate(config, num_devices=jax.device_count(), check_tokenizer=False)  # synthetic ids
   setup = assembly.build(config)
@@ -482,7 +482,7 @@ def main(argv: Sequence[str]) -> None:
 
 
 def run() -> None:
-  """Entry point (`python -m tipsito.bench_vs_big_vision`)."""
+  """Entry point (`python -m tipsito.bench.vs_big_vision`)."""
   _define_flags()
   app.run(main)
 
