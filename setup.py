@@ -31,7 +31,7 @@ ENTRY_POINTS = [
     ("evaluate", "evaluate"),
     ("export", "export"),
     ("info", "info"),
-    ("bench", "step_bench"),
+    ("bench", "bench.step_bench"),
     ("plan", "plan"),
     ("sweep", "sweep"),
   )

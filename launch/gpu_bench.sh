@@ -58,7 +58,7 @@ for remat in "${REMATS[@]}"; do
       fi
       read -r cfg rest <<<"$run"
       # shellcheck disable=SC2086  # $rest is a flag list
-      "$PY" -m tipsito.step_bench --config "$cfg" $rest --attention "$attention" --remat "$remat" \
+      "$PY" -m tipsito.bench.step_bench --config "$cfg" $rest --attention "$attention" --remat "$remat" \
         --batch_candidates "$BATCHES" --steps "$STEPS" --jsonl "$OUT/rows.jsonl" \
         >>"$OUT/bench.log" 2>&1 || echo "failed: $cfg $rest --attention $attention --remat $remat" | tee -a "$OUT/skipped.txt"
     done
@@ -68,11 +68,11 @@ done
 {
   echo "# GPU benchmark ($(date -u +%F), $(head -1 "$OUT/device.txt" 2>/dev/null || echo CPU dry run))"
   echo
-  echo "Command: \`bash launch/gpu_bench.sh\`; rows: \`python -m tipsito.step_bench --config CFG --recipes R1,R2"
+  echo "Command: \`bash launch/gpu_bench.sh\`; rows: \`python -m tipsito.bench.step_bench --config CFG --recipes R1,R2"
   echo "--attention A --remat M --batch_candidates $BATCHES --steps $STEPS\` per config, attention and remat."
   echo
   [[ -f "$OUT/pytest.txt" ]] && echo "Tests: $(grep -E 'passed|failed|error' "$OUT/pytest.txt" | tail -1)" && echo
-  "$PY" -m tipsito.step_bench --markdown "$OUT/rows.jsonl"
+  "$PY" -m tipsito.bench.step_bench --markdown "$OUT/rows.jsonl"
   [[ -f "$OUT/skipped.txt" ]] && echo && sed 's/^/- /' "$OUT/skipped.txt"
 } >"$OUT/table.md"
 cat "$OUT/table.md"

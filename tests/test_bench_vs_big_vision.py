@@ -1,4 +1,4 @@
-"""tipsito/bench_vs_big_vision.py: the side-by-side step against big_vision's two-tower CLIP.
+"""tipsito/bench/vs_big_vision.py: the side-by-side step against big_vision's two-tower CLIP.
 
 Why: the parity numbers in docs/performance.md come from this tool; these tests keep it runnable and keep
 its big_vision side honest (big_vision's own loss and towers at tipsito's shapes). big_vision is not a
@@ -16,7 +16,7 @@ from absl import app
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from tipsito import bench_vs_big_vision as bench
+from tipsito.bench import vs_big_vision as bench
 from tipsito.losses import contrastive
 
 BIG_VISION = os.environ.get("TIPSITO_BIG_VISION")
@@ -83,3 +83,115 @@ def test_remat_toggles_set_both_towers_policy():
       assert (c.model[tower].remat, c.model[tower].remat_policy) == (True, policy)
       c.model[tower].update(dict(remat=base.model[tower].remat, remat_policy=base.model[tower].remat_policy))
     assert c.to_dict() == base.to_dict()
+
+
+def test_scan_sets_both_towers_as_big_vision_scans():
+  """`--scan`: both towers scanned with blocks rematerialised under nothing_saveable (big_vision's vit.py
+  under its `scan`), nothing else changed."""
+  base = bench.tipsito_config("clip", "tiny/16", 8)
+  c = bench.tipsito_config("clip", "tiny/16", 8, scan=True)
+  for tower in ("image", "text"):
+    assert (c.model[tower].scan, c.model[tower].remat, c.model[tower].remat_policy) == (
+      True,
+      True,
+      "nothing_saveable",
+    )
+    c.model[tower].update({k: base.model[tower][k] for k in ("scan", "remat", "remat_policy")})
+  assert c.to_dict() == base.to_dict()
+
+
+TOPOLOGY_ROWS = [
+  dict(row="clip", recipe="clip", topology="v5e:2x2", batch_per_chip=64, flops=8.0e12, gflop=8000.0,
+       temp_MiB=3000.0, total_MiB=3900.0),
+  dict(row="big_vision clip", recipe="clip", topology="v5e:2x2", batch_per_chip=64, flops=7.9e12, gflop=7900.0,
+       temp_MiB=3100.0, total_MiB=4000.0),
+]  # fmt: skip
+
+
+def test_topology_rows_table():
+  """Rows compiled for a topology print as the per-chip table (no step-time column), ratios to big_vision's."""
+  rows = [dict(r, **{f"{k}_vs_bv": round(r[k] / TOPOLOGY_ROWS[1][k], 3) for k in ("temp_MiB", "total_MiB")},
+               gflop_vs_bv=round(r["flops"] / 7.9e12, 3)) for r in TOPOLOGY_ROWS]  # fmt: skip
+  assert bench.markdown_table(rows).splitlines() == [
+    "| row | topology | batch per chip | GFLOP/step per chip | temporaries (MiB) | total (MiB) "
+    "| FLOPs vs big_vision | temporaries vs big_vision | total vs big_vision |",
+    "|---|---|---|---|---|---|---|---|---|",
+    "| clip | v5e:2x2 | 64 | 8000.0 | 3000.0 | 3900.0 | 1.013 | 0.968 | 0.975 |",
+    "| big_vision clip | v5e:2x2 | 64 | 7900.0 | 3100.0 | 4000.0 | 1.000 | 1.000 | 1.000 |",
+  ]
+
+
+def test_bad_topology_or_batch_is_a_clear_error_before_any_compile():
+  """An unknown chip generation, or a global batch the chips do not divide, is refused naming the flag
+  (from tipsito/plan.py's topology check; without libtpu the error says how to install it)."""
+  from tipsito import plan  # pylint: disable=import-outside-toplevel
+
+  with pytest.raises(app.UsageError, match="--topology|tpu-plan"):
+    bench.run_side_by_side("/nonexistent", ["clip"], topology="v9x:2x2")
+  if not plan.libtpu_available():
+    pytest.skip("libtpu not installed: the batch check needs the topology's chip count")
+  with pytest.raises(app.UsageError, match="--batch=6: not a multiple of the 4 chips of --topology=v5e:2x2"):
+    bench.run_side_by_side("/nonexistent", ["clip"], batch=6, topology="v5e:2x2")
+
+
+@pytest.mark.skipif(
+  not (BIG_VISION and os.environ.get("TIPSITO_TPU_BENCH")),
+  reason="TPU compile (minutes of CPU): set TIPSITO_TPU_BENCH=1 and TIPSITO_BIG_VISION",
+)
+def test_tiny_rows_compiled_for_a_tpu_topology():
+  """Both steps compiled ahead of time for v5e:2x2 (libtpu): per-chip numbers, ratios to big_vision's."""
+  rows = bench.run_side_by_side(
+    BIG_VISION, ["clip"], variant="tiny/16", batch=8, topology="v5e:2x2", log=lambda s: None
+  )
+  ours, bv = rows
+  assert (ours["row"], bv["row"]) == ("clip", "big_vision clip")
+  for r in rows:
+    assert r["topology"] == "v5e:2x2" and r["batch_per_chip"] == 2 and r["flops"] > 0 and r["total_MiB"] > 0
+    assert "step_s" not in r
+  assert bv["total_MiB_vs_bv"] == bv["gflop_vs_bv"] == 1.0
+  assert 0.9 < ours["flops"] / bv["flops"] < 1.2
+
+
+def test_uint8_normalisation_costs_no_temporary_beyond_the_float_conversion():
+  """Issue 43's "fold the uint8-to-float normalisation where it saves a copy", measured (docs/performance.md):
+  the gradient of the patch embedding compiled with the normalisation inside (tipsito/models/vit.py
+  `preprocess`: uint8 -> /255 -> (x - mean) / std -> centre pad) has the XLA:CPU temporaries of the bare
+  uint8 -> float32 conversion (any fold of the constants into the patch kernel still converts), also when
+  rematerialised from the uint8 image (`jax.checkpoint`); handing the float image in as an argument
+  (big_vision's way) moves exactly one float image out of the temporaries into the arguments. So folding saves
+  no copy. Batch 8 at 224 px, width 64 (seconds to compile)."""
+  import flax.linen as nn  # pylint: disable=import-outside-toplevel
+
+  from tipsito.models import vit  # pylint: disable=import-outside-toplevel
+
+  mean, std = (
+    jnp.asarray((0.48145466, 0.4578275, 0.40821073)),
+    jnp.asarray((0.26862954, 0.26130258, 0.27577711)),
+  )
+  conv = nn.Conv(64, (16, 16), strides=(16, 16), padding="VALID", use_bias=False)
+
+  def normalise(u8):
+    return vit.center_pad((u8.astype(jnp.float32) / 255.0 - mean) / std, 16)
+
+  def loss(embed):
+    return lambda p, x: jnp.sum(jnp.tanh(embed(p, x)) ** 2)
+
+  inside = loss(lambda p, u8: conv.apply(p, normalise(u8)))
+  remat = loss(jax.checkpoint(lambda p, u8: conv.apply(p, normalise(u8))))
+  convert_only = loss(lambda p, u8: conv.apply(p, u8.astype(jnp.float32)))
+  argument = loss(conv.apply)
+  params = jax.eval_shape(lambda: conv.init(jax.random.PRNGKey(0), jnp.zeros((1, 224, 224, 3))))
+  u8 = jax.ShapeDtypeStruct((8, 224, 224, 3), jnp.uint8)
+  f32 = jax.ShapeDtypeStruct((8, 224, 224, 3), jnp.float32)
+
+  def temp(fn, x):
+    return jax.jit(jax.grad(fn)).lower(params, x).compile().memory_analysis().temp_size_in_bytes
+
+  t_inside, t_remat, t_convert, t_argument = (
+    temp(inside, u8),
+    temp(remat, u8),
+    temp(convert_only, u8),
+    temp(argument, f32),
+  )
+  assert t_inside == t_remat == t_convert, (t_inside, t_remat, t_convert)
+  assert 0 < t_inside - t_argument <= 8 * 224 * 224 * 3 * 4, (t_inside, t_argument)

@@ -49,7 +49,7 @@ ALLOWED = {
   ("tipsito/planning/pod.py", "recipe"): "rows of the plan report, not a config",
   ("tipsito/planning/pod.py", "mesh"): "rows of the plan report, not a config",
   ("tipsito/planning/pod.py", "sharding"): "`getattr(array, 'sharding')`: a jax array's sharding",
-  ("tipsito/step_bench.py", "image"): "rows of the step benchmark report, not a config",
+  ("tipsito/bench/step_bench.py", "image"): "rows of the step benchmark report, not a config",
   ("tipsito/interop/hf_tipsv2.py", "patch_size"): "a Hugging Face config.json's `vision_config`, with "
   "Tipsv2Config's own defaults for keys it leaves out: not a tipsito config",
   ("tipsito/interop/hf_tipsv2.py", "vocab_size"): "a Hugging Face config.json's `text_config`, with "

@@ -49,7 +49,7 @@ def test_cudnn_mask_rows_give_cudnn_the_mask(monkeypatch):
   """`--attention cudnn,cudnn_mask` (the GPU rows of issue 43): both set the towers' core to cudnn; the
   cudnn_mask row traces with LENGTH_CORES empty (the towers pass the boolean mask), the cudnn row with
   lengths, and LENGTH_CORES is restored after. No GPU needed: the benchmark itself is replaced."""
-  from tipsito import step_bench
+  from tipsito.bench import step_bench
   from tipsito.config import defaults
   from tipsito.models import layers
 

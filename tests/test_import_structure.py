@@ -587,7 +587,7 @@ def step_files(recipe: str = "tipsito") -> dict[str, list[str]]:
   try:
     from tipsito.data.synthetic import synthetic_batch  # pylint: disable=import-outside-toplevel
   except ImportError:  # before tipsito/data/synthetic.py
-    from tipsito.step_bench import synthetic_batch  # pylint: disable=import-outside-toplevel
+    from tipsito.bench.step_bench import synthetic_batch  # pylint: disable=import-outside-toplevel
   from tipsito.train import sharding  # pylint: disable=import-outside-toplevel
 
   config = defaults.tiny_config(recipe)
@@ -611,7 +611,7 @@ def step_files(recipe: str = "tipsito") -> dict[str, list[str]]:
   finally:
     sys.setprofile(None)
   del jax
-  skip = ("tipsito/data/synthetic.py", "tipsito/step_bench.py", "tipsito/train/sharding.py")
+  skip = ("tipsito/data/synthetic.py", "tipsito/bench/step_bench.py", "tipsito/train/sharding.py")
   build_files = {f for f in seen[0] if f not in skip[:2]}
   return {"config_to_loss": sorted(build_files | seen[1]), "jitted_step_down": sorted(seen[1])}
 

@@ -122,7 +122,7 @@ def test_step_bench_and_load_run_without_tensorflow_grain_or_clu(tmp_path, confo
     sys.argv = ["step_bench", "--config", "configs/demo.py:recipe=clip,size=32,batch=4,evals=False",
                 "--steps", "1"]
     try:
-      runpy.run_module("tipsito.step_bench", run_name="__main__", alter_sys=True)
+      runpy.run_module("tipsito.bench.step_bench", run_name="__main__", alter_sys=True)
     except SystemExit as e:
       assert not e.code, e.code
     """,

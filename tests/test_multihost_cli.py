@@ -27,7 +27,7 @@ def _run(*args):
   [
     ("tipsito.train", ("--config", "--workdir")),
     ("tipsito.evaluate", ("--config", "--checkpoint")),
-    ("tipsito.step_bench", ("--config", "--steps")),
+    ("tipsito.bench.step_bench", ("--config", "--steps")),
   ],
 )
 def test_help_lists_the_distributed_flags(module, own):

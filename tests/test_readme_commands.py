@@ -38,10 +38,10 @@ ABSL_TOOLS = {
   "evaluate": "tipsito.evaluate",
   "export": "tipsito.export",
   "info": "tipsito.info",
-  "step_bench": "tipsito.step_bench",
+  "bench.step_bench": "tipsito.bench.step_bench",
   "plan": "tipsito.plan",
   "sweep": "tipsito.sweep",
-  "bench_vs_big_vision": "tipsito.bench_vs_big_vision",
+  "bench.vs_big_vision": "tipsito.bench.vs_big_vision",
 }
 ARGPARSE_TOOLS = (
   "data.convert",
@@ -255,7 +255,7 @@ def test_readme_lists_the_documented_commands():
     "python -m tipsito.evaluate",
     "python -m tipsito.export",
     "python -m tipsito.info",
-    "python -m tipsito.step_bench",
+    "python -m tipsito.bench.step_bench",
     "python -m tipsito.data.pipeline_bench",
     "python -m tipsito.data.convert table",
     "FAKE_DEVICES=8",

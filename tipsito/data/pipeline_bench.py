@@ -7,7 +7,7 @@ on synthetic ~400 px JPEG and PNG sources, and (2) the end-to-end grain pipeline
 tokens, views, masks, batching) with W worker processes. Prints a table, a per-op CPU breakdown of
 each transform (open, decode, crop+resize, flip, each jitter op, grayscale, blur, to-array; via the
 transforms' `timings` hook, so a regression in one op is visible), and one JSON line.
-`run_data_bench()` returns the numbers. The train step has its own benchmark, tipsito/step_bench.py.
+`run_data_bench()` returns the numbers. The train step has its own benchmark, tipsito/bench/step_bench.py.
 """
 
 from __future__ import annotations

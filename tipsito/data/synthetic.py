@@ -2,7 +2,7 @@
 recipe and views need) and photo-like encoded records in the shared schema (`synthetic_source`).
 
 Why a library module of its own: step time, FLOPs and memory are measured without any dataset on disk
-(`python -m tipsito.step_bench`, `python -m tipsito.plan`), decoding and conversion without images on
+(`python -m tipsito.bench.step_bench`, `python -m tipsito.plan`), decoding and conversion without images on
 disk (`tipsito.data.pipeline_bench`, `tipsito.data.convert_bench`), and the tests build their batches the
 same way; the command-line modules only call it.
 """

@@ -3,7 +3,7 @@ traces, and a console that shows them instead of library noise.
 
 Why a module of its own: the train loop (`tipsito/train/loop.py`) only calls a few hooks
 (`quiet_library_logs`, `create_writer`, `log_parameter_summary`, `StepMonitor`), so timing and logging
-rules live in one place that `tipsito/step_bench.py` shares (FLOP count, peak table), and the figures of a run
+rules live in one place that `tipsito/bench/step_bench.py` shares (FLOP count, peak table), and the figures of a run
 and of the benchmark are computed the same way.
 
 Timing rules, and why:

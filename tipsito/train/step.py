@@ -1,6 +1,6 @@
 """Building the training model, born-sharded state and the single jitted, donated train step.
 
-Why in one place: the loop, `step_bench.py`, `info.py`, `plan.py` and the tests all need exactly the
+Why in one place: the loop, `bench/step_bench.py`, `info.py`, `plan.py` and the tests all need exactly the
 same objects (model, optimiser, state shapes and shardings, step function) from a config; building them
 here keeps the train loop thin and guarantees that what `info` reports is what `train` runs.
 

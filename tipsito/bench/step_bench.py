@@ -1,4 +1,4 @@
-"""Train-step benchmark: `python -m tipsito.step_bench --config F[:args] [--recipes a,b] [--steps N]
+"""Train-step benchmark: `python -m tipsito.bench.step_bench --config F[:args] [--recipes a,b] [--steps N]
 [--batch B] [--microbatches 1,4]` (console script `tipsito-bench`); the input pipeline has its own, tipsito/data/pipeline_bench.py.
 
 Why: the cost of a recipe (e.g. tipsito's extra view + fusion over TIPSv2, or head-only vs full EMA) is
@@ -12,7 +12,7 @@ at the largest batch whose compiled memory fits the device; `--jsonl F` appends 
 `--markdown F` prints them as a table with each recipe's time and FLOPs per image against CLIP's
 (launch/gpu_bench.sh drives all of this on one GPU).
 The batch is `tipsito.data.synthetic.synthetic_batch` (the tests use it too), whose fields and shapes are the
-declared ones of tipsito/data/batch.py (the planner, tipsito/plan.py, compiles against the same `shape_spec`).
+declared ones of tipsito/data/batch.py (the planner, tipsito/planning/pod.py, compiles against the same `shape_spec`).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Side-by-side train step against big_vision's two-tower CLIP:
-`python -m tipsito.bench_vs_big_vision --big_vision PATH [--recipes clip,ito] [--variant B/16] [--batch 8]
-[--steps 5] [--toggles tanh_gelu,no_ln_pre] [--jsonl F]`.
+`python -m tipsito.bench.vs_big_vision --big_vision PATH [--recipes clip,ito] [--variant B/16] [--batch 8]
+[--steps 5] [--toggles tanh_gelu,no_ln_pre] [--jsonl F] [--topology v5e:1x1 [--scan]]`.
 
 Why: "as fast and as lean as big_vision" is a claim about a measurement, so this tool makes it in ONE process:
-tipsito's jitted train step (`tipsito/train/step.py`, the same build as `tipsito/step_bench.py`) and a step
+tipsito's jitted train step (`tipsito/train/step.py`, the same build as `tipsito/bench/step_bench.py`) and a step
 of big_vision's own model (`big_vision/models/proj/image_text/two_towers.py` with its `vit` image and
 `text_transformer` text towers), its softmax contrastive loss (`softmax_loss` of
 `big_vision/trainers/proj/image_text/_deprecated_contrastive.py`, the CLIP trainer) and its optimizer
@@ -25,6 +25,12 @@ tower runs on both views and the loss is the mean of the two views' softmax loss
 fusion module has no big_vision counterpart, so its cost is part of the `ito` gap (row `ito -fusion`
 removes it on our side).
 
+`--topology T` (libtpu, the `tpu-plan` extra): the same rows compiled ahead of time for the TPU topology T,
+as `python -m tipsito.plan` compiles (nothing runs; deterministic numbers): per-chip FLOPs, temporaries and
+total bytes live at the peak, side by side. `--scan`: both sides' towers under `scan` with blocks
+rematerialised (nothing_saveable, what big_vision's vit.py does under its `scan`), which compiles each tower's
+block once instead of once per layer.
+
 Toggles (`--toggles`, each one extra row of tipsito's `clip`, one thing changed; see docs/performance.md):
   tanh_gelu    both towers' MLP GELU is flax's tanh approximation (big_vision's) instead of exact erf
   no_ln_pre    no `norm_pre` (OpenCLIP's ln_pre) in the image tower
@@ -38,6 +44,7 @@ Toggles (`--toggles`, each one extra row of tipsito's `clip`, one thing changed;
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import importlib
 import importlib.util
@@ -124,7 +131,7 @@ def _stub(name: str) -> None:
     def __getattr__(self, attr):
       if attr.startswith("__"):
         raise AttributeError(attr)
-      raise RuntimeError(f"{name}.{attr}: not installed (a stub of tipsito/bench_vs_big_vision.py)")
+      raise RuntimeError(f"{name}.{attr}: not installed (a stub of tipsito/bench/vs_big_vision.py)")
 
   sys.modules[name] = _Missing(name)
   parent, _, child = name.rpartition(".")
@@ -182,10 +189,11 @@ def _exact_gelu_namespace(nn_module: types.ModuleType) -> types.SimpleNamespace:
   return ns
 
 
-def big_vision_entry(bv, config, batch: dict, *, exact_gelu: bool = False) -> dict:
-  """big_vision's CLIP trainer step (its update_fn) for the shapes of tipsito's `config`, compiled."""
+def _big_vision_model(bv, config, *, scan: bool = False):
+  """big_vision's two-tower model with the shapes of tipsito's `config` (`scan`: its towers' blocks under
+  `nn.scan`, which big_vision's vit.py rematerialises with policy nothing_saveable)."""
   img, txt = config.model.image, config.model.text
-  model = bv.two_towers.Model(
+  return bv.two_towers.Model(
     image=dict(
       patch_size=(img.patch_size, img.patch_size),
       width=img.width,
@@ -194,6 +202,7 @@ def big_vision_entry(bv, config, batch: dict, *, exact_gelu: bool = False) -> di
       mlp_dim=img.mlp_dim,
       pool_type="tok",  # a class token, as OpenCLIP's and tipsito's CLIP image tower
       posemb="learn",
+      scan=scan,
     ),
     text=dict(
       width=txt.width,
@@ -202,16 +211,15 @@ def big_vision_entry(bv, config, batch: dict, *, exact_gelu: bool = False) -> di
       mlp_dim=txt.mlp_dim,
       vocab_size=txt.vocab_size,
       pool_type="last",
+      scan=scan,
     ),
     out_dim=int(config.model.embed_dim),
     temperature_init=10.0,
   )
-  two_views = batch_lib.IMAGE2 in batch
-  images = jnp.asarray(
-    np.asarray(batch[batch_lib.IMAGE], np.float32) / 127.5 - 1.0
-  )  # big_vision's value_range(-1, 1)
-  images2 = jnp.asarray(np.asarray(batch[batch_lib.IMAGE2], np.float32) / 127.5 - 1.0) if two_views else None
-  text = jnp.asarray(batch[batch_lib.TEXT])
+
+
+def _big_vision_optimizer(bv, config, params, batch_size: int):
+  """big_vision's optimizer (`big_vision/optax.py: make`) with tipsito's `config.optim` values."""
   o = config.optim
   bv_config = mlc.ConfigDict(
     dict(
@@ -230,49 +238,76 @@ def big_vision_entry(bv, config, batch: dict, *, exact_gelu: bool = False) -> di
       schedule=dict(decay_type="cosine", warmup_steps=int(o.warmup_steps)),
     )
   )
+  tx, _ = bv.optax.make(
+    bv_config, params, sched_kw=dict(total_steps=int(config.total_steps), batch_size=batch_size)
+  )
+  return tx
+
+
+def _big_vision_step(bv, model, tx, mesh: Mesh, two_views: bool):
+  """big_vision's CLIP trainer `update_fn` under `shard_map` over `mesh` (axis 'batch'), jitted, with params
+  and optimizer state donated."""
+
+  def update_fn(params, opt, images, images2, text):
+    def loss_fn(params):
+      zimg, ztxt, extras = model.apply({"params": params}, images, text, train=True)
+      loss, _ = bv.softmax_loss(zimg, ztxt, extras["t"])
+      if images2 is not None:  # ITO's L_align: the mean over the two views
+        zimg2, _, _ = model.apply({"params": params}, images2, None, train=True)
+        loss = 0.5 * loss + 0.5 * bv.softmax_loss(zimg2, ztxt, extras["t"])[0]
+      return loss, {"t": extras["t"], "train/nimg": jnp.mean(extras["img/norm"])}
+
+    (loss, measurements), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    loss, measurements, grads = jax.lax.pmean((loss, measurements, grads), axis_name="batch")
+    updates, opt = tx.update(grads, opt, params)
+    params = optax.apply_updates(params, updates)
+    measurements["l2_grads"] = jnp.sqrt(sum(jnp.vdot(g, g) for g in jax.tree.leaves(grads)))
+    measurements["l2_params"] = jnp.sqrt(sum(jnp.vdot(p, p) for p in jax.tree.leaves(params)))
+    measurements["l2_updates"] = jnp.sqrt(sum(jnp.vdot(u, u) for u in jax.tree.leaves(updates)))
+    return params, opt, loss, measurements
+
+  data = P("batch")
+  return jax.jit(
+    jax.shard_map(
+      update_fn,
+      mesh=mesh,
+      in_specs=(P(), P(), data, data if two_views else None, data),
+      out_specs=(P(), P(), P(), P()),
+      check_vma=False,
+    ),
+    donate_argnums=(0, 1),
+  )
+
+
+@contextlib.contextmanager
+def _gelu_of(bv, exact_gelu: bool):
+  """big_vision's vit.py with exact-erf GELU inside the block (toggle bv_exact_gelu), restored after."""
   saved_nn = bv.vit.nn
   if exact_gelu:
     bv.vit.nn = _exact_gelu_namespace(saved_nn)
   try:
-    params = jax.jit(lambda: model.init(jax.random.PRNGKey(0), images[:1], text[:1])["params"])()
-    tx, _ = bv.optax.make(
-      bv_config, params, sched_kw=dict(total_steps=int(config.total_steps), batch_size=images.shape[0])
-    )
-    opt = jax.jit(tx.init)(params)
-
-    def update_fn(params, opt, images, images2, text):
-      def loss_fn(params):
-        zimg, ztxt, extras = model.apply({"params": params}, images, text, train=True)
-        loss, _ = bv.softmax_loss(zimg, ztxt, extras["t"])
-        if images2 is not None:  # ITO's L_align: the mean over the two views
-          zimg2, _, _ = model.apply({"params": params}, images2, None, train=True)
-          loss = 0.5 * loss + 0.5 * bv.softmax_loss(zimg2, ztxt, extras["t"])[0]
-        return loss, {"t": extras["t"], "train/nimg": jnp.mean(extras["img/norm"])}
-
-      (loss, measurements), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
-      loss, measurements, grads = jax.lax.pmean((loss, measurements, grads), axis_name="batch")
-      updates, opt = tx.update(grads, opt, params)
-      params = optax.apply_updates(params, updates)
-      measurements["l2_grads"] = jnp.sqrt(sum(jnp.vdot(g, g) for g in jax.tree.leaves(grads)))
-      measurements["l2_params"] = jnp.sqrt(sum(jnp.vdot(p, p) for p in jax.tree.leaves(params)))
-      measurements["l2_updates"] = jnp.sqrt(sum(jnp.vdot(u, u) for u in jax.tree.leaves(updates)))
-      return params, opt, loss, measurements
-
-    mesh = Mesh(np.asarray(jax.devices()[:1]), ("batch",))
-    data = P("batch")
-    step = jax.jit(
-      jax.shard_map(
-        update_fn,
-        mesh=mesh,
-        in_specs=(P(), P(), data, data if two_views else None, data),
-        out_specs=(P(), P(), P(), P()),
-        check_vma=False,
-      ),
-      donate_argnums=(0, 1),
-    )
-    compiled = step.lower(params, opt, images, images2, text).compile()
+    yield
   finally:
     bv.vit.nn = saved_nn
+
+
+def big_vision_entry(bv, config, batch: dict, *, exact_gelu: bool = False) -> dict:
+  """big_vision's CLIP trainer step (its update_fn) for the shapes of tipsito's `config`, compiled."""
+  model = _big_vision_model(bv, config)
+  two_views = batch_lib.IMAGE2 in batch
+  images = jnp.asarray(
+    np.asarray(batch[batch_lib.IMAGE], np.float32) / 127.5 - 1.0
+  )  # big_vision's value_range(-1, 1)
+  images2 = jnp.asarray(np.asarray(batch[batch_lib.IMAGE2], np.float32) / 127.5 - 1.0) if two_views else None
+  text = jnp.asarray(batch[batch_lib.TEXT])
+  with _gelu_of(bv, exact_gelu):
+    params = jax.jit(lambda: model.init(jax.random.PRNGKey(0), images[:1], text[:1])["params"])()
+    tx = _big_vision_optimizer(bv, config, params, images.shape[0])
+    opt = jax.jit(tx.init)(params)
+    mesh = Mesh(np.asarray(jax.devices()[:1]), ("batch",))
+    compiled = (
+      _big_vision_step(bv, model, tx, mesh, two_views).lower(params, opt, images, images2, text).compile()
+    )
   carry = {"state": (params, opt)}
 
   def run():
@@ -284,13 +319,44 @@ def big_vision_entry(bv, config, batch: dict, *, exact_gelu: bool = False) -> di
   return dict(compiled=compiled, run=run)
 
 
+def big_vision_topology_compile(bv, config, devices: list, *, exact_gelu: bool = False, scan: bool = False):
+  """big_vision's CLIP trainer step compiled ahead of time for compile-only TPU `devices` (a topology,
+  tipsito/planning/pod.py `topology_devices`): abstract params and optimizer state replicated (big_vision's CLIP
+  trainer default), the batch split over the devices' 'batch' axis; float images, as its input pipeline
+  hands them over."""
+  model = _big_vision_model(bv, config, scan=scan)
+  mesh = Mesh(np.asarray(devices), ("batch",))
+  spec = batch_lib.shape_spec(config)  # tipsito's batch: big_vision gets the same shapes, images as float
+  data = jax.sharding.NamedSharding(mesh, P("batch"))
+  image = jax.ShapeDtypeStruct(spec[batch_lib.IMAGE].shape, jnp.float32, sharding=data)
+  two_views = batch_lib.IMAGE2 in spec
+  text = jax.ShapeDtypeStruct(spec[batch_lib.TEXT].shape, jnp.int32, sharding=data)
+  b, size = image.shape[0], image.shape[1]
+  with _gelu_of(bv, exact_gelu):
+    init = lambda: model.init(  # noqa: E731
+      jax.random.PRNGKey(0), jnp.zeros((1, size, size, 3)), jnp.zeros((1, text.shape[1]), jnp.int32)
+    )["params"]
+    params = jax.eval_shape(init)
+    tx = _big_vision_optimizer(bv, config, params, b)
+    opt = jax.eval_shape(tx.init, params)
+    rep = jax.sharding.NamedSharding(mesh, P())
+    params, opt = (
+      jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep), t) for t in (params, opt)
+    )
+    step = _big_vision_step(bv, model, tx, mesh, two_views)
+    return step.lower(params, opt, image, image if two_views else None, text).compile()
+
+
 # ---------------------------------------------------------------------------------------------------------
 # tipsito
 
 
-def tipsito_config(recipe: str, variant: str, batch: int, *, toggles: Sequence[str] = ()) -> mlc.ConfigDict:
+def tipsito_config(
+  recipe: str, variant: str, batch: int, *, toggles: Sequence[str] = (), scan: bool = False
+) -> mlc.ConfigDict:
   """The paper config's towers (configs/clip_b16.py, configs/ito_b16.py) in float32 with big_vision's
-  Adafactor, at `batch`; `toggles` (TOGGLES) change one thing each."""
+  Adafactor, at `batch`; `toggles` (TOGGLES) change one thing each; `scan`: both towers' blocks scanned and
+  rematerialised with policy nothing_saveable, as big_vision's vit.py does under its `scan`."""
   if variant not in TEXT_SHAPES:
     raise app.UsageError(f"--variant={variant!r}: one of {sorted(TEXT_SHAPES)}")
   c = defaults.base_config(recipe, variant, total_steps=1000, batch_size=batch)
@@ -305,6 +371,9 @@ def tipsito_config(recipe: str, variant: str, batch: int, *, toggles: Sequence[s
   c.optim.update(
     dict(name="adafactor", lr=1e-3, weight_decay=1e-4, clip_norm=1.0, warmup_steps=100, **ADAFACTOR)
   )
+  if scan:
+    for tower in ("image", "text"):
+      c.model[tower].update(dict(scan=True, remat=True, remat_policy="nothing_saveable"))
   for t in toggles:
     if t in ("tanh_gelu", "tips_image"):
       c.model.image.activation = "gelu"
@@ -324,7 +393,7 @@ def tipsito_config(recipe: str, variant: str, batch: int, *, toggles: Sequence[s
 
 
 def tipsito_entry(config) -> tuple[dict, dict]:
-  """tipsito's jitted train step for `config` (as tipsito/step_bench.py builds it), compiled; and the host
+  """tipsito's jitted train step for `config` (as tipsito/bench/step_bench.py builds it), compiled; and the host
   batch (given to big_vision too)."""
   config_validation.validate(config, num_devices=jax.device_count())  # synthetic ids
   setup = assembly.build(config)
@@ -361,6 +430,50 @@ def compiled_numbers(compiled) -> dict[str, Any]:
   }
 
 
+def topology_numbers(compiled) -> dict[str, Any]:
+  """Per-chip numbers of a step compiled for a TPU topology: FLOPs, temporaries and the total live at the
+  peak (arguments + outputs not aliased to a donated argument + temporaries + code; as tipsito/planning/pod.py
+  counts it)."""
+  cost = compiled.cost_analysis()
+  cost = (cost[0] if cost else {}) if isinstance(cost, (list, tuple)) else (cost or {})
+  m = compiled.memory_analysis()
+  total = (
+    m.argument_size_in_bytes
+    + m.output_size_in_bytes
+    - m.alias_size_in_bytes
+    + m.temp_size_in_bytes
+    + m.generated_code_size_in_bytes
+  )
+  flops = float(cost.get("flops", 0.0))
+  return {
+    "flops": flops,
+    "gflop": round(flops / 1e9, 2),
+    "temp_MiB": round(m.temp_size_in_bytes / 2**20, 1),
+    "total_MiB": round(total / 2**20, 1),
+  }
+
+
+def tipsito_topology_compile(config, devices: list):
+  """tipsito's train step for `config` compiled ahead of time for compile-only TPU `devices`, exactly as
+  `python -m tipsito.plan` compiles it (abstract state and batch), on a data-parallel mesh: parameters and
+  optimizer state replicated on every chip like big_vision's, so per-chip bytes compare like for like (the
+  configs' default FSDP mesh would shard them and lower tipsito's side further)."""
+  from tipsito.planning import pod  # pylint: disable=import-outside-toplevel  # the libtpu-only path
+
+  config = config.copy_and_resolve_references()
+  config.mesh.update(dict(data=-1, fsdp=1, model=1))
+  config_validation.validate(config, num_devices=len(devices))
+  mesh = pod.topology_mesh(config.mesh, devices)
+  setup = step_lib.build(config, mesh)
+  state = jax.tree.map(
+    lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
+    setup.state_shapes,
+    setup.state_shardings,
+  )
+  batch = pod.abstract_batch(config, mesh)
+  return step_lib.jit_train_step(setup).trace(state, batch, {}).lower().compile()
+
+
 def time_interleaved(entries: Sequence[dict], steps: int) -> None:
   """One warmup step per entry, then `steps` rounds of one step per entry; each entry's `step_s` is its
   median (rounds interleave the entries, so load on a shared machine hits all of them alike)."""
@@ -384,55 +497,93 @@ def run_side_by_side(
   batch: int = 8,
   steps: int = 5,
   toggles: Sequence[str] = (),
+  topology: Optional[str] = None,
+  scan: bool = False,
   log: Callable[[str], None] = print,
 ) -> list[dict]:
   """The rows: per recipe, tipsito and big_vision (then each toggle on tipsito's `clip`, or big_vision's),
-  with FLOPs, temporaries, step time and the ratios of each tipsito row to big_vision's of its recipe."""
+  with FLOPs, temporaries, step time and the ratios of each tipsito row to big_vision's of its recipe.
+  With `topology` (e.g. 'v5e:1x1'), every row is instead compiled ahead of time for that TPU topology
+  (libtpu, tipsito/planning/pod.py) and nothing runs: per-chip FLOPs, temporaries and total bytes; `batch` is the
+  global batch, split over the topology's chips."""
   for r in recipes:
     if r not in RECIPES:
       raise app.UsageError(f"--recipes: {r!r} is not one of {RECIPES}")
   for t in toggles:
     if t not in TOGGLES:
       raise app.UsageError(f"--toggles: {t!r} is not one of {TOGGLES}")
+  devices = topology_devices(topology, batch) if topology else None
   bv = import_big_vision(big_vision_root(bv_path))
   entries = []
 
   def add(side: str, name: str, entry: dict, recipe: str) -> None:
-    entry["row"] = dict(side=side, row=name, recipe=recipe, **compiled_numbers(entry["compiled"]))
+    numbers = topology_numbers if topology else compiled_numbers
+    entry["row"] = dict(side=side, row=name, recipe=recipe, **numbers(entry["compiled"]))
+    if topology:
+      entry["row"].update(topology=topology, batch_per_chip=batch // len(devices))
     log(f"compiled {name}: {entry['row']}")
     entries.append(entry)
 
+  def ours(config) -> tuple[dict, Optional[dict]]:
+    if topology:
+      return {"compiled": tipsito_topology_compile(config, devices)}, None
+    return tipsito_entry(config)
+
+  def theirs(config, host, exact_gelu=False) -> dict:
+    if topology:
+      return {"compiled": big_vision_topology_compile(bv, config, devices, exact_gelu=exact_gelu, scan=scan)}
+    return big_vision_entry(bv, config, host, exact_gelu=exact_gelu)
+
   for r in recipes:
-    config = tipsito_config(r, variant, batch)
-    ours, host = tipsito_entry(config)
-    add("tipsito", r, ours, r)
-    add("big_vision", f"big_vision {r}", big_vision_entry(bv, config, host), r)
+    config = tipsito_config(r, variant, batch, scan=scan)
+    entry, host = ours(config)
+    add("tipsito", r, entry, r)
+    add("big_vision", f"big_vision {r}", theirs(config, host), r)
     if r == "ito":
       add(
         "tipsito",
         "ito -fusion",
-        tipsito_entry(tipsito_config(r, variant, batch, toggles=["no_fusion"]))[0],
+        ours(tipsito_config(r, variant, batch, toggles=["no_fusion"], scan=scan))[0],
         r,
       )
     for t in toggles if r == recipes[0] else ():
       if t == "bv_exact_gelu":
-        add(
-          "big_vision", f"big_vision {r} +exact_gelu", big_vision_entry(bv, config, host, exact_gelu=True), r
-        )
+        add("big_vision", f"big_vision {r} +exact_gelu", theirs(config, host, exact_gelu=True), r)
       else:
-        add("tipsito", f"{r} {t}", tipsito_entry(tipsito_config(r, variant, batch, toggles=[t]))[0], r)
-  time_interleaved(entries, steps)
+        add("tipsito", f"{r} {t}", ours(tipsito_config(r, variant, batch, toggles=[t], scan=scan))[0], r)
+  if not topology:
+    time_interleaved(entries, steps)
   rows = [e["row"] for e in entries]
+  keys = ("flops", "temp_MiB", "total_MiB") if topology else ("flops", "temp_MiB", "step_s")
   for row in rows:
     ref = next(x for x in rows if x["row"] == f"big_vision {row['recipe']}")
-    for k in ("flops", "temp_MiB", "step_s"):
+    for k in keys:
       row[f"{k}_vs_bv"] = round(row[k] / ref[k], 3) if ref[k] else None
     row["gflop_vs_bv"] = row.pop("flops_vs_bv")
   return rows
 
 
+def topology_devices(topology: str, batch: int) -> list:
+  """The compile-only devices of `topology` (tipsito/planning/pod.py), refusing before any compile a batch the
+  chips do not divide or a topology libtpu does not know, with the flag named."""
+  from tipsito.planning import pod  # pylint: disable=import-outside-toplevel  # the libtpu-only path
+
+  try:
+    devices = pod.topology_devices(topology)
+  except pod.PlanError as e:
+    raise app.UsageError(str(e)) from e
+  if batch % len(devices):
+    raise app.UsageError(
+      f"--batch={batch}: not a multiple of the {len(devices)} chips of --topology={topology}; --batch is the "
+      "global batch (per-chip batch x chips)"
+    )
+  return devices
+
+
 def markdown_table(rows: Sequence[dict]) -> str:
-  """The rows as a markdown table (docs/performance.md)."""
+  """The rows as a markdown table (docs/performance.md); rows compiled for a topology get the per-chip one."""
+  if rows and "topology" in rows[0]:
+    return topology_table(rows)
   lines = [
     "| row | GFLOP/step | temporaries (MiB) | step (s, median) | FLOPs vs big_vision | temporaries vs big_vision "
     "| time vs big_vision |",
@@ -442,6 +593,21 @@ def markdown_table(rows: Sequence[dict]) -> str:
     lines.append(
       f"| {r['row']} | {r['gflop']:.1f} | {r['temp_MiB']:.1f} | {r['step_s']:.3f} | {r['gflop_vs_bv']:.3f} "
       f"| {r['temp_MiB_vs_bv']:.3f} | {r['step_s_vs_bv']:.3f} |"
+    )
+  return "\n".join(lines)
+
+
+def topology_table(rows: Sequence[dict]) -> str:
+  """Rows compiled for a TPU topology as a markdown table: per chip, FLOPs, temporaries and total bytes."""
+  lines = [
+    "| row | topology | batch per chip | GFLOP/step per chip | temporaries (MiB) | total (MiB) "
+    "| FLOPs vs big_vision | temporaries vs big_vision | total vs big_vision |",
+    "|---|---|---|---|---|---|---|---|---|",
+  ]
+  for r in rows:
+    lines.append(
+      f"| {r['row']} | {r['topology']} | {r['batch_per_chip']} | {r['gflop']:.1f} | {r['temp_MiB']:.1f} "
+      f"| {r['total_MiB']:.1f} | {r['gflop_vs_bv']:.3f} | {r['temp_MiB_vs_bv']:.3f} | {r['total_MiB_vs_bv']:.3f} |"
     )
   return "\n".join(lines)
 
@@ -458,6 +624,17 @@ def _define_flags() -> None:
   flags.DEFINE_integer("steps", 5, "Timed steps per row (after one warmup step), interleaved across rows.")
   flags.DEFINE_list("toggles", [], f"Extra tipsito/big_vision rows, one change each: {', '.join(TOGGLES)}.")
   flags.DEFINE_string("jsonl", None, "Also append every row as one JSON line to this file.")
+  flags.DEFINE_string(
+    "topology",
+    None,
+    "Compile every row ahead of time for this TPU topology (e.g. v5e:1x1, v5e:2x2; libtpu from the "
+    "tpu-plan extra) and report per-chip FLOPs, temporaries and total bytes instead of timing on this machine.",
+  )
+  flags.DEFINE_bool(
+    "scan",
+    False,
+    "Both sides' towers scanned, blocks rematerialised with nothing_saveable (big_vision's scan).",
+  )
 
 
 def main(argv: Sequence[str]) -> None:
@@ -471,6 +648,8 @@ def main(argv: Sequence[str]) -> None:
     batch=FLAGS.batch,
     steps=FLAGS.steps,
     toggles=FLAGS.toggles,
+    topology=FLAGS.topology,
+    scan=FLAGS.scan,
   )
   if FLAGS.jsonl:
     with open(FLAGS.jsonl, "a") as f:
@@ -482,7 +661,7 @@ def main(argv: Sequence[str]) -> None:
 
 
 def run() -> None:
-  """Entry point (`python -m tipsito.bench_vs_big_vision`)."""
+  """Entry point (`python -m tipsito.bench.vs_big_vision`)."""
   _define_flags()
   app.run(main)
 
