@@ -123,8 +123,8 @@ def test_topology_rows_table():
 
 def test_bad_topology_or_batch_is_a_clear_error_before_any_compile():
   """An unknown chip generation, or a global batch the chips do not divide, is refused naming the flag
-  (from tipsito/plan.py's topology check; without libtpu the error says how to install it)."""
-  from tipsito import plan  # pylint: disable=import-outside-toplevel
+  (from tipsito/planning/pod.py's topology check; without libtpu the error says how to install it)."""
+  from tipsito.planning import pod as plan  # pylint: disable=import-outside-toplevel
 
   with pytest.raises(app.UsageError, match="--topology|tpu-plan"):
     bench.run_side_by_side("/nonexistent", ["clip"], topology="v9x:2x2")
