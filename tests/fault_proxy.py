@@ -70,6 +70,7 @@ class FaultProxy:
     self.rate, self.kinds, self.faults = float(rate), set(kinds), tuple(faults)
     self.max_faults, self.timeout_s = max_faults, float(timeout_s)
     self.outage = False
+    self.outage_kinds = None  # with `outage`: only these kinds (None: every request)
     self.delay_s, self.delay_kinds = 0.0, set()  # slow requests of these kinds (a write in progress)
     self.seen: list = []  # (kind, method, target) of every request, in order
     self.requests = {k: 0 for k in KINDS}
@@ -158,7 +159,7 @@ class FaultProxy:
     with self._lock:
       self.seen.append((kind, method, urllib.parse.unquote(target)))
       self.requests[kind] += 1
-      if self.outage:
+      if self.outage and (self.outage_kinds is None or kind in self.outage_kinds):
         self.injected[kind] += 1
         return "503"
       if kind not in self.kinds or self.rate <= 0:

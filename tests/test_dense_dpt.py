@@ -22,36 +22,16 @@ from tipsito.models import dpt  # noqa: E402
 from tipsito.interop import hf_dpt  # noqa: E402
 from tipsito.models import kwargs as kwargs_lib  # noqa: E402
 from tipsito.models.vit import VisionTransformer  # noqa: E402
+from dense_fixtures import CFG, TOWER, random_head, random_tower  # noqa: E402
 
 # Max abs difference HF vs tipsito, float32 on CPU: depth in metres (0.001-10 m bins), normals and logits
 # of unit scale. Measured: ~1e-6 (depth) and ~1e-6 (normals / logits); the bound leaves float headroom.
 TOL = {"depth": 1e-4, "normals": 1e-4, "segmentation": 1e-4}
-TOWER = dict(patch_size=8, width=32, depth=4, num_heads=2, mlp_dim=128, num_cls_tokens=2, posemb_grid=4)
-CFG = dpt.DPTConfig(
-  layers=(1, 2, 3, 4),
-  neck_hidden_sizes=(8, 16, 24, 32),
-  fusion_hidden_size=16,
-  num_depth_bins=32,
-  num_labels=5,
-)
 HF_CLASSES = {
   "depth": "Tipsv2DptForDepthEstimation",
   "normals": "Tipsv2DptForNormalEstimation",
   "segmentation": "Tipsv2DptForSemanticSegmentation",
 }
-
-
-def _randomise(tree, seed):
-  """Every leaf redrawn (biases and LayerNorms included), so no tensor is trivially zero or one: kernels
-  N(0, 1 / fan_in) so that activations stay O(1) through the ~20 layers, vectors N(0, 0.3^2)."""
-  leaves, treedef = jax.tree_util.tree_flatten(tree)
-  rng = np.random.default_rng(seed)
-  new = []
-  for x in leaves:
-    shape = np.shape(x)
-    scale = 0.3 if len(shape) <= 1 else 1.0 / np.sqrt(np.prod(shape[:-1]))
-    new.append(np.asarray(rng.normal(0, scale, shape), np.float32))
-  return jax.tree_util.tree_unflatten(treedef, new)
 
 
 @pytest.fixture(scope="module")
@@ -60,11 +40,11 @@ def model(tmp_path_factory):
   icfg, _ = kwargs_lib.complete_tower_config(TOWER, "image", "test")
   vit = VisionTransformer(**kwargs_lib.module_kwargs(icfg, VisionTransformer))
   images = np.random.default_rng(0).integers(0, 256, (2, 40, 48, 3), dtype=np.uint8)  # 5 x 6 patches
-  tower = _randomise(vit.init(jax.random.PRNGKey(0), jnp.asarray(images))["params"], 1)
+  tower = random_tower(vit, images, 1)
   blocks = vit.apply({"params": tower}, jnp.asarray(images), return_blocks=CFG.stages(4))["blocks"]
   heads, ours = {}, {}
   for i, task in enumerate(dpt.TASKS):
-    heads[task] = _randomise(dpt.init_head(CFG, task, blocks), 10 + i)
+    heads[task] = random_head(CFG, task, blocks, 10 + i)
     ours[task] = np.asarray(dpt.predict(CFG, task, heads[task], blocks))
   folder = tmp_path_factory.mktemp("dpt") / "hf"
   hf_dpt.write_hf_dpt(folder, image_config=icfg, image_params=tower, cfg=CFG, heads=heads)
@@ -173,7 +153,7 @@ def test_return_blocks_leaves_outputs_unchanged():
   icfg, _ = kwargs_lib.complete_tower_config(TOWER, "image", "test")
   vit = VisionTransformer(**kwargs_lib.module_kwargs(icfg, VisionTransformer))
   x = jnp.asarray(np.random.default_rng(1).integers(0, 256, (1, 16, 16, 3), dtype=np.uint8))
-  p = vit.init(jax.random.PRNGKey(0), x)["params"]
+  p = random_tower(vit, x, 3)
   plain = vit.apply({"params": p}, x)
   both = vit.apply({"params": p}, x, return_blocks=(0, 4))
   np.testing.assert_array_equal(plain["patches"], both["patches"])

@@ -91,7 +91,7 @@ def test_slide_eval_with_one_window_is_single_scale():
   """--slide wiring (tipsito/dense/train.py): a window the size of the image is one window, so the
   sliding-window mIoU equals the single-scale one on the same head."""
   import jax
-  from test_dense_dpt import CFG, TOWER, _randomise
+  from dense_fixtures import CFG, TOWER, random_head, random_tower
   from tipsito.dense import train
   from tipsito.models import dpt
   from tipsito.models import kwargs as kwargs_lib
@@ -101,11 +101,12 @@ def test_slide_eval_with_one_window_is_single_scale():
   icfg, _ = kwargs_lib.complete_tower_config(TOWER, "image", "test")
   vit = VisionTransformer(**kwargs_lib.module_kwargs(icfg, VisionTransformer))
   split = data_lib.toy_split("test", 4, image_size=32)
-  tower = _randomise(vit.init(jax.random.PRNGKey(0), jnp.asarray(split.images[:1]))["params"], 1)
+  tower = random_tower(vit, split.images[:1], 1)
   blocks = train.frozen_blocks(icfg, tower, split.images, cfg.stages(4))
-  head = _randomise(dpt.init_head(cfg, "segmentation", train._take(blocks, slice(0, 1))), 2)
+  head = random_head(cfg, "segmentation", train._take(blocks, slice(0, 1)), 2)
   single = train.evaluate(cfg, "segmentation", head, blocks, split)
 
+  @jax.jit  # one compile for every window (op by op, this test took minutes)
   def window(x):
     b = vit.apply({"params": tower}, jnp.asarray(x), return_blocks=cfg.stages(4))["blocks"]
     return dpt.DPTHead(cfg, "segmentation").apply({"params": head}, b)

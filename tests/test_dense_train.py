@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("safetensors")
 
-from test_dense_dpt import CFG, TOWER, _randomise  # noqa: E402
+from dense_fixtures import CFG, TOWER, random_head, random_tower  # noqa: E402
 from tipsito.dense import train
 from tipsito.models import dpt  # noqa: E402
 from tipsito.interop import hf_dpt  # noqa: E402
@@ -34,9 +34,9 @@ def encoder(tmp_path_factory):
   icfg, _ = kwargs_lib.complete_tower_config(TOWER, "image", "test")
   vit = VisionTransformer(**kwargs_lib.module_kwargs(icfg, VisionTransformer))
   x = jnp.zeros((1, 32, 32, 3), jnp.uint8)
-  tower = _randomise(vit.init(jax.random.PRNGKey(0), x)["params"], 1)
+  tower = random_tower(vit, x, 1)
   blocks = vit.apply({"params": tower}, x, return_blocks=SMALL.stages(4))["blocks"]
-  head = dpt.init_head(SMALL, "depth", blocks)
+  head = random_head(SMALL, "depth", blocks, 2)
   folder = tmp_path_factory.mktemp("enc")
   hf_dpt.write_hf_dpt(folder, image_config=icfg, image_params=tower, cfg=SMALL, heads={"depth": head})
   return str(folder)

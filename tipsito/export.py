@@ -28,6 +28,7 @@ from absl import flags
 from absl import logging
 
 from tipsito import command
+from tipsito import paths
 from tipsito.interop import sources
 from tipsito.train import exporting
 
@@ -59,6 +60,12 @@ def _define_flags() -> None:
   flags.DEFINE_string('output', None, 'Output directory.')
 
 
+def _writing(output: str):
+  """An object-store outage while writing `output` ends in one line naming it (tipsito/paths.py
+  `StorageUnavailable`); the checkpoints it was read from are untouched, so the same command redoes it."""
+  return paths.storage_errors_named('writing the export', output, bound=paths.CHECKPOINT_RETRY_BOUND)
+
+
 def main(argv: Sequence[str]) -> None:
   """CLI body: read the source (official .npz, workdir [step], export or Tipsv2 folder), write --format."""
   command.no_arguments(argv)
@@ -86,10 +93,14 @@ def main(argv: Sequence[str]) -> None:
     if not (FLAGS.tips_image_npz and FLAGS.tips_text_npz):
       raise app.UsageError('give both --tips_image_npz and --tips_text_npz')
     if fmt == 'tipsito':
-      out = sources.export_tips_npz(FLAGS.tips_image_npz, FLAGS.tips_text_npz, FLAGS.output, FLAGS.tokenizer)
+      with _writing(FLAGS.output):
+        out = sources.export_tips_npz(
+          FLAGS.tips_image_npz, FLAGS.tips_text_npz, FLAGS.output, FLAGS.tokenizer
+        )
     else:
       model = sources.from_tips_npz(FLAGS.tips_image_npz, FLAGS.tips_text_npz, FLAGS.tokenizer)
-      out = sources.write(model, FLAGS.output, fmt)
+      with _writing(FLAGS.output):
+        out = sources.write(model, FLAGS.output, fmt)
   elif FLAGS.workdir and fmt == 'tipsito':
     out = exporting.export_from_workdir(FLAGS.workdir, FLAGS.output, step=FLAGS.step)
   else:
@@ -98,7 +109,8 @@ def main(argv: Sequence[str]) -> None:
     )
     if FLAGS.tokenizer:
       model.tokenizer_path = FLAGS.tokenizer
-    out = sources.write(model, FLAGS.output, fmt)
+    with _writing(FLAGS.output):
+      out = sources.write(model, FLAGS.output, fmt)
   logging.info('wrote %s to %s', fmt, out)
   print(out)
 

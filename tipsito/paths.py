@@ -7,7 +7,9 @@ kept as they are; both become `etils.epath.Path`, which TFDS and Orbax use as we
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 
 from etils import epath
 
@@ -88,6 +90,13 @@ def open_binary(path):
 # attempts per request on 408/429/5xx and dropped connections, sleeping min(2**(k-1) + U(0, 1), 32) s
 # between them: about 31-36 s in all (docs/training.md, "Object-store faults").
 GCSFS_RETRY_BOUND_S = 36
+# tensorstore (Orbax's array data): its `gcs_request_retries` default, 32 retries sleeping 1 s doubling to
+# 32 s: about 15 min per request (docs/training.md, "Object-store faults", says why it is not shortened).
+TENSORSTORE_RETRY_BOUND_S = 900
+CHECKPOINT_RETRY_BOUND = (
+  f"gcsfs: about {GCSFS_RETRY_BOUND_S} s per request; tensorstore's array data: about "
+  f"{TENSORSTORE_RETRY_BOUND_S // 60} min"
+)
 
 
 class StorageUnavailable(SystemExit):
@@ -115,10 +124,16 @@ class StorageUnavailable(SystemExit):
     return self.message
 
 
+# tensorstore's error once its GCS retries are spent ("ABORTED: All 32 retry attempts failed: ...
+# [http_response_code='503']"), or an answer it does not retry that is a server's (5xx, 429, 408).
+_TENSORSTORE_GAVE_UP = re.compile(r"All \d+ retry attempts failed|http_response_code='(?:408|429|5\d\d)'")
+
+
 def is_storage_outage(error: BaseException) -> bool:
   """Whether `error` (or one it came from) is a transport or server failure of an object-store client:
-  gcsfs's HttpError (429/5xx), aiohttp's client errors, a timeout, or a tensorstore UNAVAILABLE /
-  DEADLINE_EXCEEDED. Not a missing object, a refused precondition or a bad request."""
+  gcsfs's HttpError (429/5xx), aiohttp's client errors, a timeout, a tensorstore UNAVAILABLE /
+  DEADLINE_EXCEEDED, or tensorstore's retries spent on 408/429/5xx answers. Not a missing object, a
+  refused precondition, a bad request or a damaged file."""
   seen = set()
   e: BaseException | None = error
   while e is not None and id(e) not in seen:
@@ -129,10 +144,29 @@ def is_storage_outage(error: BaseException) -> bool:
     text = str(e)
     if mod.startswith(("gcsfs", "aiohttp", "google.auth", "requests")) or isinstance(e, TimeoutError):
       return True
-    if "UNAVAILABLE" in text or "DEADLINE_EXCEEDED" in text:
+    if "UNAVAILABLE" in text or "DEADLINE_EXCEEDED" in text or _TENSORSTORE_GAVE_UP.search(text):
       return True
     e = e.__cause__ or e.__context__
   return False
+
+
+@contextlib.contextmanager
+def storage_errors_named(operation: str, path, *, bound: str = ""):
+  """An object-store outage inside (an error its client raised after its own retries, on a URL `path`)
+  becomes one `StorageUnavailable` naming `operation` and `path`; every other error passes unchanged.
+
+  Why: the checkpoint, export and config paths all end the same way under an outage (docs/training.md,
+  "Object-store faults"): one line, exit status 1, what to check, and the run resumes from its last
+  complete checkpoint. A StorageUnavailable raised inside (a SystemExit) passes through as it is; gcsfs's
+  own record of its last retry loses its traceback (`quiet_gcsfs_retry_tracebacks`)."""
+  if is_url(path):
+    quiet_gcsfs_retry_tracebacks()
+  try:
+    yield
+  except Exception as e:  # pylint: disable=broad-except  # re-raised unless it is an outage
+    if is_url(path) and is_storage_outage(e):
+      raise StorageUnavailable(operation, os.fspath(path), e, bound=bound) from None
+    raise
 
 
 class _OneLineRetryLog:

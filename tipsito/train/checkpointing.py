@@ -57,7 +57,7 @@ _DATA_FILE = re.compile(r"process_(\d+)-of-(\d+)\.json$")
 # `<step>.corrupt-<UTC time>`: where an unreadable step is moved (no "_": Orbax's legacy step listing
 # would read "<anything>_<digits>" as a step).
 CORRUPT_INFIX = ".corrupt-"
-_OK, _UNREADABLE, _FATAL = 0, 1, 2
+_OK, _UNREADABLE, _FATAL, _OUTAGE = 0, 1, 2, 3
 
 
 class Preempted(SystemExit):
@@ -135,11 +135,14 @@ class Checkpointer:
     options = ocp.CheckpointManagerOptions(
       max_to_keep=int(keep), save_interval_steps=1, create=True, enable_async_checkpointing=bool(async_save)
     )
-    self.manager = ocp.CheckpointManager(self.path, options=options)
+    with storage_errors_named("opening the checkpoints", self.directory):
+      self.manager = ocp.CheckpointManager(self.path, options=options)
     self._local_reader: Optional[ocp.CheckpointManager] = None
     self._closed = False
     self.unreadable: list = []  # (step, error) skipped by the last restore, newest first
     self.restored_step: Optional[int] = None  # the step the last restore without `step` read
+    self._pending_step: Optional[int] = None  # the step of the last save started (async: maybe unfinished)
+    self._storage_failed: Optional[paths.StorageUnavailable] = None  # the outage this checkpointer met
     self._preempted = threading.Event()
     self._use_jax_sync = False
 
@@ -194,14 +197,35 @@ class Checkpointer:
     """Periodic save every `every_steps` steps."""
     return self.every_steps > 0 and step % self.every_steps == 0
 
+  @contextlib.contextmanager
+  def _outage_named(self, operation: str, step: Optional[int] = None):
+    """`storage_errors_named` for this checkpointer's `operation` (on step `step`'s folder, or on the
+    directory); remembers the outage, so that `close` does not fail a second time on it."""
+    where = self.directory if step is None else os.fspath(self._step_path(step))
+    try:
+      with storage_errors_named(operation, where):
+        yield
+    except paths.StorageUnavailable as e:
+      self._storage_failed = self._storage_failed or e
+      raise
+
   def save(self, step: int, state: Any, data_state: Any = None, *, force: bool = False) -> bool:
-    """Saves (async when configured) on every process. Returns whether a save was started."""
+    """Saves (async when configured) on every process. Returns whether a save was started.
+
+    On gs://, a store that still fails after its clients' retries ends in one `StorageUnavailable`
+    naming the step (the previous save's, when that one failed in the background); Orbax commits a
+    step only once all its files are written, so the previous checkpoint stays the latest complete one."""
     items = {"state": ocp.args.StandardSave(state)}
     if data_state is not None:
       import grain.checkpoint as grain_checkpoint  # pylint: disable=import-outside-toplevel  # see _data_state_item
 
       items[DATA_ITEM] = grain_checkpoint.CheckpointSave(_data_state_item()(_json_copy(data_state)))
-    return self.manager.save(step, args=ocp.args.Composite(**items), force=force)
+    self.wait()  # the previous save's failure is named as its own
+    if paths.is_url(self.directory):
+      _drop_late_callbacks_of_failed_saves()
+    self._pending_step = int(step)
+    with self._outage_named("saving checkpoint", step):
+      return self.manager.save(step, args=ocp.args.Composite(**items), force=force)
 
   def _step_path(self, step: int) -> epath.Path:
     return self.path / str(int(step))
@@ -310,6 +334,13 @@ class Checkpointer:
     # Every process waits for process 0's renames and learns whether they worked (a plain barrier would
     # leave the others waiting when process 0 fails).
     if _worst_everywhere(_FATAL if failure else _OK) != _OK:
+      if failure is not None and paths.is_url(self.directory) and paths.is_storage_outage(failure):
+        raise paths.StorageUnavailable(  # the copy-and-delete of gs:// stopped: nothing was deleted
+          "moving the unreadable checkpoints aside in",
+          self.directory,
+          failure,
+          bound=paths.CHECKPOINT_RETRY_BOUND,
+        )
       raise RuntimeError(
         f"could not move the unreadable checkpoints {[s for s, _ in skipped]} of "
         f"{self.directory} aside (process 0: {failure!r}); nothing was deleted"
@@ -328,24 +359,60 @@ class Checkpointer:
         self.directory,
         s,
       )
-    self.manager.reload()
+    with self._outage_named("listing the checkpoints"):
+      self.manager.reload()
     return targets
 
   def wait(self) -> None:
-    """Blocks until pending async saves are committed."""
-    self.manager.wait_until_finished()
+    """Blocks until pending async saves are committed (an outage: `StorageUnavailable` naming the step)."""
+    if self._pending_step is None:
+      self.manager.wait_until_finished()
+      return
+    with self._outage_named("saving checkpoint", self._pending_step):
+      self.manager.wait_until_finished()
 
   def close(self) -> None:
-    """Waits and releases the manager's resources. Idempotent."""
+    """Waits and releases the manager's resources. Idempotent.
+
+    After an outage this checkpointer already reported (`StorageUnavailable`), closing logs one warning
+    instead of failing again: the run's error stays the one line that names the operation."""
     if self._closed:
       return
     self._closed = True
     try:
-      self.manager.wait_until_finished()
+      if self._storage_failed is None:
+        self.wait()
     finally:
-      self.manager.close()
-      if self._local_reader is not None:
-        self._local_reader.close()
+      try:
+        with contextlib.ExitStack() as stack:
+          if self._local_reader is not None:
+            stack.callback(self._local_reader.close)
+          if self._storage_failed is None:
+            self.manager.close()
+          else:
+            _close_after_outage(self.manager, self.directory)
+      except paths.StorageUnavailable:
+        if self._storage_failed is None:
+          raise
+
+
+def _close_after_outage(manager: ocp.CheckpointManager, directory: str) -> None:
+  """Closes `manager` after an outage was reported: a failure (the store still down, or the failed save's
+  error raised again) is one warning, no second error."""
+  try:
+    manager.close()
+  except Exception as e:  # pylint: disable=broad-except  # the outage was reported already
+    logging.warning(
+      "Could not close the checkpoints of %s cleanly after the object store failed (%s); the last "
+      "complete checkpoint is unchanged.",
+      directory,
+      " ".join(str(e).split())[:200] or type(e).__name__,
+    )
+
+
+def storage_errors_named(operation: str, path: str):
+  """`paths.storage_errors_named` with the checkpoints' clients' bounds (gcsfs, tensorstore)."""
+  return paths.storage_errors_named(operation, path, bound=paths.CHECKPOINT_RETRY_BOUND)
 
 
 class DamagedCheckpointFile(ValueError):
@@ -439,7 +506,7 @@ def same_on_every_process(steps: list[int]) -> list[int]:
 
 
 def _worst_everywhere(code: int) -> int:
-  """The largest of every process's code (_OK < _UNREADABLE < _FATAL)."""
+  """The largest of every process's code (_OK < _UNREADABLE < _FATAL < _OUTAGE)."""
   if jax.process_count() == 1:
     return code
   from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
@@ -466,15 +533,27 @@ def restore_first_readable(
   """
   skipped = []
   for s in sorted(steps, reverse=True):
-    out, err, fatal = None, None, None
+    out, err, fatal, outage = None, None, None, None
+    where = f"{directory}/{s}"
     try:
       with _late_reads_of_a_failed_restore_dropped():
         out = restore_fn(s)
     except DataStateMismatch as e:
       fatal = e
+    except paths.StorageUnavailable as e:
+      outage = e
     except Exception as e:  # pylint: disable=broad-except  # damaged step: try the previous one
-      err = _one_line(e)
-    code = _worst_everywhere(_FATAL if fatal else _UNREADABLE if err else _OK)
+      if paths.is_url(directory) and paths.is_storage_outage(e):  # the store, not the step: stop
+        outage = paths.StorageUnavailable(
+          "restoring checkpoint", where, e, bound=paths.CHECKPOINT_RETRY_BOUND
+        )
+      else:
+        err = _one_line(e)
+    code = _worst_everywhere(_OUTAGE if outage else _FATAL if fatal else _UNREADABLE if err else _OK)
+    if code == _OUTAGE:  # never skipped (nor later moved aside) for what the store did
+      raise outage or paths.StorageUnavailable(
+        "restoring checkpoint", where, RuntimeError("the store failed on another process (see its log)")
+      )
     if code == _FATAL:
       raise fatal or DataStateMismatch(
         f"{directory}/{s}: another process refused its data-iterator state (see that process's log)"
@@ -598,6 +677,25 @@ def _install_quiet_hooks() -> None:
   absl_log = logging.getLogger("absl")
   if not any(isinstance(f, _ReadOnlyNoteDropped) for f in absl_log.filters):
     absl_log.addFilter(_ReadOnlyNoteDropped())
+  if not any(isinstance(f, _OutageRecordsOneLine) for f in absl_log.filters):
+    absl_log.addFilter(_OutageRecordsOneLine())
+
+
+class _OutageRecordsOneLine(logging.Filter):
+  """Orbax's records of a save that failed on an object-store outage, one line each, no traceback.
+
+  Why: a failed background save is logged by Orbax four times with `logging.exception` (the array
+  writer's thread, the metadata thread, the commit thread, `wait_until_finished`), each a traceback and
+  a page of tensorstore spec, before our one `StorageUnavailable` line, which is the one that names
+  the step and says what to do (docs/training.md, "Object-store faults")."""
+
+  def filter(self, record) -> bool:
+    err = record.exc_info[1] if record.exc_info else None
+    if err is not None and "orbax" in (record.pathname or "") and paths.is_storage_outage(err):
+      first = (record.getMessage().strip().splitlines() or [""])[0]
+      record.msg, record.args = first[:200], ()
+      record.exc_info, record.exc_text = None, None
+    return True
 
 
 class _ReadOnlyNoteDropped(logging.Filter):
@@ -611,6 +709,17 @@ class _ReadOnlyNoteDropped(logging.Filter):
     return not (
       msg == "Given directory is read only=%s" or msg.startswith("Failed to json parse Metadata file")
     )
+
+
+def _drop_late_callbacks_of_failed_saves() -> None:
+  """Every event loop created from now on in this process is a `_ClosedLoopTolerantEventLoop`.
+
+  Why process-wide and lasting: a save that fails on an object-store outage has the same late callbacks
+  as a failed restore (tensorstore's pending writes completing into the closed loop of Orbax's background
+  save: 'Event loop is closed' tracebacks after our one error line), and Orbax creates those loops in its
+  own threads, at times no scoped block around `save` covers."""
+  if not isinstance(asyncio.get_event_loop_policy(), _TolerantLoopPolicy):
+    asyncio.set_event_loop_policy(_TolerantLoopPolicy())
 
 
 @contextlib.contextmanager
@@ -723,9 +832,11 @@ def _restore_read_only(workdir, restore: Callable[[Any, int], Any], what: str, s
   """`restore(reader, s)` of the newest readable step `s` of `<workdir>/checkpoints` (or of `step` only),
   through a process-local read-only reader; an unreadable step is skipped with a warning, never moved."""
   ckpt_dir = as_path(workdir) / "checkpoints"
-  reader = local_reader(ckpt_dir)
+  with storage_errors_named("listing the checkpoints", os.fspath(ckpt_dir)):
+    reader = local_reader(ckpt_dir)
+    listed = sorted(int(s) for s in reader.all_steps())
   try:
-    steps = same_on_every_process(sorted(int(s) for s in reader.all_steps()))
+    steps = same_on_every_process(listed)
     if not steps:
       raise FileNotFoundError(f"{what}: no checkpoint in {os.fspath(ckpt_dir)}")
     if step is not None:
@@ -758,10 +869,11 @@ def restore_params(path, abstract_params: Any) -> Any:
   `restore_latest_state`), a checkpoint dir, or a step dir (that step only).
   """
   path = as_path(path)
-  ckpt_dir = path / "checkpoints" if (path / "checkpoints").is_dir() else path
-  only = None
-  if path.name.isdigit() and (path / "state").is_dir():  # a step folder
-    ckpt_dir, only = path.parent, int(path.name)
+  with storage_errors_named("reading the checkpoints of config.init_from", os.fspath(path)):
+    ckpt_dir = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+    only = None
+    if path.name.isdigit() and (path / "state").is_dir():  # a step folder
+      ckpt_dir, only = path.parent, int(path.name)
   what = f"config.init_from={os.fspath(path)!r}"
   restore_args = jax.tree.map(
     lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding), {"params": abstract_params}
@@ -771,9 +883,11 @@ def restore_params(path, abstract_params: Any) -> Any:
       item={"params": abstract_params}, restore_args=restore_args, partial_restore=True
     )
   )
-  reader = local_reader(ckpt_dir)
+  with storage_errors_named("listing the checkpoints", os.fspath(ckpt_dir)):
+    reader = local_reader(ckpt_dir)
+    listed = [only] if only is not None else sorted(int(s) for s in reader.all_steps())
   try:
-    steps = [only] if only is not None else same_on_every_process(sorted(int(s) for s in reader.all_steps()))
+    steps = listed if only is not None else same_on_every_process(listed)
     if not steps:
       raise FileNotFoundError(f"{what}: no checkpoint found in {os.fspath(ckpt_dir)}")
 

@@ -25,6 +25,7 @@ from tipsito import distributed
 from tipsito import export_format
 from tipsito import inference
 from tipsito import objective
+from tipsito import paths
 from tipsito.data import tokenizer as tok_lib
 from tipsito.interop import sources
 from tipsito.models import kwargs as kwargs_lib
@@ -103,16 +104,17 @@ def _write(config, model: TrainModel, params: dict, output: str, *, step: int) -
   p = export_params(params)
   temperature = temperature_of(params)
   if jax.process_index() == 0:
-    output = export_format.write_export(
-      output,
-      image_config=img,
-      text_config=txt,
-      params=p,
-      temperature=temperature,
-      tokenizer_path=tokenizer_path(config),
-      image_proj='image_proj' in p,
-      extra=_provenance(config, step),
-    )
+    with paths.storage_errors_named('writing the export', output, bound=paths.CHECKPOINT_RETRY_BOUND):
+      output = export_format.write_export(
+        output,
+        image_config=img,
+        text_config=txt,
+        params=p,
+        temperature=temperature,
+        tokenizer_path=tokenizer_path(config),
+        image_proj='image_proj' in p,
+        extra=_provenance(config, step),
+      )
   if jax.process_count() > 1:
     multihost_utils.sync_global_devices('export_written')
   return output
