@@ -75,7 +75,8 @@ def test_bad_geometry_names_key_and_allowed_values(key, bad, good, words):
 
 def test_local_crops_must_be_whole_patches():
   """A local crop the ViT would centre zero-pad (20 px at patch 8 -> 24 px, a black frame the teacher never
-  sees) is refused like the global crop; evaluation inputs keep the release's padding (not checked here)."""
+  sees) is refused like the global crop; so, since issue 44, is an eval image size that is not whole
+  patches (tests/test_eval_config_validation.py)."""
   c = demo()
   c.input.local_size = 20  # patch 8
   with pytest.raises(
@@ -84,6 +85,8 @@ def test_local_crops_must_be_whole_patches():
     r"config\.model\.image\.patch_size=8.*16 or 24",
   ):
     config_validation.validate(c, num_devices=1)
-  c.evals.zeroshot.image_size = 60  # an eval size that is not whole patches is still allowed
   c.input.local_size = 24
   config_validation.validate(c, num_devices=1)
+  c.evals.zeroshot.image_size = 60  # an eval size that is not whole patches: refused before training
+  with pytest.raises(ConfigError, match=r"config\.evals\.zeroshot\.image_size=60"):
+    config_validation.validate(c, num_devices=1)

@@ -153,11 +153,15 @@ def test_single_view_global_message_does_not_mention_view_2():
   config_validation.validate(c)
 
 
-def test_evaluation_sizes_keep_the_padding_rule():
-  """Only training crops must be whole patches; an eval at a size the ViT pads still validates."""
+def test_evaluation_sizes_are_whole_patches_too():
+  """Since issue 44 an eval at a size the ViT would zero-pad (230 px at patch 14) is refused before
+  training, naming the key and the nearest valid sizes; the paper config's own eval sizes are whole
+  patches (an encoder called directly, `tipsito.load`, still pads as the release does)."""
   c = load("tipsv2_g14.py", "variant=B/14")
-  c.evals.zeroshot.image_size = 230
   config_validation.validate(c)
+  c.evals.zeroshot.image_size = 230
+  with pytest.raises(config_validation.ConfigError, match=r"image_size=230.*224 or 238"):
+    config_validation.validate(c)
 
 
 def _jpeg(seed, h=96, w=128):

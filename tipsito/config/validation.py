@@ -215,7 +215,8 @@ def _check_geometry(config: mlc.ConfigDict, recipe) -> None:
     inp.global_size,
     "model.image.patch_size",
     p,
-    f"the global crop{view2} must be whole patches for training; only evaluation inputs are zero-padded",
+    f"the global crop{view2} must be whole patches for training (and config.evals image sizes too); "
+    "only images given to an encoder directly are zero-padded",
   )
   if views.local_crops and inp.num_local:
     _int_at_least("input.local_size", inp.local_size, p)
@@ -225,7 +226,7 @@ def _check_geometry(config: mlc.ConfigDict, recipe) -> None:
       "model.image.patch_size",
       p,
       "local crops must be whole patches for training, or the ViT zero-pads them with a frame "
-      "the teacher never sees; only evaluation inputs are zero-padded",
+      "the teacher never sees; only images given to an encoder directly are zero-padded",
     )
   sizes = {a: config.mesh[a] for a in ("data", "fsdp", "model")}
   if 0 in sizes.values() or list(sizes.values()).count(-1) > 1:
