@@ -28,6 +28,7 @@ import numpy as np
 from absl import app
 from absl import flags
 
+from tipsito import command
 from tipsito import distributed
 from tipsito.config import defaults
 from tipsito.config import validation as config_validation
@@ -374,10 +375,7 @@ def main(argv: Sequence[str]) -> None:
   sys.stdout.flush()
 
 
-def run() -> None:
-  """Console-script entry point (tipsito-bench)."""
-  _define_flags()
-  app.run(main)
+run = command.entry_point(_define_flags, main)  # the shared command tail (tipsito/command.py)
 
 
 if __name__ == "__main__":

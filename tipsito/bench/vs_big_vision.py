@@ -65,6 +65,7 @@ from absl import flags
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+from tipsito import command
 from tipsito import distributed
 from tipsito.config import defaults
 from tipsito.config import validation as config_validation
@@ -660,10 +661,7 @@ def main(argv: Sequence[str]) -> None:
   sys.stdout.flush()
 
 
-def run() -> None:
-  """Entry point (`python -m tipsito.bench.vs_big_vision`)."""
-  _define_flags()
-  app.run(main)
+run = command.entry_point(_define_flags, main)  # the shared command tail (tipsito/command.py)
 
 
 if __name__ == "__main__":
