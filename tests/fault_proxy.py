@@ -9,7 +9,11 @@ Kinds (`kind_of`, from the object name in the request): 'lock' (`run.lock`), 'ar
 array data and tensorstore's manifests), 'data' (array_record dataset files), 'export' (anything under
 an `export` folder), 'metadata' (every other object and listing). Faults: '429' and '503' (answered by
 the proxy, the request never reaches the store), 'drop' (the request is forwarded, then the connection is
-closed without an answer: the store changed, the client does not know). `outage=True` answers 503 to
+closed without an answer: the store changed, the client does not know). A request to a resumable upload
+session that already completed is answered as GCS answers it (200 with the object's resource, the session
+lives a week) rather than with fake-gcs-server's 404: a dropped final chunk is retried by gcsfs, and real
+GCS tells it the upload is done, so the proxy keeps each completed session's answer and replays it
+(`completed_sessions_replayed` counts them). `outage=True` answers 503 to
 every request. Everything runs on daemon threads; `close()` stops it. Bounded: every upstream call has
 a timeout, and `max_faults` caps the faults injected.
 """
@@ -76,6 +80,9 @@ class FaultProxy:
     self.requests = {k: 0 for k in KINDS}
     self.injected = {k: 0 for k in KINDS}
     self._rng = random.Random(seed)
+    self._completed_sessions: dict = {}  # upload_id -> (status, reason, headers, body) of its final answer
+    self.completed_sessions_replayed = 0
+    self.drop_completing = 0  # drop the answers of this many next requests that complete an upload session
     self._lock = threading.Lock()
     proxy = self
 
@@ -110,16 +117,31 @@ class FaultProxy:
           self.end_headers()
           self.wfile.write(msg)
           return
-        headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
-        headers["Content-Length"] = str(len(body))
-        conn = http.client.HTTPConnection("127.0.0.1", proxy.upstream_port, timeout=proxy.timeout_s)
-        try:
-          conn.request(self.command, self.path, body=body, headers=headers)
-          r = conn.getresponse()
-          data = r.read()
-          status, reason, rheaders = r.status, r.reason, r.getheaders()
-        finally:
-          conn.close()
+        session = (urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query).get("upload_id") or [None])[
+          0
+        ]
+        with proxy._lock:
+          done = proxy._completed_sessions.get(session) if session else None
+          proxy.completed_sessions_replayed += done is not None
+        if done is not None:  # GCS: a completed session answers with the object (module docstring)
+          status, reason, rheaders, data = done
+        else:
+          headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
+          headers["Content-Length"] = str(len(body))
+          conn = http.client.HTTPConnection("127.0.0.1", proxy.upstream_port, timeout=proxy.timeout_s)
+          try:
+            conn.request(self.command, self.path, body=body, headers=headers)
+            r = conn.getresponse()
+            data = r.read()
+            status, reason, rheaders = r.status, r.reason, r.getheaders()
+          finally:
+            conn.close()
+          if session and status in (200, 201):
+            with proxy._lock:
+              proxy._completed_sessions[session] = (status, reason, rheaders, data)
+              if proxy.drop_completing > 0:
+                proxy.drop_completing -= 1
+                fault = "drop"
         if fault == "drop":  # the store did it; the client never hears
           self.close_connection = True
           try:

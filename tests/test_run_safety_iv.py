@@ -69,6 +69,32 @@ def test_proxy_classifies_requests_by_kind():
   assert k("POST", "/upload/storage/v1/b/tipsito/o?uploadType=multipart&ifGenerationMatch=0", body) == "lock"
 
 
+RESUMABLE_UPLOAD = textwrap.dedent("""\
+    import sys
+    import gcsfs
+    fs = gcsfs.GCSFileSystem(retries=6)
+    data = bytes(range(256)) * 1100  # larger than the block: a resumable upload in two chunks
+    with fs.open(sys.argv[1], "wb", block_size=2**18) as f:
+      f.write(data)
+    print("RESULT", str(fs.cat(sys.argv[1]) == data).lower())
+""")
+
+
+def test_a_dropped_final_chunk_of_a_resumable_upload_is_answered_as_gcs_does(faulty_gcs, tmp_path):
+  # The store completed the upload, the client never heard and retries the final chunk: GCS answers
+  # with the object, fake-gcs-server with 404 (the session is gone), which ended runs of the fault matrix
+  # on `_CHECKPOINT_METADATA` (gcsfs: FileNotFoundError). The proxy answers as GCS does.
+  env, proxy = faulty_gcs
+  before = proxy.completed_sessions_replayed
+  proxy.drop_completing = 1
+  try:
+    r, _ = _script(tmp_path, "upload", RESUMABLE_UPLOAD, env, f"{BUCKET}/resumable/_CHECKPOINT_METADATA")
+  finally:
+    proxy.drop_completing = 0
+  assert _result(r) is True
+  assert proxy.completed_sessions_replayed == before + 1
+
+
 # --- restart after a hard failure: the gs:// lock ---------------------------------------------------
 
 LOCK_SCENARIOS = textwrap.dedent("""\
