@@ -106,83 +106,77 @@ def open_source(data_config, split: str | None = None):
 
 @dataclasses.dataclass(frozen=True)
 class ExampleSpec:
-  """Everything the per-example function needs, resolved once from the config (picklable)."""
+  """Everything the per-example function needs, resolved once from the config (picklable).
 
-  views: str = 'two_views'
-  augment: str = 'ito'
-  augment_view2: str | None = None  # multicrop_two_views: the second global view's augmentation
-  global_size: int = 224
-  local_size: int = 98
-  num_local: int = 0
-  global_scale: tuple[float, float] = choices.GLOBAL_CROP_SCALE_BY_AUGMENT['ito']
-  local_scale: tuple[float, float] = choices.LOCAL_CROP_SCALE
-  view2_scale: tuple[float, float] = ITO_VIEW2_SCALE  # the second view ('image2') of two-view modes
-  ratio: tuple[float, float] = choices.CROP_RATIO
-  mask_ratio: float = 0.0
-  mask_type: str = 'random'
-  mask_prob: float = 1.0
-  patch_size: int = 16
-  image_key: str = 'image'
-  alt_text_key: str | None = 'alt_text'
-  caption_keys: tuple[str, ...] = ()
-  label_key: str | None = None
-  limits: T.ImageLimits = T.DEFAULT_LIMITS
+  Why `batch`: what a batch holds (its views, crop sides, local-crop count and mask grid) is decoded from
+  `config.input` in one place, `BatchLayout` (tipsito/data/batch.py), which the step's shapes are built
+  from too; this spec adds only how examples are cut and read (augmentation, crop ranges, masking, keys).
+  No defaults: the schema (tipsito/config/schema.py) declares them and has checked every choice."""
+
+  batch: batch_lib.BatchLayout
+  augment: str
+  augment_view2: str | None  # multicrop_two_views: the second global view's augmentation
+  global_scale: tuple[float, float]
+  local_scale: tuple[float, float]
+  view2_scale: tuple[float, float]  # the second view ('image2') of two-view modes
+  ratio: tuple[float, float]
+  mask_ratio: float
+  mask_type: str
+  mask_prob: float
+  patch_size: int
+  image_key: str
+  alt_text_key: str | None
+  caption_keys: tuple[str, ...]
+  label_key: str | None
+  limits: T.ImageLimits
 
   @classmethod
   def from_config(cls, config) -> 'ExampleSpec':
-    """Reads config.input / config.data / config.model.image.patch_size (see module docs).
-
-    Every key is read as it is: a validated config has them all (tipsito/config/schema.py declares their
-    defaults), and a saved config.json is upgraded to the schema when read (tipsito/config/run_file.py).
-    The None of an optional crop range means the default range written here."""
+    """Reads a validated config (or a saved config.json, upgraded to the schema when read:
+    tipsito/config/run_file.py): config.input, config.data, config.model.image.patch_size. The None of an
+    optional crop range means the default range written here."""
     inp, data = config.input, config.data
-    views = inp.views
-    augment = inp.augment
-    if views not in choices.VIEWS:
-      raise ValueError(f'config.input.views={views!r}; valid values: {list(choices.VIEWS)}')
-    if augment not in choices.AUGMENTS:
-      raise ValueError(f'config.input.augment={augment!r}; valid values: {list(choices.AUGMENTS)}')
-    augment_view2 = inp.augment_view2
-    if augment_view2 not in (None,) + tuple(choices.AUGMENTS):
-      raise ValueError(
-        f'config.input.augment_view2={augment_view2!r}; valid values: {[None] + list(choices.AUGMENTS)}'
-      )
-    mask_type = inp.mask_type
-    if mask_type not in masking.MASK_TYPES:
-      raise ValueError(f'config.input.mask_type={mask_type!r}; valid: {list(masking.MASK_TYPES)}')
-    limits = T.ImageLimits(
-      max_pixels=int(data.max_pixels),
-      hard_max_pixels=int(data.hard_max_pixels),
-      min_side=int(data.min_side),
-      max_aspect=float(data.max_aspect),
-      background=tuple(data.background),
-    )
     return cls(
-      views=views,
-      augment=augment,
-      augment_view2=augment_view2,
-      global_size=int(inp.global_size),
-      local_size=int(inp.local_size),
-      num_local=int(inp.num_local) if choices.view_layout(views).local_crops else 0,
-      global_scale=tuple(inp.global_crop_scale or choices.GLOBAL_CROP_SCALE_BY_AUGMENT[augment]),
+      batch=batch_lib.BatchLayout.from_config(config),
+      augment=inp.augment,
+      augment_view2=inp.augment_view2,
+      global_scale=tuple(inp.global_crop_scale or choices.GLOBAL_CROP_SCALE_BY_AUGMENT[inp.augment]),
       local_scale=tuple(inp.local_crop_scale or choices.LOCAL_CROP_SCALE),
       view2_scale=tuple(inp.view2_crop_scale or ITO_VIEW2_SCALE),
       ratio=tuple(inp.crop_ratio or choices.CROP_RATIO),
       mask_ratio=float(inp.mask_ratio),
-      mask_type=mask_type,
+      mask_type=inp.mask_type,
       mask_prob=float(inp.mask_prob),
       patch_size=int(config.model.image.patch_size),
       image_key=data.image_key,
       alt_text_key=data.alt_text_key,
       caption_keys=tuple(data.caption_keys),
       label_key=data.label_key,
-      limits=limits,
+      limits=T.ImageLimits(
+        max_pixels=int(data.max_pixels),
+        hard_max_pixels=int(data.hard_max_pixels),
+        min_side=int(data.min_side),
+        max_aspect=float(data.max_aspect),
+        background=tuple(data.background),
+      ),
     )
 
   @property
   def layout(self) -> choices.ViewLayout:
-    """`views` decoded (tipsito/choices.py: `view_layout`)."""
-    return choices.view_layout(self.views)
+    """The views of an example (tipsito/choices.py: `view_layout`), as the batch holds them."""
+    return self.batch.views
+
+  @property
+  def global_size(self) -> int:
+    return self.batch.global_size
+
+  @property
+  def local_size(self) -> int:
+    return self.batch.local_size
+
+  @property
+  def num_local(self) -> int:
+    return self.batch.num_local
 
   def view_transform(self):
     """The grain RandomMapTransform producing the image fields for these views/augment."""
@@ -215,8 +209,8 @@ class ExampleSpec:
 
   @property
   def mask_grid(self) -> int:
-    """Side of the patch grid of the global crop (ceil: the ViT zero-pads)."""
-    return masking.grid_size(self.global_size, self.patch_size)
+    """Side of MASK's patch grid (the batch's; 0 without a mask)."""
+    return self.batch.mask_grid
 
 
 class _Tokenizer:
