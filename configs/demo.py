@@ -19,8 +19,9 @@ checkpoint for the last 41 steps; both numbers are from the run's final evals on
 matches the detailed captions, which tipsv2 trains on (CLS2) and clip does not (alt-text only). On shapes
 the tipsito demo's segmentation stayed below its chance level (1.35% vs 2.43%); on scenes the patch-text
 alignment of tipsv2 shows (6.8x chance), so the demo trains on scenes by default (data=shapes keeps the
-old demo). The tipsito demo itself on scenes (seed 0, 2 idle cores, 2,000 test scenes): 5m02s; object-pixel zero-shot
-segmentation mIoU 38.0% with a localisation margin of 24.6 over its shuffle null (README.md), zero-shot 33.2%.
+old demo). The tipsito demo itself on scenes (2 idle cores, 2,000 test scenes): 5m02s for seed 0; over seeds 0-2
+object-pixel zero-shot segmentation mIoU 35.9 +- 1.9% with a localisation margin of 23.7 +- 1.1 over its
+shuffle null, zero-shot 31.1 +- 3.1% (README.md; seed 0: 38.0%, 24.6, 33.2%).
 Its composition (`view_weighting=mean`, fusion lambda 2 of the alignment) was measured against `mean` with
 fusion 4 and `sum` (configs/ablations.py:study=weighting, docs/results.md, 3 seeds): none clearly better
 on the dense metrics, so the recipe's default stays.
