@@ -171,6 +171,7 @@ def test_results_md_and_plots(sweeps):
 def test_results_record_provenance_and_effect_sizes(sweeps):
   """Every run names its commit and machine and whether it resumed; the effect sizes are Cohen's d of the
   seeds against the first arm, recomputed here from the runs."""
+  from tipsito.studies import provenance  # pylint: disable=import-outside-toplevel
   from tipsito.studies import results as results_lib  # pylint: disable=import-outside-toplevel
 
   res = _results(sweeps["w2"])
@@ -179,6 +180,7 @@ def test_results_record_provenance_and_effect_sizes(sweeps):
       p = r["provenance"]
       assert p["machine"]["cores"] == os.cpu_count() and p["machine"]["platform"] == "cpu"
       assert p["machine"]["memory_gib"] > 0
+      assert p["machine"]["processor"] == provenance.processor()  # XLA:CPU rounds per processor
       assert p["commit"] is None or re.fullmatch(r"[0-9a-f]{40}", p["commit"])
       assert r["resumed"] == (r["resumed_from_step"] is not None)
   assert res["provenance"]["resumed_runs"] == 1  # the run killed halfway
@@ -463,3 +465,26 @@ def test_best_arm_of_an_error_is_the_lowest():
   assert results_lib.best_arms(
     summary("linear_segmentation/miou", 40.0, 45.0), "linear_segmentation/miou"
   ) == {"b"}
+
+
+def test_processor_is_read_from_cpuinfo(tmp_path, monkeypatch):
+  """The processor record: the first `model name` and a digest of the sorted `flags` of /proc/cpuinfo, so
+  two processors with different instruction sets (which XLA:CPU compiles for) read differently."""
+  from tipsito.studies import provenance  # pylint: disable=import-outside-toplevel
+
+  real_open = open
+
+  def cpuinfo(text):
+    f = tmp_path / "cpuinfo"
+    f.write_text(text)
+    monkeypatch.setattr(
+      "builtins.open", lambda p, *a, **k: real_open(f if p == "/proc/cpuinfo" else p, *a, **k)
+    )
+    return provenance.processor()
+
+  a = cpuinfo(
+    "processor : 0\nmodel name : CPU X\nflags : sse avx2 fma\n\nmodel name : CPU Y\nflags : avx512f\n"
+  )
+  assert a["model"] == "CPU X" and len(a["flags_sha256"]) == 12
+  assert cpuinfo("model name : CPU X\nflags : fma avx2 sse\n") == a  # the flags' order does not matter
+  assert cpuinfo("model name : CPU X\nflags : sse avx2 fma avx512f\n")["flags_sha256"] != a["flags_sha256"]

@@ -50,11 +50,32 @@ def memory_gib() -> float | None:
     return None
 
 
+def processor() -> dict[str, str | None]:
+  """The CPU's model name and a digest of its instruction-set flags (Linux /proc/cpuinfo; else
+  `platform.processor()` and None). Why: XLA:CPU compiles for the processor it runs on, so the same code,
+  config and data round differently on two processors, and a run's numbers are reproducible to the last
+  digit only on the same kind (docs/studies.md); two machines with the same cores and memory may differ
+  here."""
+  model, flags = None, None
+  try:
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+      for line in f:
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and model is None:
+          model = value.strip()
+        elif key.strip() == "flags" and flags is None:
+          flags = hashlib.sha256(" ".join(sorted(value.split())).encode()).hexdigest()[:12]
+  except OSError:
+    pass
+  return {"model": model or platform.processor() or None, "flags_sha256": flags}
+
+
 def machine() -> dict[str, Any]:
-  """Cores, memory and accelerator of this process's machine (the accelerator as JAX sees it)."""
+  """Cores, memory, processor and accelerator of this process's machine (the accelerator as JAX sees it)."""
   devices = jax.local_devices()
   return {
     "host": platform.node(),
+    "processor": processor(),
     "cores": os.cpu_count(),
     "memory_gib": memory_gib(),
     "platform": devices[0].platform if devices else None,

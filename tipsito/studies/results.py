@@ -170,9 +170,11 @@ def provenance_summary(runs: Mapping[str, Mapping[int, dict]]) -> dict[str, Any]
       c = c + ("+dirty" if p.get("dirty") else "")
       commits[c] = commits.get(c, 0) + 1
       m = p.get("machine") or {}
+      cpu = m.get("processor") or {}  # runs before the processor was recorded have none
+      cpu = f", CPU {cpu.get('model') or '?'} (flags {cpu.get('flags_sha256') or '?'})" if cpu else ""
       key = (
         f"{m.get('cores', '?')} cores, {m.get('memory_gib', '?')} GiB, "
-        f"{'/'.join(m.get('accelerator') or ['?'])} ({m.get('platform', '?')})"
+        f"{'/'.join(m.get('accelerator') or ['?'])} ({m.get('platform', '?')}){cpu}"
         if m
         else "unknown"
       )
