@@ -488,3 +488,34 @@ def test_processor_is_read_from_cpuinfo(tmp_path, monkeypatch):
   assert a["model"] == "CPU X" and len(a["flags_sha256"]) == 12
   assert cpuinfo("model name : CPU X\nflags : fma avx2 sse\n") == a  # the flags' order does not matter
   assert cpuinfo("model name : CPU X\nflags : sse avx2 fma avx512f\n")["flags_sha256"] != a["flags_sha256"]
+
+
+def test_dataset_fingerprint_reads_examples_not_bytes(tmp_path):
+  """Two builds of the same examples whose feature maps were serialised in different orders (what two
+  `scenes` builds are) have one fingerprint; another value, another order of the examples or another file
+  name do not. Break check: hashing the files' bytes makes the first assertion fail."""
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  from array_record.python.array_record_module import ArrayRecordWriter  # pylint: disable=import-outside-toplevel
+
+  from tipsito.studies import provenance  # pylint: disable=import-outside-toplevel
+
+  def one(key, value):
+    f = tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
+    return tf.train.Example(features=tf.train.Features(feature={key: f})).SerializeToString()
+
+  def build(name, records):
+    d = tmp_path / name
+    d.mkdir()
+    w = ArrayRecordWriter(str(d / "toy-train.array_record-00000-of-00001"), "group_size:1")
+    for r in records:
+      w.write(r)
+    w.close()
+    return provenance.dataset_fingerprint(str(d))
+
+  # Concatenated messages merge: the same Example {a: 1, b: 2}, its map written in two orders.
+  ab, ba, ab3 = one("a", 1) + one("b", 2), one("b", 2) + one("a", 1), one("a", 1) + one("b", 3)
+  assert ab != ba and tf.train.Example.FromString(ab) == tf.train.Example.FromString(ba)
+  first = build("one", [ab, one("c", 5)])
+  assert build("two", [ba, one("c", 5)]) == first
+  assert build("three", [ab3, one("c", 5)]) != first
+  assert build("four", [one("c", 5), ab]) != first

@@ -8,8 +8,9 @@ metrics (tipsito/studies/jobs.py), and results.json lists the commits and machin
 `environment` adds, once per sweep, what else decides a number: the versions of the packages that compute
 it (jax, jaxlib, flax, optax, numpy, tensorflow-datasets), the XLA flags of the process (`XLA_FLAGS`,
 inherited by the sweep's subprocess jobs) and a fingerprint of every dataset the runs read: the sha256
-of each built split's files (`dataset_fingerprint`), so that two results.json files that read different
-builds of `scenes` (another size, another builder version) say so.
+of each built split's examples (`dataset_fingerprint`), so that two results.json files that read different
+builds of `scenes` (another size, another builder version) say so, and two builds of the same examples
+do not differ.
 """
 
 from __future__ import annotations
@@ -116,8 +117,13 @@ def packages(names: Iterable[str] = PACKAGES) -> dict[str, str | None]:
 
 def dataset_fingerprint(dataset_dir: str) -> dict[str, str]:
   """{split: sha256} over the built split files of a TFDS dataset folder (`<data_dir>/<name>/<version>`):
-  per split, the file names and contents in name order. Files of no split (dataset_info.json, ...) are
-  left out: they hold timestamps-free metadata that a rebuild may reorder without changing an example."""
+  per split, the file names and the examples in name and record order. Files of no split
+  (dataset_info.json, ...) are left out: they hold metadata that a rebuild may reorder without changing an
+  example.
+
+  Why the examples and not the files' bytes: a serialised tf.train.Example writes its feature map in no
+  fixed order, so two builds of the same examples in the same order differ byte for byte (docs/data.md);
+  each array_record example is hashed in deterministic serialisation. Other formats are hashed as bytes."""
   groups: dict[str, list[str]] = {}
   for f in sorted(os.listdir(dataset_dir)):
     m = _SPLIT_FILE.match(f)
@@ -128,11 +134,36 @@ def dataset_fingerprint(dataset_dir: str) -> dict[str, str]:
     h = hashlib.sha256()
     for f in files:
       h.update(f.encode() + b"\0")
-      with open(os.path.join(dataset_dir, f), "rb") as fh:
+      path = os.path.join(dataset_dir, f)
+      if ".array_record" in f:
+        for record in _canonical_examples(path):
+          h.update(len(record).to_bytes(8, "little") + record)
+        continue
+      with open(path, "rb") as fh:
         for chunk in iter(lambda fh=fh: fh.read(1 << 20), b""):
           h.update(chunk)
     out[split] = h.hexdigest()
   return out
+
+
+def _canonical_examples(path: str) -> Iterable[bytes]:
+  """The records of an array_record file, each a tf.train.Example re-serialised deterministically (a record
+  that is no Example is taken as it is)."""
+  from array_record.python.array_record_module import ArrayRecordReader  # pylint: disable=import-outside-toplevel
+  from tensorflow.core.example import example_pb2  # pylint: disable=import-outside-toplevel
+  from google.protobuf.message import DecodeError  # pylint: disable=import-outside-toplevel
+
+  reader = ArrayRecordReader(path)
+  try:
+    n = reader.num_records()
+    for start in range(0, n, 1024):
+      for raw in reader.read(start, min(start + 1024, n)):
+        try:
+          yield example_pb2.Example.FromString(raw).SerializeToString(deterministic=True)
+        except DecodeError:
+          yield raw
+  finally:
+    reader.close()
 
 
 def _datasets(configs) -> list[tuple[str, str]]:
