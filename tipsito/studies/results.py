@@ -613,7 +613,7 @@ def environment_lines(env: Mapping[str, Any] | None) -> list[str]:
   )
   return [
     f"Environment: {pk or 'packages not recorded'}; XLA_FLAGS `{env.get('xla_flags') or ''}`; data: "
-    f"{data or 'not recorded'} (sha256 of the built split files, results.json `environment`).",
+    f"{data or 'not recorded'} (sha256 of the built splits, results.json `environment`; docs/studies.md says of what).",
     "",
   ]
 
