@@ -9,6 +9,11 @@ so this is a tool, not a CI test):
 
   python tests/fingerprint_recipes.py > before.json   # on the old commit
   python tests/fingerprint_recipes.py --compare before.json
+
+Where a change is meant to alter values by rounding only, the size of the change is what to report:
+`--dump D` also writes each recipe's final state to D/<recipe>.npz, and `--against D` prints, per recipe,
+the largest absolute difference of any leaf from that dump and the largest relative to the leaf's largest
+value (the dump may come from another commit's checkout of this script).
 """
 
 from __future__ import annotations
@@ -44,10 +49,46 @@ def digest(tree) -> str:
   return h.hexdigest()
 
 
-def fingerprint(recipe: str) -> dict:
+def leaves(state) -> dict[str, np.ndarray]:
+  """{path: value} of every leaf of a TrainState."""
+  flat = jax.tree_util.tree_flatten_with_path(state)[0]
+  return {jax.tree_util.keystr(p): np.asarray(jax.device_get(x)) for p, x in flat}
+
+
+# Leaves whose gradient is zero in exact arithmetic (softmax is invariant to a bias added to every key), so
+# their values, and the optimizer state of them, are rounding noise of any change: reported apart.
+NOISE_LEAVES = "['key']['bias']"
+
+
+def largest_change(before: dict[str, np.ndarray], after: dict[str, np.ndarray]) -> dict:
+  """Over the parameters (`.params`) both states have, attention key biases aside (NOISE_LEAVES): the
+  largest absolute difference with its leaf, and the largest relative to that leaf's largest magnitude."""
+  out = {"abs": 0.0, "abs_leaf": None, "rel": 0.0, "rel_leaf": None}
+  for k in sorted(set(before) & set(after)):
+    if not k.startswith(".params") or NOISE_LEAVES in k:
+      continue
+    a, b = before[k].astype(np.float64), after[k].astype(np.float64)
+    if a.shape != b.shape or not np.issubdtype(before[k].dtype, np.floating) or not a.size:
+      continue
+    d = float(np.max(np.abs(a - b)))
+    r = d / max(float(np.max(np.abs(a))), 1e-30)
+    if d > out["abs"]:
+      out.update(abs=d, abs_leaf=k)
+    if r > out["rel"]:
+      out.update(rel=r, rel_leaf=k)
+  return out
+
+
+def fingerprint(recipe: str, dump: str | None = None, against: str | None = None) -> dict:
   c = tiny(recipe)
   config_validation.validate(c, num_devices=1)
   _, state, _, hist = run_synthetic_steps(c, STEPS)
+  if dump:
+    np.savez(pathlib.Path(dump) / f"{recipe}.npz", **leaves(state))
+  if against:
+    with np.load(pathlib.Path(against) / f"{recipe}.npz") as f:
+      change = largest_change(dict(f), leaves(state))
+    print(f"{recipe}: largest change {change}", file=sys.stderr)
   keys = sorted(hist[0])
   metrics = {k: hashlib.sha256(json.dumps([h[k] for h in hist]).encode()).hexdigest()[:16] for k in keys}
   return {"state": digest(state), "metrics": metrics, "loss_total": [h["loss/total"] for h in hist]}
@@ -69,8 +110,14 @@ def main():
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--compare", help="a JSON file printed by an earlier run; exit 1 on any difference")
   p.add_argument("--recipes", default=",".join(RECIPES))
+  p.add_argument("--dump", help="also write each recipe's final state to DUMP/<recipe>.npz")
+  p.add_argument(
+    "--against", help="print the largest change of each recipe's state from AGAINST/<recipe>.npz"
+  )
   args = p.parse_args()
-  out = {r: fingerprint(r) for r in args.recipes.split(",")}
+  if args.dump:
+    pathlib.Path(args.dump).mkdir(parents=True, exist_ok=True)
+  out = {r: fingerprint(r, args.dump, args.against) for r in args.recipes.split(",")}
   print(json.dumps(out, indent=1, sort_keys=True))
   if args.compare:
     before = json.loads(pathlib.Path(args.compare).read_text())

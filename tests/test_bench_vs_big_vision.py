@@ -195,3 +195,14 @@ def test_uint8_normalisation_costs_no_temporary_beyond_the_float_conversion():
   )
   assert t_inside == t_remat == t_convert, (t_inside, t_remat, t_convert)
   assert 0 < t_inside - t_argument <= 8 * 224 * 224 * 3 * 4, (t_inside, t_argument)
+
+
+def test_fusion_remat_toggles_set_the_fusion_policy_only():
+  """`--toggles fusion_remat_P` rows (with `--recipes ito`): the fusion module's blocks rematerialised with
+  policy P, the towers and everything else unchanged."""
+  base = bench.tipsito_config("ito", "tiny/16", 8)
+  for policy in ("nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable"):
+    c = bench.tipsito_config("ito", "tiny/16", 8, toggles=[f"fusion_remat_{policy}"])
+    assert (c.model.fusion.remat, c.model.fusion.remat_policy) == (True, policy)
+    c.model.fusion.update(dict(remat=base.model.fusion.remat, remat_policy=base.model.fusion.remat_policy))
+    assert c.to_dict() == base.to_dict()

@@ -39,6 +39,8 @@ Toggles (`--toggles`, each one extra row of tipsito's `clip`, one thing changed;
   bv_exact_gelu  big_vision's rows with exact-erf GELU (its towers' `nn.gelu(approximate=False)`)
   remat_P      both towers' blocks rematerialised with policy P (`model.{image,text}.remat_policy`:
                nothing_saveable, dots_saveable, dots_with_no_batch_dims_saveable; tipsito/models/layers.py)
+  fusion_remat_P  the ITO fusion module's blocks rematerialised with policy P (`model.fusion.remat_policy`;
+               with `--recipes ito`)
 """
 
 from __future__ import annotations
@@ -93,8 +95,12 @@ TOGGLES = (
   "remat_nothing_saveable",
   "remat_dots_saveable",
   "remat_dots_with_no_batch_dims_saveable",
+  "fusion_remat_nothing_saveable",
+  "fusion_remat_dots_saveable",
+  "fusion_remat_dots_with_no_batch_dims_saveable",
 )
 REMAT_PREFIX = "remat_"
+FUSION_REMAT_PREFIX = "fusion_remat_"
 # big_vision's Adafactor settings (`big_vision/optax.py: scale_by_adafactor` defaults), given to both sides.
 ADAFACTOR = dict(momentum=0.9, momentum_dtype="bfloat16", decay_rate=0.8, beta2_cap=0.999, eps=1e-30)
 # The modules big_vision's model/optimizer files import that this tool may replace by stubs when they are
@@ -390,6 +396,8 @@ def tipsito_config(
     if t.startswith(REMAT_PREFIX):  # both towers' blocks rematerialised with that policy
       for tower in ("image", "text"):
         c.model[tower].update(dict(remat=True, remat_policy=t[len(REMAT_PREFIX) :]))
+    if t.startswith(FUSION_REMAT_PREFIX):  # the ITO fusion module's blocks rematerialised with that policy
+      c.model.fusion.update(dict(remat=True, remat_policy=t[len(FUSION_REMAT_PREFIX) :]))
   return c
 
 
@@ -552,10 +560,12 @@ def run_side_by_side(
         add("big_vision", f"big_vision {r} +exact_gelu", theirs(config, host, exact_gelu=True), r)
       else:
         add("tipsito", f"{r} {t}", ours(tipsito_config(r, variant, batch, toggles=[t], scan=scan))[0], r)
-  if not topology:
+  if not topology and steps:
     time_interleaved(entries, steps)
   rows = [e["row"] for e in entries]
-  keys = ("flops", "temp_MiB", "total_MiB") if topology else ("flops", "temp_MiB", "step_s")
+  keys = (
+    ("flops", "temp_MiB", "total_MiB") if topology else ("flops", "temp_MiB") + (("step_s",) if steps else ())
+  )
   for row in rows:
     ref = next(x for x in rows if x["row"] == f"big_vision {row['recipe']}")
     for k in keys:
@@ -591,9 +601,11 @@ def markdown_table(rows: Sequence[dict]) -> str:
     "|---|---|---|---|---|---|---|",
   ]
   for r in rows:
+    timed = "step_s" in r  # --steps 0: compiled only, no times
+    step, ratio = (f"{r['step_s']:.3f}", f"{r['step_s_vs_bv']:.3f}") if timed else ("-", "-")
     lines.append(
-      f"| {r['row']} | {r['gflop']:.1f} | {r['temp_MiB']:.1f} | {r['step_s']:.3f} | {r['gflop_vs_bv']:.3f} "
-      f"| {r['temp_MiB_vs_bv']:.3f} | {r['step_s_vs_bv']:.3f} |"
+      f"| {r['row']} | {r['gflop']:.1f} | {r['temp_MiB']:.1f} | {step} | {r['gflop_vs_bv']:.3f} "
+      f"| {r['temp_MiB_vs_bv']:.3f} | {ratio} |"
     )
   return "\n".join(lines)
 
@@ -622,7 +634,9 @@ def _define_flags() -> None:
   flags.DEFINE_list("recipes", list(RECIPES), f"tipsito recipes to compare ({', '.join(RECIPES)}).")
   flags.DEFINE_string("variant", "B/16", f"Image tower ({', '.join(TEXT_SHAPES)}); the text tower follows.")
   flags.DEFINE_integer("batch", 8, "Global batch.")
-  flags.DEFINE_integer("steps", 5, "Timed steps per row (after one warmup step), interleaved across rows.")
+  flags.DEFINE_integer(
+    "steps", 5, "Timed steps per row (after one warmup step), interleaved across rows; 0 compiles only."
+  )
   flags.DEFINE_list("toggles", [], f"Extra tipsito/big_vision rows, one change each: {', '.join(TOGGLES)}.")
   flags.DEFINE_string("jsonl", None, "Also append every row as one JSON line to this file.")
   flags.DEFINE_string(

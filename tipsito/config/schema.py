@@ -529,6 +529,20 @@ KEYS: tuple[Key, ...] = (
   K("model.fusion.depth", int, 2, "ITO fusion Transformer blocks", range=_POS_INT),
   K("model.fusion.num_heads", int, 8, "ITO fusion Transformer heads", range=_POS_INT),
   K(
+    "model.fusion.remat",
+    bool,
+    False,
+    "rematerialise each fusion block with model.fusion.remat_policy (gradients bitwise unchanged)",
+    choices=BOOLS,
+  ),
+  K(
+    "model.fusion.remat_policy",
+    str,
+    "nothing_saveable",
+    "what a rematerialised fusion block saves",
+    choices=tuple(REMAT_POLICIES),
+  ),
+  K(
     "model.fusion.attention",
     str,
     "xla",

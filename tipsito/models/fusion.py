@@ -59,6 +59,8 @@ class FusionTransformer(nn.Module):
   mlp_ratio: int = 4
   max_text_len: int = 64
   attention: str = 'xla'  # attention core: layers.ATTENTIONS
+  remat: bool = False  # rematerialise each block with remat_policy (gradients bitwise unchanged)
+  remat_policy: str = 'nothing_saveable'  # layers.REMAT_POLICIES
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
@@ -89,8 +91,9 @@ class FusionTransformer(nn.Module):
     x = jnp.concatenate([img, txt], axis=1)
     key_valid = jnp.concatenate([jnp.ones((b, 1 + h * w), bool), text_valid.astype(bool)], axis=1)
     mask = layers.key_padding(key_valid, self.attention)  # [image; text]: right padding
+    block_cls = layers.make_block_cls(self.remat, self.remat_policy)
     for i in range(self.depth):
-      x = layers.Block(
+      x = block_cls(
         num_heads=self.num_heads,
         mlp_dim=self.mlp_ratio * self.width,
         ffn='mlp',
@@ -98,6 +101,6 @@ class FusionTransformer(nn.Module):
         attention=self.attention,
         name=f'block_{i}',
         **kw,
-      )(x, mask)
+      )(x, mask, None, False, False)  # positional: nn.remat marks train and values_only static
     x = layers.layer_norm('norm', **kw)(x)
     return layers.l2_normalize(x[:, 0].astype(jnp.float32))

@@ -51,7 +51,7 @@ class DINOHead(nn.Module):
     else:
       for i in range(self.num_layers - 1):
         x = nn.Dense(self.hidden_dim, name=f'Dense_{i}', **kw)(x)
-        x = nn.gelu(x, approximate=False)
+        x = layers.gelu_exact(x)  # exact erf GELU (dinov2's nn.GELU), lean backward (layers.py)
       x = nn.Dense(self.bottleneck_dim, name=f'Dense_{self.num_layers - 1}', **kw)(x)
     x = layers.l2_normalize(x.astype(jnp.float32), eps=1e-24)
     v = self.param(

@@ -161,11 +161,22 @@ def fused_embeddings(ctx: LossContext, f: Features) -> tuple[jax.Array, jax.Arra
   accumulation (tipsito/objective/accumulate.py) computes it micro-batch by micro-batch and hands the
   term only these embeddings, in `Features.fused`."""
   c, b, txt = ctx.fusion_cls, f.batch_size, f.caption
-  tokens = jnp.concatenate([txt["tokens"], txt["tokens"]], 0)
-  valid = jnp.concatenate([txt["valid"], txt["valid"]], 0)
-  both = jax.tree.map(lambda x, y: jnp.concatenate([x, y], 0), f.contrastive, f.view2)
-  z = f.forward(f.params, both["cls"][:, c], both["patches"], tokens, valid, method=TrainModel.fuse)
-  return z[:b], z[b:]
+  # Rows 2i and 2i + 1 are example i's two views, not [view 1; view 2]: interleaving keeps each example's
+  # rows on the devices that hold the example when the batch axis is sharded, where concatenating would
+  # make GSPMD move (or replicate) the fusion's inputs; per example the values are the same.
+  pair = lambda x, y: jnp.stack([x, y], 1).reshape((2 * x.shape[0],) + x.shape[1:])  # noqa: E731
+  twice = lambda x: pair(x, x)  # noqa: E731
+  both = jax.tree.map(pair, f.contrastive, f.view2)
+  z = f.forward(
+    f.params,
+    both["cls"][:, c],
+    both["patches"],
+    twice(txt["tokens"]),
+    twice(txt["valid"]),
+    method=TrainModel.fuse,
+  )
+  z = z.reshape((b, 2) + z.shape[1:])
+  return z[:, 0], z[:, 1]
 
 
 def fusion_term(ctx: LossContext, f: Features, centers: dict) -> TermOutput:
