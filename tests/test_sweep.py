@@ -207,7 +207,7 @@ def test_results_record_provenance_and_effect_sizes(sweeps):
 def test_results_record_paired_statistics_primary_and_environment(sweeps):
   """The sweep writes the paired comparison against the reference arm, the BH-adjusted p and the declared
   primary's verdict (recomputed here from the runs), and the environment: package versions, XLA flags
-  and the sha256 of the built data's split files (recomputed here from the files)."""
+  and the sha256 of the built data's examples per split (recomputed here from the records)."""
   import hashlib  # pylint: disable=import-outside-toplevel
 
   from tipsito.data import sources  # pylint: disable=import-outside-toplevel
@@ -233,11 +233,19 @@ def test_results_record_paired_statistics_primary_and_environment(sweeps):
   assert env["packages"]["jax"] == __import__("jax").__version__ and "xla_flags" in env
   (data,) = env["datasets"]  # training and eval read the one built `shapes`
   assert data["name"] == "shapes" and set(data["splits"]) == {"train", "test"}
+  from array_record.python.array_record_module import ArrayRecordReader  # pylint: disable=import-outside-toplevel
+  from tensorflow.core.example import example_pb2  # pylint: disable=import-outside-toplevel
+
   d = sources.resolve_dataset_dir("shapes", data["data_dir"])
-  for split, digest in data["splits"].items():
+  for split, digest in data["splits"].items():  # per file: its name, then each example made deterministic
     h = hashlib.sha256()
     for f in sorted(x for x in os.listdir(d) if x.startswith(f"shapes-{split}.")):
-      h.update(f.encode() + b"\0" + (pathlib.Path(d) / f).read_bytes())
+      h.update(f.encode() + b"\0")
+      reader = ArrayRecordReader(str(pathlib.Path(d) / f))
+      for raw in reader.read(0, reader.num_records()):
+        rec = example_pb2.Example.FromString(raw).SerializeToString(deterministic=True)
+        h.update(len(rec).to_bytes(8, "little") + rec)
+      reader.close()
     assert digest == h.hexdigest(), split
   assert "Environment: jax " in md and "data: shapes (test " in md
 
