@@ -250,7 +250,11 @@ def test_stale_lock_after_sigkill_is_taken_over_by_the_rerun(killed_run):
   r = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
   assert r.returncode == 0, r.stderr[-3000:]
   assert re.search(rf"Taking over the lock {re.escape(str(w / run_lock.LOCK_FILE))} .*pid {pid},", r.stderr)
-  assert "Done: steps 2 -> 6" in r.stderr, r.stderr[-3000:]
+  # The kill lands once step 2 is saved; a loaded machine may have saved step 4 by then: the rerun resumes
+  # from the latest complete checkpoint, whichever it is, and finishes the run.
+  resumed = re.search(r"Resumed from \S+ at step (\d+)", r.stderr)
+  assert resumed and int(resumed.group(1)) in (2, 4), r.stderr[-3000:]
+  assert f"Done: steps {resumed.group(1)} -> 6" in r.stderr, r.stderr[-3000:]
   assert not (w / run_lock.LOCK_FILE).exists()
 
 
