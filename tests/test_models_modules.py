@@ -280,3 +280,73 @@ def test_fusion_remat_gradients_bitwise_and_memory_lower(policy):
   if policy == "nothing_saveable":
     mem = lambda c: c.memory_analysis().temp_size_in_bytes  # noqa: E731
     assert mem(ours) < mem(theirs), (mem(ours), mem(theirs))
+
+
+def _close(ours, ref):
+  """Equal to float32 rounding, leaf by leaf: within 1e-5 of the tree's largest magnitude (a one-row matmul
+  may round in another order than the full one; a key bias's gradient is zero up to that rounding)."""
+  scale = max(float(jnp.max(jnp.abs(x))) for x in jax.tree.leaves(ref))
+  jax.tree.map(lambda a, c: np.testing.assert_allclose(a, c, rtol=0, atol=1e-5 * scale), ours, ref)
+
+
+@pytest.mark.parametrize("core", ["xla_mask", "xla_lengths"])
+def test_block_query_rows_is_the_full_block_sliced(core):
+  """`Block(query_rows=n)` is the full block's first n output rows (their queries attend to every token),
+  in value and in every gradient, within float tolerance (a one-row matmul may round differently); the
+  fusion module's last block reads only its CLS row this way. Break check: taking keys/values from the
+  sliced rows too makes the values differ."""
+  from tipsito.models import layers  # pylint: disable=import-outside-toplevel
+
+  b, t, d = 3, 7, 16
+  x = _normal(1, (b, t, d))
+  valid = jnp.array([[1] * 7, [1] * 4 + [0] * 3, [1] * 2 + [0] * 5], bool)
+  mask = layers.key_padding(valid, "cudnn" if core == "xla_lengths" else "xla")
+  full = layers.Block(num_heads=4, mlp_dim=32)
+  params = full.init(KEY, x, mask)["params"]
+  for n in (1, 3):
+    part = layers.Block(num_heads=4, mlp_dim=32, query_rows=n)
+    assert jax.tree.structure(part.init(KEY, x, mask)["params"]) == jax.tree.structure(params)
+
+    def loss(module, p, x, n=n):
+      y = module.apply({"params": p}, x, mask)[:, :n]
+      return jnp.sum(jnp.sin(y) * jnp.cos(jnp.arange(y.size)).reshape(y.shape))
+
+    y = part.apply({"params": params}, x, mask)
+    chex.assert_shape(y, (b, n, d))
+    np.testing.assert_allclose(y, full.apply({"params": params}, x, mask)[:, :n], rtol=1e-6, atol=1e-6)
+    g_part = jax.grad(lambda p, x, m=part: loss(m, p, x), argnums=(0, 1))(params, x)
+    g_full = jax.grad(lambda p, x: loss(full, p, x), argnums=(0, 1))(params, x)
+    _close(g_part, g_full)
+
+
+def test_fusion_last_block_computes_the_cls_row_only():
+  """The fusion module equals the same two blocks computed on every row and read at CLS (output and
+  gradients, float tolerance), at fewer FLOPs: the last block's other rows are never computed."""
+  from tipsito.models import layers  # pylint: disable=import-outside-toplevel
+
+  b, h, w, di, length, dt = 4, 3, 3, 16, 6, 24
+  args = (_normal(1, (b, di)), _normal(2, (b, h, w, di)), _normal(3, (b, length, dt)))
+  valid = jnp.array([[1] * 3 + [0] * 3, [1] * 6, [1] + [0] * 5, [1] * 4 + [0] * 2], bool)
+  f = FusionTransformer(width=32, depth=2, num_heads=4, max_text_len=6)
+  params = init(f, *args, valid)
+
+  class AllRows(layers.Block):  # the block as it was: every row computed, the fusion reads row 0
+    query_rows: int = 0
+
+    def __post_init__(self):
+      object.__setattr__(self, "query_rows", 0)
+      super().__post_init__()
+
+  def run(block_cls):
+    orig = layers.Block
+    layers.Block = block_cls
+    try:
+      loss = lambda p, *a: jnp.sum(jnp.sin(f.apply({"params": p}, *a, valid)) * jnp.arange(32.0))  # noqa: E731
+      fn = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3)))
+      return fn(params, *args), fn.lower(params, *args).compile().cost_analysis()["flops"]
+    finally:
+      layers.Block = orig
+
+  (ours, flops_ours), (ref, flops_ref) = run(layers.Block), run(AllRows)
+  _close(ours, ref)
+  assert flops_ours < 0.8 * flops_ref, (flops_ours, flops_ref)

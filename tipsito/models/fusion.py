@@ -12,6 +12,12 @@ posemb (zero at CLS), text tokens a learned 1D posemb; the sequence
 [image; text] runs through a pre-LN transformer (`depth` layers, `num_heads`,
 MLP `mlp_ratio`x GELU) with text padding masked as keys; final LN; the output
 at position 0 (image CLS) is L2-normalised. No stop-gradient anywhere.
+
+Only that one output is read, so the last block computes the CLS row alone
+(its query attends to every token's keys and values; `Block.query_rows`): the
+same function, with the other rows' queries, residuals and MLP never computed
+(at B/16, 2 layers: about 40% of the module's FLOPs and one layer's
+activations fewer).
 """
 
 from __future__ import annotations
@@ -99,6 +105,7 @@ class FusionTransformer(nn.Module):
         ffn='mlp',
         activation='gelu',
         attention=self.attention,
+        query_rows=1 if i == self.depth - 1 else 0,  # only the CLS output is read
         name=f'block_{i}',
         **kw,
       )(x, mask, None, False, False)  # positional: nn.remat marks train and values_only static

@@ -245,8 +245,15 @@ class Attention(nn.Module):
 
   @nn.compact
   def __call__(
-    self, x: jax.Array, mask: Optional[jax.Array] = None, is_causal: bool = False, values_only: bool = False
+    self,
+    x: jax.Array,
+    mask: Optional[jax.Array] = None,
+    is_causal: bool = False,
+    values_only: bool = False,
+    query_rows: int = 0,
   ) -> jax.Array:
+    """(B,T,D) -> (B,T,D), or (B,query_rows,D) when `query_rows` > 0: only the first `query_rows` tokens
+    ask (keys and values are every token's), for a last layer whose other outputs nobody reads."""
     d = x.shape[-1]
     if d % self.num_heads:
       raise ValueError(f'width {d} not divisible by num_heads {self.num_heads}')
@@ -272,9 +279,14 @@ class Attention(nn.Module):
     )
     v = proj('value')(x)
     if values_only:
-      return out(v)
-    q = proj('query')(x)
+      return out(v[:, :query_rows] if query_rows else v)
     k = proj('key')(x)
+    if query_rows and self.attention in ('splash', 'splash_interpret'):  # its kernels tile full queries
+      q = proj('query')(x)
+      return out(attention_core(q, k, v, mask, is_causal, self.attention)[:, :query_rows])
+    if query_rows and is_causal:
+      raise ValueError('attention: query_rows with is_causal would mask against the wrong positions')
+    q = proj('query')(x[:, :query_rows] if query_rows else x)
     return out(attention_core(q, k, v, mask, is_causal, self.attention))
 
 
@@ -359,6 +371,9 @@ class Block(nn.Module):
   `mask` is a boolean attention mask broadcastable to (B, heads, T, T);
   `valid` (B,T) multiplies the FFN activations (TIPS text tower only).
   `ln_eps` is the epsilon of both LayerNorms (1e-6 TIPS, 1e-5 OpenCLIP).
+  `query_rows` > 0 returns only the first `query_rows` tokens (B,query_rows,D): their queries attend to
+  every token, and the other rows' queries, residuals and FFN are never computed. Why: the ITO fusion
+  module reads only its CLS output, so its last block computes one row of 261 (tipsito/models/fusion.py).
   """
 
   num_heads: int
@@ -371,6 +386,7 @@ class Block(nn.Module):
   dropout: float = 0.0
   drop_path: float = 0.0
   attention: str = 'xla'  # ATTENTIONS
+  query_rows: int = 0
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
@@ -399,7 +415,10 @@ class Block(nn.Module):
     """x += Attn(LN x); x += FFN(LN x), stochastic depth `rate` on both branches."""
     norm1, attn, norm2, ffn = sublayers
     x = constrain_batch(x)
-    y = attn(norm1(x), mask, self.is_causal, values_only)
+    n = self.query_rows
+    y = attn(norm1(x), mask, self.is_causal, values_only, n)
+    if n:
+      x, valid = x[:, :n], (valid[:, :n] if valid is not None else None)
     x = constrain_batch(x + self._residual(y, train, rate))
     y = ffn(norm2(x), valid if self.mask_ffn else None, train)
     return constrain_batch(x + self._residual(y, train, rate))
