@@ -247,7 +247,6 @@ def _lock_workdir(workdir: str) -> Optional[run_lock.RunLock]:
 
 def _open_writer(config: mlc.ConfigDict, workdir: str):
   """The TensorBoard writer of the run, with its hyperparameters."""
-  observability.quiet_library_logs()
   writer = observability.create_writer(workdir)
   writer.write_hparams(
     {
@@ -315,6 +314,8 @@ def train_and_evaluate(
       total_steps) — used to simulate a preemption in tests.
   """
   distributed.configure_jax()
+  # Before anything opens a checkpoint: Orbax logs INFO lines when its CheckpointManager is created.
+  observability.quiet_library_logs()
   workdir = paths.resolve(workdir)
   owns_iter = data_iter is None
   config, history, lock = _check_workdir(config, workdir, check_data=owns_iter)
