@@ -202,6 +202,10 @@ def test_results_record_provenance_and_effect_sizes(sweeps):
   # Known values: means 3 and 1, both stds 1 -> d = 2; one seed -> undefined.
   assert results_lib.effect_size([2.0, 3.0, 4.0], [0.0, 1.0, 2.0]) == pytest.approx(2.0)
   assert results_lib.effect_size([2.0], [0.0, 1.0]) is None
+  # A state size equal in every run up to float rounding has no spread: no d (it was 7e15 in ema's table).
+  a = 0.0989
+  assert results_lib.effect_size([a, a, a + 1.7e-17 * 3], [0.183, 0.183, 0.183]) is None
+  assert results_lib.effect_size([a, a, a], [0.183, 0.183, 0.183 + 1e-9]) < -1e8  # a real, if tiny, spread
 
 
 def test_results_record_paired_statistics_primary_and_environment(sweeps):

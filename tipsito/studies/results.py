@@ -144,7 +144,8 @@ def effect_size(arm_values, ref_values) -> float | None:
   pooled std = sqrt(((n_a - 1) s_a^2 + (n_r - 1) s_r^2) / (n_a + n_r - 2)), the sample stds of both arms'
   seeds. Why: a difference means something only against the spread between seeds; |d| < 1 is within about
   one std, which at 3-5 seeds cannot be told from noise. None without two seeds on each side or with no
-  spread at all."""
+  spread at all, rounding included (a state size stored as 0.0989 in one run and 0.0989 + 1e-17 in another
+  has no spread; tipsito/studies/paired.py treats paired differences the same way)."""
   a = [x for x in arm_values if x is not None and math.isfinite(x)]
   r = [x for x in ref_values if x is not None and math.isfinite(x)]
   if len(a) < 2 or len(r) < 2:
@@ -152,7 +153,7 @@ def effect_size(arm_values, ref_values) -> float | None:
   pooled = math.sqrt(
     ((len(a) - 1) * np.var(a, ddof=1) + (len(r) - 1) * np.var(r, ddof=1)) / (len(a) + len(r) - 2)
   )
-  if pooled == 0:
+  if pooled <= 1e-12 * max(1.0, float(np.abs(a).max()), float(np.abs(r).max())):
     return None
   return float((np.mean(a) - np.mean(r)) / pooled)
 
