@@ -55,6 +55,26 @@ def _config(data_dir):
   return c
 
 
+def test_alt_text_key_none_draws_text_from_the_caption_fields_on_disk(shapes_dir):
+  """`data.alt_text_key=None` with the alt-text among `data.caption_keys` (the captions study's
+  `sampled_1cls` arm) through the real reader: 'text' is drawn per example from those fields, so it is
+  sometimes a synthetic caption, and 'text2' is the same caption. (The renaming in `pipeline.open_source`
+  once turned None back into 'alt_text', and the arm trained on the alt-text alone.)"""
+  texts = {}
+  for alt_key, caps in (('alt_text', ('caption_detailed',)), (None, ('alt_text', 'caption_detailed'))):
+    cfg = _config(shapes_dir)
+    cfg.data.alt_text_key, cfg.data.caption_keys = alt_key, caps
+    cfg.input.num_epochs = 1
+    with pipeline.make_train_iterator(cfg, process_index=0, process_count=1) as it:
+      texts[alt_key] = [(b['label'], b['text'], b['text2']) for b in it]
+  drawn_caption = 0  # both runs read the records in one order (it depends on the seed only)
+  for (labels_alt, text_alt, _), (labels, text, text2) in zip(texts['alt_text'], texts[None], strict=True):
+    np.testing.assert_array_equal(labels, labels_alt)
+    np.testing.assert_array_equal(text, text2)
+    drawn_caption += int((text != text_alt).any(axis=1).sum())
+  assert drawn_caption > 0  # 24 records, each a caption with probability 1/2
+
+
 def test_train_iterator_on_converted_shapes(shapes_dir):
   cfg = _config(shapes_dir)
   tok = tok_lib.Tokenizer(None, max_len=16)

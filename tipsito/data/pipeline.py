@@ -88,11 +88,13 @@ def open_source(data_config, split: str | None = None):
 
   Returns (source, key overrides): that reader renames the configured fields to fixed keys
   ('image', 'alt_text', 'label', 'segmentation'; captions keep their names, and caption_keys=()
-  there means every 'caption_*' field), so the spec must read those keys."""
+  there means every 'caption_*' field), so the spec must read those keys. `data.alt_text_key=None` stays
+  None: 'text' is then drawn from the caption fields (which may name the raw alt-text field), as the
+  spec's docstring says; renaming it to 'alt_text' would quietly train on the alt-text alone."""
   src, info = sources.open_source(data_config, split=split)
   keys = dict(
     image_key='image',
-    alt_text_key='alt_text',
+    alt_text_key='alt_text' if info.alt_text_key is not None else None,
     caption_keys=tuple(info.caption_keys),
     label_key='label' if info.label_key else None,
   )
