@@ -154,6 +154,10 @@ def test_self_distillation_check_by_hand():
   lines = "\n".join(results.self_distillation_lines({"self_distillation_check": sd}))
   assert "| ibot_pp | `loss/dino` |" in lines and "**no**" in lines
   assert results.self_distillation_check({"arms": {}}) is None  # no margin declared: no check
+  none = results.self_distillation_check({"self_distillation_margin": 0.5, "arms": {}})
+  assert none == {"margin": 0.5, "arms": {}, "all_passed": False}  # no self-distillation arm (ITO)
+  text = "\n".join(results.self_distillation_lines({"self_distillation_check": none}))
+  assert "No arm of this study has a DINO or iBOT term" in text and "Not every arm passes" not in text
 
 
 def _write_events(run_dir, points):

@@ -540,6 +540,13 @@ def self_distillation_lines(summary: dict) -> list[str]:
   sd = summary.get("self_distillation_check")
   if not sd:
     return []
+  if not sd["arms"]:  # e.g. the ITO family: CLIP losses only; "not every arm passes" would be false
+    return [
+      "## Does self-distillation train?",
+      "",
+      "No arm of this study has a DINO or iBOT term: nothing to check.",
+      "",
+    ]
   lines = [
     "## Does self-distillation train?",
     "",
