@@ -154,6 +154,12 @@ def test_self_distillation_check_by_hand():
   lines = "\n".join(results.self_distillation_lines({"self_distillation_check": sd}))
   assert "| ibot_pp | `loss/dino` |" in lines and "**no**" in lines
   assert results.self_distillation_check({"arms": {}}) is None  # no margin declared: no check
+  mask0 = _summary([4.0, 4.1], [4.0, 4.2])  # a mask-0 arm logs no masked-token CE: not applicable
+  mask0["arms"]["ibot_pp"]["summary"].pop("ibot/ce_masked")
+  sd0 = results.self_distillation_check(mask0)
+  assert sd0["arms"]["ibot_pp"]["terms"]["ibot"]["passed"] is None and sd0["all_passed"] is True
+  text0 = "\n".join(results.self_distillation_lines({"self_distillation_check": sd0}))
+  assert "**Every arm passes.** (`–`" in text0
   none = results.self_distillation_check({"self_distillation_margin": 0.5, "arms": {}})
   assert none == {"margin": 0.5, "arms": {}, "all_passed": False}  # no self-distillation arm (ITO)
   text = "\n".join(results.self_distillation_lines({"self_distillation_check": none}))
