@@ -5,8 +5,8 @@ passes run is decided here once from the features the active terms declare (`nee
 read the same view never encode it twice and a term never decides where the teacher's input comes from.
 
 Passes, as the terms need them:
-  student pass  one encoder call over every same-shaped image view (bigger matmuls, one encoder in the
-                HLO): view 1 as the student sees it (masked when iBOT masks), view 1 unmasked when the
+  student pass  one encoder call per image view (`_student_pass` says why, and why ITO's two views share
+                one): view 1 as the student sees it (masked when iBOT masks), view 1 unmasked when the
                 contrastive terms must not see the mask (`loss_opts.contrastive_view='unmasked'` [I]: the
                 papers do not say; with 75% of the patches replaced by the mask token the CLS cannot carry
                 what the caption names; 'masked' reuses the masked pass), and ITO's view 2 (never masked).
@@ -23,6 +23,7 @@ from typing import NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
+from tipsito.choices import FUSION
 from tipsito.data import batch as batch_lib
 from tipsito.models.layers import l2_normalize
 from tipsito.objective.context import LossContext, teacher_temperature
@@ -131,7 +132,10 @@ def encode(
   """
   fwd = Forward(ctx.model, rng)
   mask, unmasked_v1 = _student_mask(ctx, needs, batch)
-  student, contrastive, view2 = _student_pass(fwd, params, batch, mask, unmasked_v1, VIEW2 in needs)
+  fusion_pair = bool(ctx.weights.get(FUSION))  # the fusion module reads view 1 and view 2 per example
+  student, contrastive, view2 = _student_pass(
+    fwd, params, batch, mask, unmasked_v1, VIEW2 in needs, fusion_pair
+  )
   enc = {"student": student}
   if unmasked_v1:
     enc["contrastive"] = contrastive
@@ -198,24 +202,42 @@ def features_from_encodings(
 
 
 def _student_pass(
-  fwd: Forward, params: dict, batch: dict, mask, unmasked_v1: bool, with_view2: bool
+  fwd: Forward, params: dict, batch: dict, mask, unmasked_v1: bool, with_view2: bool, fusion_pair: bool
 ) -> tuple[dict, dict, Optional[dict]]:
-  """(student view 1, contrastive view 1, view 2 or None) from one encoder call over the stacked views."""
+  """(student view 1, contrastive view 1, view 2 or None): one image-tower call per view, except that
+  ITO's two views share one call when view 1 runs only once (`fusion_pair`, no masked student pass).
+
+  Per view, not one call over every view stacked on the batch axis: the stacked call's outputs had to be
+  cut back into views (strided slices of every returned token array, and their transposes in the
+  backward pass), which cost ITO's B/16 towers on two views about 6% of their step time and 120 MiB of
+  compiled temporaries on XLA:CPU, and tipsito B/16 355 MiB per chip on TPU (docs/performance.md). The
+  exception is measured too: the fusion module reads (view 1, view 2) with each example's two views in
+  adjacent rows (terms.py `fused_embeddings`), and for `ito` B/16 on TPU one call over those rows holds
+  158 MiB per chip less than two calls (while for tipsito, whose view 1 also runs masked, sharing the call
+  holds 1.5 GiB more). Every call keeps the batch axis as it is sharded, so every view of an example
+  stays on the devices that hold the example; per example the tower computes the same values. Only the
+  student's view 1 is masked (`mask`); each call after the first gets its own dropout / stochastic-depth
+  key."""
+
+  def encode(x, call, m=None):
+    f = (
+      fwd if call == 0 or fwd.rng is None else dataclasses.replace(fwd, rng=jax.random.fold_in(fwd.rng, call))
+    )
+    return f(params, x, mask=m, train=True, method=TrainModel.encode_image)
+
   view1 = batch[batch_lib.IMAGE]
-  views = [view1] + ([view1] if unmasked_v1 else []) + ([batch[batch_lib.IMAGE2]] if with_view2 else [])
-  n, b = len(views), view1.shape[0]
-  # Example-major rows (row n i + k = view k of example i), not [view 1; view 2; ...]: with the batch axis
-  # sharded, each example's views stay on the devices holding the example, and the ITO fusion module,
-  # which reads both views of an example in the same order (terms.py `fused_embeddings`), gets its input
-  # without any data movement (146 MiB less per chip for ITO B/16 on TPU, docs/performance.md); per example
-  # the tower computes the same values.
-  stack = lambda xs: jnp.stack(xs, 1).reshape((n * b,) + xs[0].shape[1:])  # noqa: E731
-  imgs = stack(views) if n > 1 else view1
-  if mask is not None and n > 1:
-    mask = stack([mask] + [jnp.zeros_like(mask)] * (n - 1))
-  allv = fwd(params, imgs, mask=mask, train=True, method=TrainModel.encode_image)
-  chunks = [jax.tree.map(lambda x, k=k: x.reshape((b, n) + x.shape[1:])[:, k], allv) for k in range(n)]
-  return chunks[0], (chunks[1] if unmasked_v1 else chunks[0]), (chunks[-1] if with_view2 else None)
+  if fusion_pair and with_view2 and mask is None:  # ITO: view 1 is both the student's and the fusion's
+    b = view1.shape[0]
+    rows = jnp.stack([view1, batch[batch_lib.IMAGE2]], 1).reshape((2 * b,) + view1.shape[1:])
+    both = encode(rows, 0)
+    contrastive, view2 = (
+      jax.tree.map(lambda x, k=k: x.reshape((b, 2) + x.shape[1:])[:, k], both) for k in (0, 1)
+    )
+    return contrastive, contrastive, view2
+  student = encode(view1, 0, mask)
+  contrastive = encode(view1, 1) if unmasked_v1 else student
+  view2 = encode(batch[batch_lib.IMAGE2], 2) if with_view2 else None
+  return student, contrastive, view2
 
 
 def _encode_captions(enc: dict, fwd: Forward, params: dict, batch: dict, synthetic: bool) -> None:
