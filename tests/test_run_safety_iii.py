@@ -307,12 +307,42 @@ def test_unretrieved_failures_of_orbax_sibling_tasks_are_not_logged(caplog):
     del task
     gc.collect()
 
+  def unretrieved_gather(filename):
+    # Orbax gathers its array reads: the `_GatheringFuture` has no coroutine, only the exception it got.
+    loop = checkpointing._ClosedLoopTolerantEventLoop()  # pylint: disable=protected-access
+
+    async def start():
+      return asyncio.gather(_failing_coroutine(filename)())
+
+    gathered = loop.run_until_complete(start())
+    loop.run_until_complete(asyncio.sleep(0))  # the read fails, the gather finishes; nobody retrieves it
+    loop.close()
+    del gathered
+    gc.collect()
+
+  def unretrieved_future(message):
+    # The futures of TensorStore's array reads carry only the exception, with no Python frame.
+    loop = checkpointing._ClosedLoopTolerantEventLoop()  # pylint: disable=protected-access
+    fut = loop.create_future()
+    fut.set_exception(ValueError(message))
+    loop.close()
+    del fut
+    gc.collect()
+
+  errors = lambda: [r for r in caplog.records if r.name == "asyncio" and r.levelno >= logging.ERROR]  # noqa: E731
   with caplog.at_level(logging.DEBUG, logger="asyncio"):
-    unretrieved("/site-packages/orbax/checkpoint/_src/serialization/serialization.py")
-    assert [r for r in caplog.records if r.name == "asyncio" and r.levelno >= logging.ERROR] == []
-    unretrieved(__file__)  # any other task's failure still reaches asyncio's handler
-    [record] = [r for r in caplog.records if r.name == "asyncio" and r.levelno >= logging.ERROR]
-  assert record.getMessage().startswith("Task exception was never retrieved")
+    orbax_file = "/site-packages/orbax/checkpoint/_src/serialization/serialization.py"
+    unretrieved(orbax_file)
+    unretrieved_gather(orbax_file)
+    unretrieved_future(
+      'FAILED_PRECONDITION: Error reading "params.x/0.0" in OCDBT database at local file "w"'
+    )
+    assert errors() == []
+    unretrieved(__file__)  # any other failure still reaches asyncio's handler
+    unretrieved_gather(__file__)
+    unretrieved_future("something else went wrong")
+    records = errors()
+  assert [r.getMessage().split(" exception")[0] for r in records] == ["Task", "_GatheringFuture", "Future"]
 
 
 # --- gs:// -------------------------------------------------------------------------------------------

@@ -630,7 +630,7 @@ class _ClosedLoopTolerantEventLoop(asyncio.SelectorEventLoop):
       raise
 
   def call_exception_handler(self, context):
-    """Drops 'Task exception was never retrieved' for Orbax's sibling tasks of a failed restore or save.
+    """Drops '... exception was never retrieved' for Orbax's sibling tasks of a failed restore or save.
 
     Why: Orbax gathers one task per array; the first failure ends the restore (we report it once, and
     fall back or raise), and the siblings that fail on the same damaged step later are never awaited, so
@@ -643,11 +643,34 @@ class _ClosedLoopTolerantEventLoop(asyncio.SelectorEventLoop):
 
 
 def _is_orbax_sibling_failure(context) -> bool:
-  if context.get("message") != "Task exception was never retrieved":
+  """An unretrieved failure of Orbax's: a task running Orbax's code, or a future without a coroutine whose
+  exception was raised in Orbax (the `_GatheringFuture` of its `asyncio.gather` over the arrays) or is a
+  TensorStore read or write error (the futures of the array reads themselves, which carry no Python
+  frame: 'FAILED_PRECONDITION: Error reading "params..." in OCDBT database ...')."""
+  if not str(context.get("message", "")).endswith("exception was never retrieved"):
     return False
   get_coro = getattr(context.get("future"), "get_coro", None)
   code = getattr(get_coro() if get_coro else None, "cr_code", None)
-  return code is not None and "orbax" in code.co_filename
+  if code is not None:
+    return "orbax" in code.co_filename
+  exc = context.get("exception")
+  return _raised_in_orbax(exc) or bool(
+    isinstance(exc, ValueError) and re.match(r"[A-Z_]+: Error (reading|writing) ", str(exc))
+  )
+
+
+def _raised_in_orbax(exc) -> bool:
+  """Whether `exc`, or an exception it was raised from, passed through a frame of Orbax's code."""
+  seen = set()
+  while exc is not None and id(exc) not in seen:
+    seen.add(id(exc))
+    tb = exc.__traceback__
+    while tb is not None:
+      if "orbax" in tb.tb_frame.f_code.co_filename:
+        return True
+      tb = tb.tb_next
+    exc = exc.__cause__ or exc.__context__
+  return False
 
 
 def _close_coroutines(callback, args) -> None:
