@@ -228,8 +228,7 @@ def _student_pass(
   view1 = batch[batch_lib.IMAGE]
   if fusion_pair and with_view2 and mask is None:  # ITO: view 1 is both the student's and the fusion's
     b = view1.shape[0]
-    rows = jnp.stack([view1, batch[batch_lib.IMAGE2]], 1).reshape((2 * b,) + view1.shape[1:])
-    both = encode(rows, 0)
+    both = encode(interleave(view1, batch[batch_lib.IMAGE2]), 0)
     contrastive, view2 = (
       jax.tree.map(lambda x, k=k: x.reshape((b, 2) + x.shape[1:])[:, k], both) for k in (0, 1)
     )
@@ -238,6 +237,12 @@ def _student_pass(
   contrastive = encode(view1, 1) if unmasked_v1 else student
   view2 = encode(batch[batch_lib.IMAGE2], 2) if with_view2 else None
   return student, contrastive, view2
+
+
+def interleave(x: jax.Array, y: jax.Array) -> jax.Array:
+  """Rows 2i and 2i + 1 are x[i] and y[i] (example-major): with the batch axis sharded, each example's two
+  rows stay on the devices that hold the example, where [x; y] would move half of them."""
+  return jnp.stack([x, y], 1).reshape((2 * x.shape[0],) + x.shape[1:])
 
 
 def _encode_captions(enc: dict, fwd: Forward, params: dict, batch: dict, synthetic: bool) -> None:

@@ -55,6 +55,7 @@ from tipsito.objective.features import (
   TEACHER,
   VIEW2,
   Features,
+  interleave,
   unit,
 )
 from tipsito.objective.model import TrainModel
@@ -161,12 +162,10 @@ def fused_embeddings(ctx: LossContext, f: Features) -> tuple[jax.Array, jax.Arra
   accumulation (tipsito/objective/accumulate.py) computes it micro-batch by micro-batch and hands the
   term only these embeddings, in `Features.fused`."""
   c, b, txt = ctx.fusion_cls, f.batch_size, f.caption
-  # Rows 2i and 2i + 1 are example i's two views, not [view 1; view 2]: interleaving keeps each example's
-  # rows on the devices that hold the example when the batch axis is sharded, where concatenating would
-  # make GSPMD move (or replicate) the fusion's inputs; per example the values are the same.
-  pair = lambda x, y: jnp.stack([x, y], 1).reshape((2 * x.shape[0],) + x.shape[1:])  # noqa: E731
-  twice = lambda x: pair(x, x)  # noqa: E731
-  both = jax.tree.map(pair, f.contrastive, f.view2)
+  # Rows 2i and 2i + 1 are example i's two views (`interleave`), not [view 1; view 2]; per example the
+  # values are the same.
+  twice = lambda x: interleave(x, x)  # noqa: E731
+  both = jax.tree.map(interleave, f.contrastive, f.view2)
   z = f.forward(
     f.params,
     both["cls"][:, c],

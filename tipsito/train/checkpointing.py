@@ -40,6 +40,7 @@ import re
 import signal
 import threading
 import time
+import traceback
 from typing import Any, Callable, Optional
 
 import jax
@@ -664,11 +665,8 @@ def _raised_in_orbax(exc) -> bool:
   seen = set()
   while exc is not None and id(exc) not in seen:
     seen.add(id(exc))
-    tb = exc.__traceback__
-    while tb is not None:
-      if "orbax" in tb.tb_frame.f_code.co_filename:
-        return True
-      tb = tb.tb_next
+    if any("orbax" in frame.f_code.co_filename for frame, _ in traceback.walk_tb(exc.__traceback__)):
+      return True
     exc = exc.__cause__ or exc.__context__
   return False
 
