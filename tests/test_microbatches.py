@@ -270,6 +270,19 @@ def test_validation_names_both_numbers():
   c = tiny("clip", 0, 8)
   with pytest.raises(config_validation.ConfigError, match="input.microbatches=0"):
     config_validation.validate(c, num_devices=1)
+  # The grouped fusion module (model.fusion.chunks) splits each device's rows of one micro-batch.
+  c = tiny("ito", 2, 16)
+  c.model.fusion.chunks = 4  # 2 views x 16 / 2 / 2 devices = 8 rows: 4 divides them
+  config_validation.validate(c, num_devices=2)
+  c.model.fusion.chunks = 3
+  with pytest.raises(
+    config_validation.ConfigError,
+    match=r"model.fusion.chunks=3 must divide the 8 rows the fusion module reads per device "
+    r"\(2 views x batch_size 16 / microbatches 2 / mesh data\*fsdp 2\)",
+  ):
+    config_validation.validate(c, num_devices=2)
+  c.loss.fusion = 0.0  # no fusion term: the module never runs, so its grouping is not checked
+  config_validation.validate(c, num_devices=2)
 
 
 def test_resume_with_another_k_is_safe_and_says_why():

@@ -6,6 +6,11 @@ posemb resizing, mask-token placement, remat equivalence, padding invariance
 of the text towers, and gradient flow through the ITO fusion module.
 """
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import chex
 import flax.linen as nn
 import jax
@@ -23,6 +28,8 @@ from tipsito.models import (
 )
 from tipsito.models import vit as vit_lib
 from tipsito.config import presets
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 KEY = jax.random.PRNGKey(0)
 
@@ -350,3 +357,65 @@ def test_fusion_last_block_computes_the_cls_row_only():
   (ours, flops_ours), (ref, flops_ref) = run(layers.Block), run(AllRows)
   _close(ours, ref)
   assert flops_ours < 0.8 * flops_ref, (flops_ours, flops_ref)
+
+
+def test_fusion_chunks_are_the_same_function_in_less_memory():
+  """`model.fusion.chunks`: the module run over groups of examples in turn (each rematerialised) has the
+  parameters of `chunks=1` (same init), the same output and gradients within float tolerance, with each
+  row where it was (group g holds rows g, g + chunks, ...; break check: un-grouping in the other order
+  permutes the rows and fails), and less compiled memory for the backward; a count that does not divide
+  the batch is refused naming the key."""
+  b, h, w, di, length, dt = 8, 4, 4, 16, 6, 24
+  args = (_normal(1, (b, di)), _normal(2, (b, h, w, di)), _normal(3, (b, length, dt)))
+  valid = jnp.arange(length)[None, :] < jnp.array([3, 6, 1, 4, 2, 5, 6, 1])[:, None]
+  plain = FusionTransformer(width=32, depth=2, num_heads=4, max_text_len=6)
+  params = init(plain, *args, valid)
+
+  def compiled(module):
+    loss = lambda p, *a: jnp.sum(jnp.sin(module.apply({"params": p}, *a, valid)) * jnp.arange(32.0))  # noqa: E731
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3))).lower(params, *args).compile()
+
+  ref = compiled(plain)
+  out = apply(plain, params, *args, valid)
+  for k in (2, 4):
+    chunked = plain.clone(chunks=k)
+    jax.tree.map(np.testing.assert_array_equal, init(chunked, *args, valid), params)
+    _close(apply(chunked, params, *args, valid), out)
+    ours = compiled(chunked)
+    _close(ours(params, *args), ref(params, *args))
+    mem = lambda c: c.memory_analysis().temp_size_in_bytes  # noqa: E731
+    assert mem(ours) < mem(ref), (k, mem(ours), mem(ref))
+  with pytest.raises(ValueError, match=r"model\.fusion\.chunks=3 must divide the 8 examples"):
+    apply(plain.clone(chunks=3), params, *args, valid)
+
+
+def test_fusion_chunks_move_no_rows_between_devices():
+  """On a batch sharded over 4 devices, the grouped fusion module (chunks=2: each device's rows split
+  between both groups) compiles without moving activations between devices (no all-to-all, permute or
+  gather of rows); only the parameters' gradients are summed. Break check: groups of contiguous rows
+  (rows 0..B/2 first) put each group on two devices and fail it."""
+  code = textwrap.dedent(
+    """
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from tipsito.models.fusion import FusionTransformer
+    b = 16
+    args = [jnp.ones(s) for s in ((b, 16), (b, 4, 4, 16), (b, 6, 24))]
+    valid = jnp.ones((b, 6), bool)
+    f = FusionTransformer(width=32, depth=2, num_heads=4, max_text_len=6, chunks=2)
+    params = f.init(jax.random.PRNGKey(0), *args, valid)
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+    rows = lambda x: jax.device_put(x, NamedSharding(mesh, P("data")))
+    loss = lambda p, *a: jnp.sum(f.apply(p, *a) ** 2)
+    step = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))
+    hlo = step.lower(params, *map(rows, args), rows(valid)).compile().as_text()
+    print("RESULT", sum(hlo.count(op) for op in ("all-to-all", "collective-permute", "all-gather")))
+    """
+  )
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+  proc = subprocess.run(
+    [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600, cwd=ROOT
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  moves = int([line for line in proc.stdout.splitlines() if line.startswith("RESULT")][-1].split()[1])
+  assert moves == 0, moves

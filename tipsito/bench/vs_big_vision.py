@@ -41,6 +41,9 @@ Toggles (`--toggles`, each one extra row of tipsito's `clip`, one thing changed;
                nothing_saveable, dots_saveable, dots_with_no_batch_dims_saveable; tipsito/models/layers.py)
   fusion_remat_P  the ITO fusion module's blocks rematerialised with policy P (`model.fusion.remat_policy`;
                with `--recipes ito`)
+  fusion_chunks_K  the ITO fusion module over K groups of examples in turn, each rematerialised
+               (`model.fusion.chunks`; the `ito` rows use the paper config's 2; K = 1, 4, 8; with
+               `--recipes ito`)
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ from jax.sharding import PartitionSpec as P
 from tipsito import command
 from tipsito import distributed
 from tipsito.config import defaults
+from tipsito.config import paper
 from tipsito.config import validation as config_validation
 from tipsito.data import batch as batch_lib
 from tipsito.data.synthetic import synthetic_batch
@@ -98,9 +102,13 @@ TOGGLES = (
   "fusion_remat_nothing_saveable",
   "fusion_remat_dots_saveable",
   "fusion_remat_dots_with_no_batch_dims_saveable",
+  "fusion_chunks_1",
+  "fusion_chunks_4",
+  "fusion_chunks_8",
 )
 REMAT_PREFIX = "remat_"
 FUSION_REMAT_PREFIX = "fusion_remat_"
+FUSION_CHUNKS_PREFIX = "fusion_chunks_"
 # big_vision's Adafactor settings (`big_vision/optax.py: scale_by_adafactor` defaults), given to both sides.
 ADAFACTOR = dict(momentum=0.9, momentum_dtype="bfloat16", decay_rate=0.8, beta2_cap=0.999, eps=1e-30)
 # The modules big_vision's model/optimizer files import that this tool may replace by stubs when they are
@@ -373,7 +381,7 @@ def tipsito_config(
   c.max_len = shape["max_len"]
   c.model.image.dtype = "float32"
   if recipe == "ito":
-    c.model.fusion.max_text_len = shape["max_len"]
+    c.model.fusion.update(dict(max_text_len=shape["max_len"], chunks=paper.FUSION_CHUNKS))
     c.input.update(dict(views="two_views", num_local=0))
   c.optim.update(
     dict(name="adafactor", lr=1e-3, weight_decay=1e-4, clip_norm=1.0, warmup_steps=100, **ADAFACTOR)
@@ -398,6 +406,8 @@ def tipsito_config(
         c.model[tower].update(dict(remat=True, remat_policy=t[len(REMAT_PREFIX) :]))
     if t.startswith(FUSION_REMAT_PREFIX):  # the ITO fusion module's blocks rematerialised with that policy
       c.model.fusion.update(dict(remat=True, remat_policy=t[len(FUSION_REMAT_PREFIX) :]))
+    if t.startswith(FUSION_CHUNKS_PREFIX):  # the fusion module over K groups of examples in turn
+      c.model.fusion.chunks = int(t[len(FUSION_CHUNKS_PREFIX) :])
   return c
 
 

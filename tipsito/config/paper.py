@@ -24,6 +24,12 @@ ITO_VARIANTS = ("B/16", "L/16")
 TIPSV2_GLOBAL_CROP_SCALE = (1.0, 1.0)
 # ITO's two views: "random resized crop with scale 0.5-1.0" (ITO, Method).
 ITO_CROP_SCALE = (0.5, 1.0)
+# The ITO fusion module over 2 groups of examples in turn (`model.fusion.chunks`, tipsito/models/fusion.py):
+# its backward then holds half the batch's activations at a time. `ito` B/16 at 64 images per chip compiled
+# for TPU v5p: 5036 MiB per chip, against 5776 in one group and big_vision's two towers' 5114
+# (docs/performance.md); 4 and 8 groups hold more than 2. Always valid: every device fuses an even number
+# of rows (two views per example).
+FUSION_CHUNKS = 2
 # ITO steps per data set at batch 8192. ITO's results table: "ViT-B/16, 30 epochs unless noted"; the
 # noted rows are DataComp-1B ("1 epoch"; a 10-epoch B/16 scaling row; "ViT-L/16, 1 epoch"). So 30-33 epochs
 # for CC3M (12k x 8192 = 98M samples, ~3.3M images), CC12M (393M, ~12M), YFCC15M (491M, 15M) and
@@ -186,7 +192,7 @@ def ito(data: str, variant: str, *, total_steps: int, batch_size: int) -> mlc.Co
     )
   )
   c.max_len = 77
-  c.model.fusion.max_text_len = 77
+  c.model.fusion.update(dict(max_text_len=77, chunks=FUSION_CHUNKS))
   c.model.image.update(dict(dtype="bfloat16"))
   c.data = defaults.data_config(data)
   c.input.update(

@@ -543,6 +543,15 @@ KEYS: tuple[Key, ...] = (
     choices=tuple(REMAT_POLICIES),
   ),
   K(
+    "model.fusion.chunks",
+    int,
+    1,
+    "run the fusion module over this many groups of examples in turn, each rematerialised with "
+    "model.fusion.remat_policy: its backward holds one group's activations (1 = all at once; must divide "
+    "the examples it fuses per step)",
+    range=_POS_INT,
+  ),
+  K(
     "model.fusion.attention",
     str,
     "xla",

@@ -574,3 +574,12 @@ def _check_batch_split(config: mlc.ConfigDict, num_devices: int, process_count: 
       f"config.input.batch_size={batch_size} / config.input.microbatches={k} = "
       f"{batch_size // k} per micro-batch must be divisible by mesh data*fsdp={split}"
     )
+  chunks = int(config.model.fusion.get("chunks", 1))
+  if chunks > 1 and config.loss.get("fusion", 0.0):
+    rows = 2 * (batch_size // k) // split  # both views of each example, per micro-batch, per device
+    if rows % chunks:
+      raise ConfigError(
+        f"config.model.fusion.chunks={chunks} must divide the {rows} rows the fusion module reads per "
+        f"device (2 views x batch_size {batch_size} / microbatches {k} / mesh data*fsdp {split}), so that "
+        "each device holds its share of every group; pick a divisor of it, or chunks=1"
+      )

@@ -18,6 +18,16 @@ Only that one output is read, so the last block computes the CLS row alone
 same function, with the other rows' queries, residuals and MLP never computed
 (at B/16, 2 layers: about 40% of the module's FLOPs and one layer's
 activations fewer).
+
+`chunks` > 1 runs the module over that many groups of examples one after the other (a `scan`), each
+group rematerialised (`remat_policy`): the backward pass then holds one group's activations and
+attention probabilities at a time instead of the whole batch's, at the cost of one more forward of the
+module. Why: the module runs once the towers have saved every activation of their forward, so its
+backward transient (at B/16, the first block's attention probabilities and MLP hidden layer) sits on top
+of the step's peak; a group's is 1/chunks of that. Each example's fusion is its own (the module never
+mixes examples), so the function is the same; group g holds rows g, g + chunks, g + 2 chunks, ..., so
+that a batch sharded in contiguous blocks over devices gives every device its share of every group (no
+rows move). Parameters are those of `chunks=1` (broadcast into the scan).
 """
 
 from __future__ import annotations
@@ -67,6 +77,7 @@ class FusionTransformer(nn.Module):
   attention: str = 'xla'  # attention core: layers.ATTENTIONS
   remat: bool = False  # rematerialise each block with remat_policy (gradients bitwise unchanged)
   remat_policy: str = 'nothing_saveable'  # layers.REMAT_POLICIES
+  chunks: int = 1  # groups of examples run one after the other, each rematerialised (module docstring)
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
@@ -75,6 +86,35 @@ class FusionTransformer(nn.Module):
     self, image_cls: jax.Array, image_patches: jax.Array, text_tokens: jax.Array, text_valid: jax.Array
   ) -> jax.Array:
     """(B,D_i), (B,h,w,D_i), (B,L,D_t), (B,L) bool -> (B,width) unit norm."""
+    inputs = (image_cls, image_patches, text_tokens, text_valid)
+    k, b = self.chunks, image_cls.shape[0]
+    if k == 1 or self.is_initializing():  # the same parameters either way; init may see a 1-example batch
+      return self.fuse(*inputs)
+    if k < 1 or b % k:
+      raise ValueError(
+        f'model.fusion.chunks={k} must divide the {b} examples the fusion module reads per step '
+        '(per microbatch, every view it fuses); pick a divisor or chunks=1'
+      )
+    policy = layers.REMAT_POLICIES[self.remat_policy]
+    groups = [x.reshape(b // k, k, *x.shape[1:]).swapaxes(0, 1) for x in inputs]  # group g: rows g::k
+
+    def one_group(module, carry, group):
+      return carry, module.fuse(*group)
+
+    body = one_group if policy is None else nn.remat(one_group, policy=policy, prevent_cse=False)  # 'none'
+    scan = nn.scan(
+      body,
+      variable_broadcast='params',
+      split_rngs={'params': False},
+      length=k,
+    )
+    _, out = scan(self, None, groups)  # (k, B/k, width)
+    return out.swapaxes(0, 1).reshape(b, out.shape[-1])
+
+  def fuse(
+    self, image_cls: jax.Array, image_patches: jax.Array, text_tokens: jax.Array, text_valid: jax.Array
+  ) -> jax.Array:
+    """The module on one group of examples (all of them when `chunks` is 1)."""
     kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
     b, h, w, di = image_patches.shape
     length = text_tokens.shape[1]

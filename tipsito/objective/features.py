@@ -23,7 +23,6 @@ from typing import NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
-from tipsito.choices import FUSION
 from tipsito.data import batch as batch_lib
 from tipsito.models.layers import l2_normalize
 from tipsito.objective.context import LossContext, teacher_temperature
@@ -132,10 +131,7 @@ def encode(
   """
   fwd = Forward(ctx.model, rng)
   mask, unmasked_v1 = _student_mask(ctx, needs, batch)
-  fusion_pair = bool(ctx.weights.get(FUSION))  # the fusion module reads view 1 and view 2 per example
-  student, contrastive, view2 = _student_pass(
-    fwd, params, batch, mask, unmasked_v1, VIEW2 in needs, fusion_pair
-  )
+  student, contrastive, view2 = _student_pass(fwd, params, batch, mask, unmasked_v1, VIEW2 in needs)
   enc = {"student": student}
   if unmasked_v1:
     enc["contrastive"] = contrastive
@@ -202,22 +198,19 @@ def features_from_encodings(
 
 
 def _student_pass(
-  fwd: Forward, params: dict, batch: dict, mask, unmasked_v1: bool, with_view2: bool, fusion_pair: bool
+  fwd: Forward, params: dict, batch: dict, mask, unmasked_v1: bool, with_view2: bool
 ) -> tuple[dict, dict, Optional[dict]]:
-  """(student view 1, contrastive view 1, view 2 or None): one image-tower call per view, except that
-  ITO's two views share one call when view 1 runs only once (`fusion_pair`, no masked student pass).
+  """(student view 1, contrastive view 1, view 2 or None): one image-tower call per view.
 
   Per view, not one call over every view stacked on the batch axis: the stacked call's outputs had to be
   cut back into views (strided slices of every returned token array, and their transposes in the
   backward pass), which cost ITO's B/16 towers on two views about 6% of their step time and 120 MiB of
-  compiled temporaries on XLA:CPU, and tipsito B/16 355 MiB per chip on TPU (docs/performance.md). The
-  exception is measured too: the fusion module reads (view 1, view 2) with each example's two views in
-  adjacent rows (terms.py `fused_embeddings`), and for `ito` B/16 on TPU one call over those rows holds
-  158 MiB per chip less than two calls (while for tipsito, whose view 1 also runs masked, sharing the call
-  holds 1.5 GiB more). Every call keeps the batch axis as it is sharded, so every view of an example
-  stays on the devices that hold the example; per example the tower computes the same values. Only the
-  student's view 1 is masked (`mask`); each call after the first gets its own dropout / stochastic-depth
-  key."""
+  compiled temporaries on XLA:CPU, and tipsito B/16 355 MiB per chip on TPU (docs/performance.md). ITO's
+  two views are no exception: with the fusion module run in groups (`model.fusion.chunks`, as the paper
+  configs set it) per-view calls hold less on TPU than one call over both views (docs/performance.md).
+  Every call keeps the batch axis as it is sharded, so every view of an example stays on the devices that
+  hold the example; per example the tower computes the same values. Only the student's view 1 is masked
+  (`mask`); each call after the first gets its own dropout / stochastic-depth key."""
 
   def encode(x, call, m=None):
     f = (
@@ -225,16 +218,8 @@ def _student_pass(
     )
     return f(params, x, mask=m, train=True, method=TrainModel.encode_image)
 
-  view1 = batch[batch_lib.IMAGE]
-  if fusion_pair and with_view2 and mask is None:  # ITO: view 1 is both the student's and the fusion's
-    b = view1.shape[0]
-    both = encode(interleave(view1, batch[batch_lib.IMAGE2]), 0)
-    contrastive, view2 = (
-      jax.tree.map(lambda x, k=k: x.reshape((b, 2) + x.shape[1:])[:, k], both) for k in (0, 1)
-    )
-    return contrastive, contrastive, view2
-  student = encode(view1, 0, mask)
-  contrastive = encode(view1, 1) if unmasked_v1 else student
+  student = encode(batch[batch_lib.IMAGE], 0, mask)
+  contrastive = encode(batch[batch_lib.IMAGE], 1) if unmasked_v1 else student
   view2 = encode(batch[batch_lib.IMAGE2], 2) if with_view2 else None
   return student, contrastive, view2
 
