@@ -58,8 +58,13 @@ def gelu_exact(x: jax.Array) -> jax.Array:
   pass; the analytic derivative Phi(x) + x phi(x) needs only x, which the MLP's first matmul has
   produced anyway (docs/performance.md has the memory). The backward works on 2-D (rows, features)
   views, the layout of the matmul it follows, so that XLA fuses it into one loop with the incoming
-  gradient instead of materialising Phi and phi (measured on XLA:CPU). Gradients differ from autodiff
-  through erfc by rounding only (tests/test_models_gelu.py).
+  gradient instead of materialising Phi and phi (measured on XLA:CPU). Phi in the backward is
+  0.5 (1 + erf(x / sqrt 2)), the form torch's GELU backward evaluates, not the forward's erfc: XLA's f32
+  erf is one rational polynomial where erfc evaluates two branches and an exp, and on XLA:CPU the
+  derivative costs a third of the erfc form's time (B/16's MLP hidden layers: 26 -> 10 ms over reading
+  the gradient). The two forms of Phi differ by at most 2.4e-7 absolutely (where Phi is tiny, erfc's
+  relative precision buys nothing a gradient of scale 1 can hold). Gradients differ from autodiff through
+  erfc by rounding only (tests/test_models_gelu.py).
   """
   return jax.nn.gelu(x, approximate=False)
 
@@ -73,7 +78,7 @@ def _gelu_exact_bwd(x, ct):
   x2 = x.reshape(-1, shape[-1]) if x.ndim > 2 else x
   g2 = ct.reshape(x2.shape)
   c = lambda v: jnp.asarray(v, x.dtype)  # noqa: E731
-  cdf = c(0.5) * jax.lax.erfc(-x2 * c(_SQRT_HALF))
+  cdf = c(0.5) + c(0.5) * jax.lax.erf(x2 * c(_SQRT_HALF))
   pdf = c(_INV_SQRT_2PI) * jnp.exp(c(-0.5) * x2 * x2)
   return ((g2 * (cdf + x2 * pdf)).reshape(shape),)
 
