@@ -321,13 +321,16 @@ def train_step(setup: Setup, state: TrainState, batch: dict, frozen: dict) -> tu
   Non-finite guard: when the loss, the gradient norm or the update norm is not finite, every part of the
   state except `step` keeps its old value (params, optimizer state, EMA, centres), so one bad batch can
   neither poison the params nor reach a checkpoint; `train/nonfinite` is 1 for such a step and
-  `tipsito.train.nonfinite.NonFiniteMonitor` stops the run after too many in a row.
+  `tipsito.train.nonfinite.NonFiniteMonitor` stops the run after too many in a row. A `cond` on the
+  finiteness, not an element-wise select of every leaf between new and old: the select is one more pass
+  over the params and optimizer state and keeps new and old copies of both live at once, where the
+  cond's taken branch writes the updated params in place of the donated ones (B/16 `clip` on XLA:CPU:
+  compiled temporaries 2484 -> 2284 MiB, step time 0.7 % lower; docs/performance.md). The values are
+  the same either way.
   """
   total, metrics, centers, grads = loss_and_grads(setup, state, batch, frozen)
   updates, opt_state = setup.tx.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
   momentum = state_lib.ema_momentum(setup.config.ema, state.step, setup.config.total_steps)
-  ema = state_lib.ema_update(state.ema, params, momentum)
   metrics = dict(metrics)
   if state.ema:
     metrics["ema_momentum"] = momentum
@@ -336,8 +339,13 @@ def train_step(setup: Setup, state: TrainState, batch: dict, frozen: dict) -> tu
   metrics["lr"] = setup.schedule(state.step)
   finite = jnp.isfinite(total) & jnp.isfinite(metrics["grad_norm"]) & jnp.isfinite(metrics["update_norm"])
   metrics["train/nonfinite"] = jnp.logical_not(finite).astype(jnp.int32)
-  applied = state.replace(params=params, opt_state=opt_state, ema=ema, centers=centers)
-  kept = jax.tree.map(lambda new, old: jnp.where(finite, new, old), applied, state)
+
+  def applied(old: TrainState) -> TrainState:
+    params = optax.apply_updates(old.params, updates)
+    ema = state_lib.ema_update(old.ema, params, momentum)
+    return old.replace(params=params, opt_state=opt_state, ema=ema, centers=centers)
+
+  kept = jax.lax.cond(finite, applied, lambda old: old, state)
   return kept.replace(step=state.step + 1), metrics
 
 
