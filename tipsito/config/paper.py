@@ -26,9 +26,9 @@ TIPSV2_GLOBAL_CROP_SCALE = (1.0, 1.0)
 ITO_CROP_SCALE = (0.5, 1.0)
 # The ITO fusion module over 2 groups of examples in turn (`model.fusion.chunks`, tipsito/models/fusion.py):
 # its backward then holds half the batch's activations at a time. `ito` B/16 at 64 images per chip compiled
-# for TPU v5p: 5036 MiB per chip, against 5776 in one group and big_vision's two towers' 5114
-# (docs/performance.md); 4 and 8 groups hold more than 2. Always valid: every device fuses an even number
-# of rows (two views per example).
+# for TPU v5p: 5036 MiB per chip, against 5776 in one group (4990 with the train step's `cond` guard since;
+# big_vision's two towers: 5114; docs/performance.md); 4 and 8 groups hold more than 2. Always valid: every
+# device fuses an even number of rows (two views per example).
 FUSION_CHUNKS = 2
 # ITO steps per data set at batch 8192. ITO's results table: "ViT-B/16, 30 epochs unless noted"; the
 # noted rows are DataComp-1B ("1 epoch"; a 10-epoch B/16 scaling row; "ViT-L/16, 1 epoch"). So 30-33 epochs

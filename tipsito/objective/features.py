@@ -224,12 +224,6 @@ def _student_pass(
   return student, contrastive, view2
 
 
-def interleave(x: jax.Array, y: jax.Array) -> jax.Array:
-  """Rows 2i and 2i + 1 are x[i] and y[i] (example-major): with the batch axis sharded, each example's two
-  rows stay on the devices that hold the example, where [x; y] would move half of them."""
-  return jnp.stack([x, y], 1).reshape((2 * x.shape[0],) + x.shape[1:])
-
-
 def _encode_captions(enc: dict, fwd: Forward, params: dict, batch: dict, synthetic: bool) -> None:
   """Text tower on 'text' (and 'text2' in the same call when CLS2 has a synthetic caption to match)."""
   text = batch[batch_lib.TEXT]

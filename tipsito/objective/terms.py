@@ -55,7 +55,6 @@ from tipsito.objective.features import (
   TEACHER,
   VIEW2,
   Features,
-  interleave,
   unit,
 )
 from tipsito.objective.model import TrainModel
@@ -155,6 +154,12 @@ def clip_view2_term(ctx: LossContext, f: Features, centers: dict) -> TermOutput:
   return TermOutput(w * cls1, {"clip_view2/cls1": cls1})
 
 
+def _interleave(x: jax.Array, y: jax.Array) -> jax.Array:
+  """Rows 2i and 2i + 1 are x[i] and y[i] (example-major): with the batch axis sharded, each example's two
+  rows stay on the devices that hold the example, where [x; y] would move half of them."""
+  return jnp.stack([x, y], 1).reshape((2 * x.shape[0],) + x.shape[1:])
+
+
 def fused_embeddings(ctx: LossContext, f: Features) -> tuple[jax.Array, jax.Array]:
   """(fusion(view 1, 'text'), fusion(view 2, 'text')), each (B, D): one fusion call over both views.
 
@@ -162,10 +167,10 @@ def fused_embeddings(ctx: LossContext, f: Features) -> tuple[jax.Array, jax.Arra
   accumulation (tipsito/objective/accumulate.py) computes it micro-batch by micro-batch and hands the
   term only these embeddings, in `Features.fused`."""
   c, b, txt = ctx.fusion_cls, f.batch_size, f.caption
-  # Rows 2i and 2i + 1 are example i's two views (`interleave`), not [view 1; view 2]; per example the
+  # Rows 2i and 2i + 1 are example i's two views (`_interleave`), not [view 1; view 2]; per example the
   # values are the same.
-  twice = lambda x: interleave(x, x)  # noqa: E731
-  both = jax.tree.map(interleave, f.contrastive, f.view2)
+  twice = lambda x: _interleave(x, x)  # noqa: E731
+  both = jax.tree.map(_interleave, f.contrastive, f.view2)
   z = f.forward(
     f.params,
     both["cls"][:, c],
