@@ -66,7 +66,7 @@ def test_tiny_side_by_side_rows():
   assert list(by) == ["clip", "big_vision clip", "big_vision clip +exact_gelu"]
   ours, bv, bv_exact = by["clip"], by["big_vision clip"], by["big_vision clip +exact_gelu"]
   for r in rows:
-    assert r["step_s"] > 0 and r["temp_MiB"] > 0 and r["flops"] > 0
+    assert r["step_s"] > 0 and r["temp_MiB"] > 0 and r["flops"] > 0 and r["sys_s"] >= 0
   assert bv["gflop_vs_bv"] == bv["temp_MiB_vs_bv"] == bv["step_s_vs_bv"] == 1.0
   # Same towers, batch and loss: the FLOPs agree to a few percent (what differs: ln_pre, biases, masks).
   assert 0.95 < ours["flops"] / bv["flops"] < 1.1
@@ -118,6 +118,23 @@ def test_topology_rows_table():
     "|---|---|---|---|---|---|---|---|---|",
     "| clip | v5e:2x2 | 64 | 8000.0 | 3000.0 | 3900.0 | 1.013 | 0.968 | 0.975 |",
     "| big_vision clip | v5e:2x2 | 64 | 7900.0 | 3100.0 | 4000.0 | 1.000 | 1.000 | 1.000 |",
+  ]
+
+
+def test_timed_rows_table():
+  """Rows timed on this machine print step time, its system part and the ratios; compiled-only rows
+  (--steps 0) and rows of an older --jsonl without a system time print '-' there."""
+  rows = [
+    dict(row="ito", gflop=1919.5, temp_MiB=4037.3, step_s=7.54, sys_s=2.8, gflop_vs_bv=1.044,
+         temp_MiB_vs_bv=0.922, step_s_vs_bv=1.015),
+    dict(row="big_vision ito", gflop=1838.5, temp_MiB=4376.6, step_s=7.427, gflop_vs_bv=1.0, temp_MiB_vs_bv=1.0,
+         step_s_vs_bv=1.0),
+    dict(row="ito -fusion", gflop=1843.2, temp_MiB=3823.9, gflop_vs_bv=1.003, temp_MiB_vs_bv=0.874),
+  ]  # fmt: skip
+  assert bench.markdown_table(rows).splitlines()[2:] == [
+    "| ito | 1919.5 | 4037.3 | 7.540 | 2.80 | 1.044 | 0.922 | 1.015 |",
+    "| big_vision ito | 1838.5 | 4376.6 | 7.427 | - | 1.000 | 1.000 | 1.000 |",
+    "| ito -fusion | 1843.2 | 3823.9 | - | - | 1.003 | 0.874 | - |",
   ]
 
 

@@ -34,6 +34,7 @@ from tipsito.config import defaults
 from tipsito.config import validation as config_validation
 from tipsito.data.synthetic import synthetic_batch
 from tipsito.models import layers
+from tipsito.studies import provenance
 from tipsito.train import assembly
 from tipsito.train import observability
 from tipsito.train import sharding
@@ -371,7 +372,7 @@ def main(argv: Sequence[str]) -> None:
   print(" | ".join(keys))
   for r in rows:
     print(" | ".join(str(r.get(k, "")) for k in keys))
-  print(json.dumps({"bench": rows}))
+  print(json.dumps({"bench": rows, "machine": provenance.machine()}))  # XLA:CPU times are the processor's
   sys.stdout.flush()
 
 

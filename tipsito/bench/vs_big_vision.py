@@ -9,8 +9,9 @@ of big_vision's own model (`big_vision/models/proj/image_text/two_towers.py` wit
 `big_vision/trainers/proj/image_text/_deprecated_contrastive.py`, the CLIP trainer) and its optimizer
 (`big_vision/optax.py: make` with `big_vision.scale_by_adafactor`), at the same shapes, float32, on the same
 synthetic batch. Each side's row: FLOPs (XLA cost analysis of the compiled step), compiled temporary memory
-(`memory_analysis().temp_size_in_bytes`) and the median step time; the steps of all rows are timed
-interleaved (one step of each row per round), so machine load affects them alike.
+(`memory_analysis().temp_size_in_bytes`), the median step time and the median system CPU time of a step;
+the steps of all rows are timed interleaved (one step of each row per round), so machine load affects them
+alike. The JSON line names the machine (processor, cores, memory): XLA:CPU's times are the processor's.
 
 big_vision is RUN, not copied: PATH is a local checkout (the directory holding the `big_vision` package;
 nothing is downloaded). Its model and optimizer modules are imported from there; the loss is read from the
@@ -55,6 +56,7 @@ import importlib
 import importlib.util
 import json
 import pathlib
+import resource
 import sys
 import time
 import types
@@ -77,6 +79,7 @@ from tipsito.config import paper
 from tipsito.config import validation as config_validation
 from tipsito.data import batch as batch_lib
 from tipsito.data.synthetic import synthetic_batch
+from tipsito.studies import provenance
 from tipsito.train import assembly
 from tipsito.train import sharding
 from tipsito.train import step as step_lib
@@ -495,17 +498,24 @@ def tipsito_topology_compile(config, devices: list):
 
 def time_interleaved(entries: Sequence[dict], steps: int) -> None:
   """One warmup step per entry, then `steps` rounds of one step per entry; each entry's `step_s` is its
-  median (rounds interleave the entries, so load on a shared machine hits all of them alike)."""
+  median (rounds interleave the entries, so load on a shared machine hits all of them alike), and `sys_s`
+  the median of the process's system CPU time per step, all threads. Why the second: XLA:CPU allocates a
+  step's temporaries afresh at every call, and the kernel's zeroing of those pages on first touch is
+  system time that moves with the allocator and the machine more than the compute does (docs/performance.md
+  has the measurement); a row whose time moves between runs shows here whether that is where it moved."""
   for e in entries:
     jax.block_until_ready(e["run"]())
   times: list[list[float]] = [[] for _ in entries]
+  system: list[list[float]] = [[] for _ in entries]
   for _ in range(steps):
-    for e, ts in zip(entries, times):
-      t = time.perf_counter()
+    for e, ts, ss in zip(entries, times, system):
+      s, t = resource.getrusage(resource.RUSAGE_SELF).ru_stime, time.perf_counter()
       jax.block_until_ready(e["run"]())
       ts.append(time.perf_counter() - t)
-  for e, ts in zip(entries, times):
+      ss.append(resource.getrusage(resource.RUSAGE_SELF).ru_stime - s)
+  for e, ts, ss in zip(entries, times, system):
     e["row"]["step_s"] = round(float(np.median(ts)), 4)
+    e["row"]["sys_s"] = round(float(np.median(ss)), 3)
 
 
 def run_side_by_side(
@@ -606,15 +616,16 @@ def markdown_table(rows: Sequence[dict]) -> str:
   if rows and "topology" in rows[0]:
     return topology_table(rows)
   lines = [
-    "| row | GFLOP/step | temporaries (MiB) | step (s, median) | FLOPs vs big_vision | temporaries vs big_vision "
-    "| time vs big_vision |",
-    "|---|---|---|---|---|---|---|",
+    "| row | GFLOP/step | temporaries (MiB) | step (s, median) | system CPU (s, median) | FLOPs vs big_vision "
+    "| temporaries vs big_vision | time vs big_vision |",
+    "|---|---|---|---|---|---|---|---|",
   ]
   for r in rows:
     timed = "step_s" in r  # --steps 0: compiled only, no times
     step, ratio = (f"{r['step_s']:.3f}", f"{r['step_s_vs_bv']:.3f}") if timed else ("-", "-")
+    system = f"{r['sys_s']:.2f}" if "sys_s" in r else "-"  # rows of an older --jsonl have none
     lines.append(
-      f"| {r['row']} | {r['gflop']:.1f} | {r['temp_MiB']:.1f} | {step} | {r['gflop_vs_bv']:.3f} "
+      f"| {r['row']} | {r['gflop']:.1f} | {r['temp_MiB']:.1f} | {step} | {system} | {r['gflop_vs_bv']:.3f} "
       f"| {r['temp_MiB_vs_bv']:.3f} | {ratio} |"
     )
   return "\n".join(lines)
@@ -680,8 +691,14 @@ def main(argv: Sequence[str]) -> None:
     with open(FLAGS.jsonl, "a") as f:
       for r in rows:
         f.write(json.dumps(r) + "\n")
+  machine = provenance.machine()  # times on XLA:CPU are the processor's: the same code differs by machine
+  print(f"machine: {machine['processor']['model']}, {machine['cores']} cores, {machine['memory_gib']} GiB")
   print(markdown_table(rows))
-  print(json.dumps({"side_by_side": rows, "backend": jax.default_backend(), "jax": jax.__version__}))
+  print(
+    json.dumps(
+      {"side_by_side": rows, "backend": jax.default_backend(), "jax": jax.__version__, "machine": machine}
+    )
+  )
   sys.stdout.flush()
 
 
