@@ -122,7 +122,7 @@ def test_topology_rows_table():
 
 
 def test_timed_rows_table():
-  """Rows timed on this machine print step time, its system part and the ratios; compiled-only rows
+  """Rows timed on this machine print step time, system CPU time per step and the ratios; compiled-only rows
   (--steps 0) and rows of an older --jsonl without a system time print '-' there."""
   rows = [
     dict(row="ito", gflop=1919.5, temp_MiB=4037.3, step_s=7.54, sys_s=2.8, gflop_vs_bv=1.044,

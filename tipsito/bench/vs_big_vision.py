@@ -500,9 +500,10 @@ def time_interleaved(entries: Sequence[dict], steps: int) -> None:
   """One warmup step per entry, then `steps` rounds of one step per entry; each entry's `step_s` is its
   median (rounds interleave the entries, so load on a shared machine hits all of them alike), and `sys_s`
   the median of the process's system CPU time per step, all threads. Why the second: XLA:CPU allocates a
-  step's temporaries afresh at every call, and the kernel's zeroing of those pages on first touch is
-  system time that moves with the allocator and the machine more than the compute does (docs/performance.md
-  has the measurement); a row whose time moves between runs shows here whether that is where it moved."""
+  step's temporaries at every call, and where the allocator maps them afresh (glibc, for allocations this
+  large) the kernel's providing of those pages on first touch is system time that moves with the allocator
+  and the machine more than the compute does (docs/performance.md has the measurement); a row whose time
+  moves between runs shows here whether that is where it moved."""
   for e in entries:
     jax.block_until_ready(e["run"]())
   times: list[list[float]] = [[] for _ in entries]
