@@ -68,8 +68,9 @@ def test_tiny_side_by_side_rows():
   for r in rows:
     assert r["step_s"] > 0 and r["temp_MiB"] > 0 and r["flops"] > 0 and r["sys_s"] >= 0
   assert bv["gflop_vs_bv"] == bv["temp_MiB_vs_bv"] == bv["step_s_vs_bv"] == 1.0
-  # Same towers, batch and loss: the FLOPs agree to a few percent (what differs: ln_pre, biases, masks).
-  assert 0.95 < ours["flops"] / bv["flops"] < 1.1
+  # Same towers, batch and loss, but our last blocks compute only the rows the loss reads (the CLS and EOT
+  # rows; tipsito/objective/features.py), so fewer FLOPs: at this depth (2 text blocks) a third fewer.
+  assert 0.5 < ours["flops"] / bv["flops"] < 1.0
   # erf's polynomial costs more than tanh's: the toggle reached big_vision's MLP blocks.
   assert bv_exact["flops"] > bv["flops"]
 

@@ -326,6 +326,86 @@ def test_block_query_rows_is_the_full_block_sliced(core):
     _close(g_part, g_full)
 
 
+def _value_grad_flops(fn, *args):
+  """(value, gradients w.r.t. every argument, compiled FLOPs) of sum(sin(fn(*args)) * a fixed pattern)."""
+
+  def loss(*a):
+    y = fn(*a)
+    return jnp.sum(jnp.sin(y) * jnp.cos(jnp.arange(y.size)).reshape(y.shape))
+
+  vg = jax.jit(jax.value_and_grad(loss, argnums=tuple(range(len(args)))))
+  return vg(*args), vg.lower(*args).compile().cost_analysis()["flops"]
+
+
+@pytest.mark.parametrize("num_cls", [1, 2])
+def test_image_tower_cls_only_is_the_full_towers_cls(num_cls):
+  """`VisionTransformer(..., cls_only=True)` (what a CLIP / SigLIP step encodes with, and DINO's local
+  crops): only 'cls', equal to the full tower's in value and in every parameter and pixel gradient
+  (float tolerance: the last block's one-row matmuls may round differently), at fewer FLOPs because the
+  last block computes only the CLS rows; incompatible outputs are refused. Break check: computing every
+  row in the last block (query_rows 0) fails the FLOP assertion."""
+  vit = VisionTransformer(
+    patch_size=4,
+    width=32,
+    depth=2,
+    num_heads=4,
+    mlp_dim=64,
+    posemb_grid=4,
+    num_cls_tokens=num_cls,
+    activation="gelu_exact",
+    patch_bias=False,
+    cls_posemb=True,
+    pre_norm=True,
+  )
+  x = _images(3, 16, 16)
+  params = init(vit, x)
+  out = vit.apply({"params": params}, x, cls_only=True)
+  assert sorted(out) == ["cls"]
+  chex.assert_shape(out["cls"], (3, num_cls, 32))
+  ours, flops_ours = _value_grad_flops(
+    lambda p, x: vit.apply({"params": p}, x, cls_only=True)["cls"], params, x
+  )
+  full, flops_full = _value_grad_flops(lambda p, x: vit.apply({"params": p}, x)["cls"], params, x)
+  _close(ours, full)
+  assert flops_ours < 0.9 * flops_full, (flops_ours, flops_full)
+  with pytest.raises(ValueError, match="cls_only"):
+    vit.apply({"params": params}, x, cls_only=True, return_values=True)
+
+
+@pytest.mark.parametrize("remat", [False, True])
+def test_text_tower_pooled_only_is_the_full_towers_eot_row(remat):
+  """`TextEncoder(..., pooled_only=True)` ('clip' flavour: what every recipe but ITO's fusion encodes
+  captions with): no 'tokens', and 'pooled' equal to the full tower's in value and in every gradient
+  (float tolerance) for captions of every length (full, one token, empty), at fewer FLOPs: the last
+  block computes only each caption's EOT row, which under the causal mask sees exactly its valid keys.
+  Break checks: the row before the EOT, or keeping the causal mask for the lone EOT query (it would sit
+  at position 0 and see one key), make the values differ."""
+  t = TextEncoder(
+    flavour="clip",
+    vocab_size=50,
+    max_len=8,
+    width=32,
+    depth=2,
+    num_heads=4,
+    mlp_dim=64,
+    out_dim=16,
+    remat=remat,
+    remat_policy="dots_saveable",
+  )
+  ids = jnp.array(
+    [[1, 5, 7, 49, 0, 0, 0, 0], [1, 49, 0, 0, 0, 0, 0, 0], [1, 2, 3, 4, 5, 6, 7, 49], [49] + [0] * 7, [0] * 8]
+  )
+  params = init(t, ids)
+  out = t.apply({"params": params}, ids, pooled_only=True)
+  assert sorted(out) == ["pooled", "valid"]
+  ours, flops_ours = _value_grad_flops(
+    lambda p: t.apply({"params": p}, ids, pooled_only=True)["pooled"], params
+  )
+  full, flops_full = _value_grad_flops(lambda p: t.apply({"params": p}, ids)["pooled"], params)
+  _close(ours, full)
+  assert flops_ours < 0.9 * flops_full, (flops_ours, flops_full)
+
+
 def test_fusion_last_block_computes_the_cls_row_only():
   """The fusion module equals the same two blocks computed on every row and read at CLS (output and
   gradients, float tolerance), at fewer FLOPs: the last block's other rows are never computed."""

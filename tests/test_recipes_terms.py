@@ -27,6 +27,8 @@ def test_term_table_names_known_features_and_centres():
     features.VIEW2,
     features.TEACHER,
     features.LOCAL_CROPS,
+    features.PATCH_TOKENS,
+    features.CAPTION_TOKENS,
   }
   for name, term in objective.TERMS.items():
     assert term.features <= known, name

@@ -389,3 +389,60 @@ def test_student_pass_one_tower_call_per_view(recipe):
   jax.tree.map(close, student, enc(batch["image"], mask))
   jax.tree.map(close, contrastive, enc(batch["image"]))
   jax.tree.map(close, view2, enc(batch["image2"]))
+
+
+# --- towers compute only the rows the terms read ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+  "recipe, reads_tokens", [("clip", False), ("siglip", False), ("ito", True), ("tipsv2", True)]
+)
+def test_towers_return_tokens_only_to_terms_that_read_them(recipe, reads_tokens, monkeypatch):
+  """features.py PATCH_TOKENS / CAPTION_TOKENS: a step whose terms read no patch tokens and no per-token
+  caption outputs (clip, siglip) encodes with `cls_only` / `pooled_only`, so the towers' last blocks
+  compute only the CLS and EOT rows: every loss, metric and gradient equals the step with every token
+  computed (float tolerance) at fewer compiled FLOPs; recipes whose terms read tokens (ITO's fusion,
+  iBOT) compile the same step either way. Break checks: the ibot term without PATCH_TOKENS fails tipsv2;
+  features.py encoding every token whatever the needs fails clip's FLOP check."""
+  from tipsito.objective import compute as compute_lib  # pylint: disable=import-outside-toplevel
+  from tipsito.objective import features as F  # pylint: disable=import-outside-toplevel
+
+  setup, state, batch = build(recipe)
+  needs = compute_lib.needed_features(setup.ctx, batch)[1]
+  assert (F.PATCH_TOKENS in needs) == reads_tokens
+  assert (F.CAPTION_TOKENS in needs) == (recipe == "ito")
+
+  def run():
+    def f(params):
+      total, (metrics, _) = objective.compute_losses(
+        setup.ctx, params, state.ema, state.centers, {}, batch, state.step, jax.random.PRNGKey(0)
+      )
+      return total, metrics
+
+    fn = jax.jit(jax.value_and_grad(f, has_aux=True))
+    (total, metrics), grads = fn(state.params)
+    return total, metrics, grads, fn.lower(state.params).compile().cost_analysis()["flops"]
+
+  ours = run()
+  real = compute_lib.needed_features
+  every = lambda ctx, b: (lambda t, n: (t, n | {F.PATCH_TOKENS, F.CAPTION_TOKENS}))(*real(ctx, b))  # noqa: E731
+  monkeypatch.setattr(compute_lib, "needed_features", every)
+  every_token = run()
+  close(ours[0], every_token[0])
+  assert sorted(ours[1]) == sorted(every_token[1])
+  jax.tree.map(close, ours[1], every_token[1])
+  scale = max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(every_token[2]))
+  jax.tree.map(lambda a, b: close(a, b, 1e-5 * max(scale, 1.0)), ours[2], every_token[2])
+  if reads_tokens:
+    assert ours[3] == every_token[3], (ours[3], every_token[3])
+  else:
+    assert ours[3] < every_token[3], (ours[3], every_token[3])
+
+
+def test_distillation_terms_read_patch_tokens():
+  """The distill recipe's ibot / feature terms read the student's patch tokens, so its towers return them."""
+  from tipsito.objective import compute as compute_lib  # pylint: disable=import-outside-toplevel
+  from tipsito.objective import features as F  # pylint: disable=import-outside-toplevel
+
+  setup, _, batch, _ = distill_setup(feature=1.0)
+  assert F.PATCH_TOKENS in compute_lib.needed_features(setup.ctx, batch)[1]

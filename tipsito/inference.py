@@ -90,11 +90,13 @@ def _jitted_image_fn(kwargs_json: str):
 
 @functools.lru_cache(maxsize=32)
 def _jitted_text_fn(kwargs_json: str):
-  """One jitted text function per architecture (see `_jitted_image_fn`)."""
+  """One jitted text function per architecture (see `_jitted_image_fn`). Only the pooled embedding is
+  returned, so the tower runs with `pooled_only` (an OpenCLIP-style tower's last block computes the EOT
+  row alone; tipsito/models/text.py)."""
   model = TextEncoder(**_inference_kwargs(json.loads(kwargs_json), TextEncoder))
 
   def fn(params, ids):
-    return model.apply({'params': params['text']}, ids)['pooled']
+    return model.apply({'params': params['text']}, ids, pooled_only=True)['pooled']
 
   return model, jax.jit(fn)
 

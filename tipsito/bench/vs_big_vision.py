@@ -24,7 +24,9 @@ optimizer update, the gradient / parameter / update norms it logs), under `shard
 with axis 'batch' (the loss all-gathers over it); params and optimizer state donated. For `ito` the image
 tower runs on both views and the loss is the mean of the two views' softmax losses (ITO's L_align); ITO's
 fusion module has no big_vision counterpart, so its cost is part of the `ito` gap (row `ito -fusion`
-removes it on our side).
+removes it on our side; with nothing reading the towers' tokens, that row's towers then also compute only
+the rows the contrastive losses read, as `clip`'s do: tipsito/objective/features.py). big_vision's towers
+compute every row of their last block whatever is read.
 
 `--topology T` (libtpu, the `tpu-plan` extra): the same rows compiled ahead of time for the TPU topology T,
 as `python -m tipsito.plan` compiles (nothing runs; deterministic numbers): per-chip FLOPs, temporaries and

@@ -234,6 +234,11 @@ def attention_core(q, k, v, mask, is_causal: bool, implementation: str) -> jax.A
   raise ValueError(f'attention {implementation!r} unknown; valid values: {list(ATTENTIONS)}')
 
 
+def take_rows(x: jax.Array, index: jax.Array) -> jax.Array:
+  """Row `index[b]` of each example b of (B,T,...) as (B,1,...): a gather of one row per example."""
+  return jnp.take_along_axis(x, index.reshape((-1, 1) + (1,) * (x.ndim - 2)), axis=1)
+
+
 class Attention(nn.Module):
   """Multi-head self-attention with q/k/v/out projections (all with bias).
 
@@ -256,9 +261,14 @@ class Attention(nn.Module):
     is_causal: bool = False,
     values_only: bool = False,
     query_rows: int = 0,
+    query_index: Optional[jax.Array] = None,
   ) -> jax.Array:
     """(B,T,D) -> (B,T,D), or (B,query_rows,D) when `query_rows` > 0: only the first `query_rows` tokens
-    ask (keys and values are every token's), for a last layer whose other outputs nobody reads."""
+    ask (keys and values are every token's), for a last layer whose other outputs nobody reads; or
+    (B,1,D) when `query_index` (B,) int is given: only token `query_index[b]` of example b asks. That
+    token must be its example's last valid key (`mask` masks every key after it, right padding), so a
+    causal mask would allow it exactly the keys `mask` allows and `is_causal` is dropped for it: the
+    OpenCLIP text tower's end-of-text row (tipsito/models/text.py)."""
     d = x.shape[-1]
     if d % self.num_heads:
       raise ValueError(f'width {d} not divisible by num_heads {self.num_heads}')
@@ -282,13 +292,19 @@ class Attention(nn.Module):
       kernel_init=self.kernel_init,
       name='out',
     )
+    if query_index is not None and query_rows:
+      raise ValueError('attention: give query_rows or query_index, not both')
+    pick = (lambda t: take_rows(t, query_index)) if query_index is not None else (lambda t: t[:, :query_rows])
     v = proj('value')(x)
     if values_only:
-      return out(v[:, :query_rows] if query_rows else v)
+      return out(pick(v) if query_rows or query_index is not None else v)
     k = proj('key')(x)
-    if query_rows and self.attention in ('splash', 'splash_interpret'):  # its kernels tile full queries
-      q = proj('query')(x)
-      return out(attention_core(q, k, v, mask, is_causal, self.attention)[:, :query_rows])
+    if (query_rows or query_index is not None) and self.attention in ('splash', 'splash_interpret'):
+      q = proj('query')(x)  # its kernels tile full queries: every row, then the asked ones
+      return out(pick(attention_core(q, k, v, mask, is_causal, self.attention)))
+    if query_index is not None:
+      q = proj('query')(pick(x))
+      return out(attention_core(q, k, v, mask, False, self.attention))
     if query_rows and is_causal:
       raise ValueError('attention: query_rows with is_causal would mask against the wrong positions')
     q = proj('query')(x[:, :query_rows] if query_rows else x)
@@ -371,14 +387,18 @@ class SwiGlu(nn.Module):
 class Block(nn.Module):
   """Pre-LN transformer block: x += Attn(LN x); x += FFN(LN x).
 
-  Positional args only (x, mask, valid, train, values_only) so that the block
+  Positional args only (x, mask, valid, train, values_only[, query_index]) so that the block
   can be wrapped by `nn.remat` with `train`/`values_only` static.
   `mask` is a boolean attention mask broadcastable to (B, heads, T, T);
   `valid` (B,T) multiplies the FFN activations (TIPS text tower only).
   `ln_eps` is the epsilon of both LayerNorms (1e-6 TIPS, 1e-5 OpenCLIP).
   `query_rows` > 0 returns only the first `query_rows` tokens (B,query_rows,D): their queries attend to
   every token, and the other rows' queries, residuals and FFN are never computed. Why: the ITO fusion
-  module reads only its CLS output, so its last block computes one row of 261 (tipsito/models/fusion.py).
+  module reads only its CLS output, so its last block computes one row of 261 (tipsito/models/fusion.py),
+  and so does the image tower's when only its CLS tokens are read (`VisionTransformer(..., cls_only=True)`).
+  `query_index` (B,) int, a call argument, does the same for one row per example at its own position,
+  the example's last valid token (`Attention`): the OpenCLIP text tower's end-of-text row when only the
+  pooled output is read (`TextEncoder(..., pooled_only=True)`).
   """
 
   num_heads: int
@@ -396,8 +416,8 @@ class Block(nn.Module):
   param_dtype: Dtype = jnp.float32
 
   @nn.compact
-  def __call__(self, x, mask=None, valid=None, train=False, values_only=False):
-    return self._forward(self._sublayers(), x, mask, valid, train, values_only, self.drop_path)
+  def __call__(self, x, mask=None, valid=None, train=False, values_only=False, query_index=None):
+    return self._forward(self._sublayers(), x, mask, valid, train, values_only, self.drop_path, query_index)
 
   def _sublayers(self):
     """The block's submodules, named as in the param tree (built once per call)."""
@@ -416,14 +436,17 @@ class Block(nn.Module):
       ffn,
     )
 
-  def _forward(self, sublayers, x, mask, valid, train, values_only, rate):
-    """x += Attn(LN x); x += FFN(LN x), stochastic depth `rate` on both branches."""
+  def _forward(self, sublayers, x, mask, valid, train, values_only, rate, query_index=None):
+    """x += Attn(LN x); x += FFN(LN x), stochastic depth `rate` on both branches; with `query_index` (B,)
+    only that row of each example (its last valid token: `Attention`), (B,1,D)."""
     norm1, attn, norm2, ffn = sublayers
     x = constrain_batch(x)
     n = self.query_rows
-    y = attn(norm1(x), mask, self.is_causal, values_only, n)
+    y = attn(norm1(x), mask, self.is_causal, values_only, n, query_index)
     if n:
       x, valid = x[:, :n], (valid[:, :n] if valid is not None else None)
+    elif query_index is not None:
+      x, valid = take_rows(x, query_index), (take_rows(valid, query_index) if valid is not None else None)
     x = constrain_batch(x + self._residual(y, train, rate))
     y = ffn(norm2(x), valid if self.mask_ffn else None, train)
     return constrain_batch(x + self._residual(y, train, rate))

@@ -52,6 +52,12 @@ def sinusoidal_posemb(length: int, dim: int) -> np.ndarray:
   return sig.astype(np.float32)
 
 
+def last_valid(valid: jax.Array) -> jax.Array:
+  """(B,) the position of each example's last valid token (right padding), 0 for an empty one: the EOT
+  of the 'clip' tokenizer, where OpenCLIP pools."""
+  return jnp.maximum(jnp.sum(valid, axis=1, dtype=jnp.int32) - 1, 0)
+
+
 class TextEncoder(nn.Module):
   """Transformer text tower ('tips' or 'clip' flavour).
 
@@ -83,13 +89,20 @@ class TextEncoder(nn.Module):
   # ~60 lines on purpose: one @nn.compact forward in the official text tower's order, so the parameter
   # names stay those the TIPS importer and the conformance tests address.
   @nn.compact
-  def __call__(self, ids: jax.Array, *, train: bool = False) -> dict[str, jax.Array]:
+  def __call__(
+    self, ids: jax.Array, *, train: bool = False, pooled_only: bool = False
+  ) -> dict[str, jax.Array]:
     """Encodes (B,L) token ids.
 
     Returns {'pooled': (B,D_out), 'tokens': (B,L,width) after final LN,
     'valid': (B,L) bool}. 'pooled' is the masked mean (tips) or the last
     valid token, the EOT of the 'clip' tokenizer (clip), then the optional
-    projection.
+    projection. `pooled_only`: no 'tokens', and for 'clip' the last block computes only the EOT row
+    (`layers.Block` with `query_index`): a step whose loss terms read only the pooled caption (every
+    recipe but ITO's fusion) otherwise pays the last block's other rows, about a twelfth of the tower's
+    FLOPs, for outputs nobody reads. The pooled values are the same up to float rounding
+    (tests/test_models_modules.py). With `scan`, or for 'tips' (its masked mean reads every row), every
+    row is computed.
     """
     if self.flavour not in FLAVOURS:
       raise ValueError(f'Unknown text flavour {self.flavour!r}')
@@ -119,6 +132,7 @@ class TextEncoder(nn.Module):
     eps = float(self.ln_eps) if self.ln_eps is not None else eps
     x = nn.Dropout(self.dropout)(x, deterministic=not train)
 
+    eot_only = pooled_only and is_causal and not self.scan
     attn_mask = layers.key_padding(valid, self.attention)  # keys only: (B,1,1,L) or lengths (B,)
     block_kw = dict(
       num_heads=self.num_heads,
@@ -140,17 +154,22 @@ class TextEncoder(nn.Module):
     else:
       block_cls = layers.make_block_cls(self.remat, self.remat_policy)
       for i in range(self.depth):
-        x = block_cls(name=f'block_{i}', **block_kw)(x, attn_mask, valid, train, False)
+        # The EOT row alone in the last block (`pooled_only`): its causal keys are the valid ones.
+        eot = last_valid(valid) if eot_only and i == self.depth - 1 else None
+        x = block_cls(name=f'block_{i}', **block_kw)(x, attn_mask, valid, train, False, eot)
     x = layers.layer_norm('norm', eps=eps, **kw)(x)
 
     if self.flavour == 'tips':
       v = valid[..., None].astype(jnp.float32)
       pooled = (jnp.sum(x.astype(jnp.float32) * v, axis=1) / (jnp.sum(v, axis=1) + 1e-8)).astype(x.dtype)
+    elif eot_only:  # the last block computed the EOT row alone
+      pooled = x[:, 0]
     else:
-      last = jnp.maximum(jnp.sum(valid, axis=1) - 1, 0)
-      pooled = jnp.take_along_axis(x, last[:, None, None], axis=1)[:, 0]
+      pooled = layers.take_rows(x, last_valid(valid))[:, 0]
     if self.out_dim is not None:
       pooled = nn.Dense(
         self.out_dim, use_bias=False, name='proj', kernel_init=nn.initializers.normal(self.width**-0.5), **kw
       )(pooled)
+    if pooled_only:
+      return {'pooled': pooled, 'valid': valid}
     return {'pooled': pooled, 'tokens': x, 'valid': valid}

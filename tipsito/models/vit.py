@@ -133,6 +133,7 @@ class VisionTransformer(nn.Module):
     train: bool = False,
     return_values: bool = False,
     return_blocks: Sequence[int] = (),
+    cls_only: bool = False,
   ) -> dict[str, jax.Array]:
     """Encodes (B,H,W,3) images.
 
@@ -146,12 +147,20 @@ class VisionTransformer(nn.Module):
         backbones count stages (0 = the embeddings before the first block, k = after block k, so
         `depth` is the last), each after the final LayerNorm (transformers' `apply_layernorm`): the
         inputs of a DPT decoder (tipsito/models/dpt.py). The other outputs are unchanged.
+      cls_only: return only 'cls', and let the last block compute only the CLS rows (their queries
+        attend to every token; `layers.Block.query_rows`). Why: a step whose loss terms read only the
+        CLS tokens (CLIP, SigLIP, DINO's local crops) otherwise pays the last block's patch rows, about
+        a twelfth of a ViT-B's FLOPs, for outputs nobody reads; the CLS values are the same up to float
+        rounding (tests/test_models_modules.py). With `scan` the blocks are one scanned body and every
+        row is computed; with dropout the CLS rows draw other (equally distributed) dropout masks.
     Returns:
       {'cls': (B,n_cls,D), 'patches': (B,gh,gw,D)[, 'values': (B,gh,gw,D)]
-      [, 'blocks': tuple of {'cls', 'patches'} in the order of `return_blocks`]},
-      all after the final LayerNorm, in `dtype`.
+      [, 'blocks': tuple of {'cls', 'patches'} in the order of `return_blocks`]} ({'cls'} alone with
+      `cls_only`), all after the final LayerNorm, in `dtype`.
     """
     blocks = tuple(int(k) for k in return_blocks)
+    if cls_only and (blocks or return_values):
+      raise ValueError('cls_only returns the CLS tokens alone: it excludes return_blocks and return_values')
     if blocks and (self.scan or min(blocks) < 0 or max(blocks) > self.depth):
       raise ValueError(
         f'return_blocks {list(blocks)}: needs per-layer blocks (scan=False) and stages in 0..{self.depth}'
@@ -233,7 +242,8 @@ class VisionTransformer(nn.Module):
     else:
       block_cls = layers.make_block_cls(self.remat, self.remat_policy)
       for i in range(self.depth):
-        blk = block_cls(drop_path=rates[i], name=f'block_{i}', **block_kw)
+        rows = n if cls_only and i == self.depth - 1 else 0
+        blk = block_cls(drop_path=rates[i], query_rows=rows, name=f'block_{i}', **block_kw)
         if return_values and i == self.depth - 1:
           values = blk(x, None, None, train, True)
         x = blk(x, None, None, train, False)
@@ -241,6 +251,8 @@ class VisionTransformer(nn.Module):
           kept[i + 1] = x
 
     norm = layers.layer_norm('norm', eps=self.ln_eps, **kw)
+    if cls_only:
+      return {'cls': norm(x[:, :n])}
     split = lambda t: {'cls': t[:, :n], 'patches': t[:, n:].reshape(b, gh, gw, d)}
     out = split(norm(x))
     if blocks:

@@ -4,7 +4,9 @@ Why a record: each loss term (tipsito/objective/terms.py) is then a short functi
 passes run is decided here once from the features the active terms declare (`needs`), so two terms that
 read the same view never encode it twice and a term never decides where the teacher's input comes from.
 
-Passes, as the terms need them:
+Passes, as the terms need them (an image pass returns patch tokens only when a term declares
+PATCH_TOKENS, the caption pass per-token outputs only with CAPTION_TOKENS; otherwise their last blocks
+compute the read rows alone):
   student pass  one encoder call per image view (`_student_pass` says why, and why ITO's two views share
                 one): view 1 as the student sees it (masked when iBOT masks), view 1 unmasked when the
                 contrastive terms must not see the mask (`loss_opts.contrastive_view='unmasked'` [I]: the
@@ -37,6 +39,11 @@ STUDENT_MASK = "student_mask"  # view 1 masked for the student (when `masks_stud
 VIEW2 = "view2"  # ITO's second view 'image2'
 TEACHER = "teacher"  # teacher features, teacher head params, teacher temperature
 LOCAL_CROPS = "local_cls"  # student CLS1 of the local crops
+# Token outputs beyond the pooled ones. A step whose terms declare neither encodes with the towers'
+# `cls_only` / `pooled_only`: their last block then computes only the rows that are read (the CLS rows,
+# the caption's EOT row), the same values up to float rounding at a twelfth fewer FLOPs per ViT-B tower.
+PATCH_TOKENS = "patch_tokens"  # the image tower's patch tokens (student view 1, view 2, the teacher's)
+CAPTION_TOKENS = "caption_tokens"  # the text tower's per-token outputs of 'text'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,26 +138,28 @@ def encode(
   """
   fwd = Forward(ctx.model, rng)
   mask, unmasked_v1 = _student_mask(ctx, needs, batch)
-  student, contrastive, view2 = _student_pass(fwd, params, batch, mask, unmasked_v1, VIEW2 in needs)
+  cls_only = PATCH_TOKENS not in needs
+  student, contrastive, view2 = _student_pass(fwd, params, batch, mask, unmasked_v1, VIEW2 in needs, cls_only)
   enc = {"student": student}
   if unmasked_v1:
     enc["contrastive"] = contrastive
   if view2 is not None:
     enc["view2"] = view2
   if CAPTION in needs:
-    _encode_captions(enc, fwd, params, batch, SYNTHETIC_CAPTION in needs)
+    _encode_captions(enc, fwd, params, batch, SYNTHETIC_CAPTION in needs, CAPTION_TOKENS not in needs)
   if TEACHER in needs and teacher:
     # With head-only EMA the teacher's input is the student encoder on the unmasked view 1: the
     # student pass itself when nothing is masked, else its unmasked contrastive chunk if there is one.
     unmasked_pass = student if mask is None else (contrastive if unmasked_v1 else None)
     towers = _Towers(fwd, params)
     enc["teacher"] = jax.lax.stop_gradient(
-      teacher_features(ctx, towers, ema, frozen, batch[batch_lib.IMAGE], unmasked_pass)
+      teacher_features(ctx, towers, ema, frozen, batch[batch_lib.IMAGE], unmasked_pass, cls_only)
     )
   if LOCAL_CROPS in needs and ctx.has_local_crops:  # declared by the dino term (`Term.fields_when`)
     loc = batch[batch_lib.LOCAL_CROPS]
     b, m = loc.shape[:2]
-    l_out = fwd(params, loc.reshape((b * m,) + loc.shape[2:]), train=True, method=TrainModel.encode_image)
+    loc = loc.reshape((b * m,) + loc.shape[2:])
+    l_out = fwd(params, loc, train=True, cls_only=True, method=TrainModel.encode_image)  # DINO reads CLS1
     enc["local_cls"] = l_out["cls"][:, 0].reshape(b, m, -1)
   return enc
 
@@ -198,7 +207,7 @@ def features_from_encodings(
 
 
 def _student_pass(
-  fwd: Forward, params: dict, batch: dict, mask, unmasked_v1: bool, with_view2: bool
+  fwd: Forward, params: dict, batch: dict, mask, unmasked_v1: bool, with_view2: bool, cls_only: bool = False
 ) -> tuple[dict, dict, Optional[dict]]:
   """(student view 1, contrastive view 1, view 2 or None): one image-tower call per view.
 
@@ -210,13 +219,14 @@ def _student_pass(
   configs set it) per-view calls hold less on TPU than one call over both views (docs/performance.md).
   Every call keeps the batch axis as it is sharded, so every view of an example stays on the devices that
   hold the example; per example the tower computes the same values. Only the student's view 1 is masked
-  (`mask`); each call after the first gets its own dropout / stochastic-depth key."""
+  (`mask`); each call after the first gets its own dropout / stochastic-depth key. `cls_only`: no term
+  reads patch tokens (`PATCH_TOKENS`)."""
 
   def encode(x, call, m=None):
     f = (
       fwd if call == 0 or fwd.rng is None else dataclasses.replace(fwd, rng=jax.random.fold_in(fwd.rng, call))
     )
-    return f(params, x, mask=m, train=True, method=TrainModel.encode_image)
+    return f(params, x, mask=m, train=True, cls_only=cls_only, method=TrainModel.encode_image)
 
   student = encode(batch[batch_lib.IMAGE], 0, mask)
   contrastive = encode(batch[batch_lib.IMAGE], 1) if unmasked_v1 else student
@@ -224,13 +234,16 @@ def _student_pass(
   return student, contrastive, view2
 
 
-def _encode_captions(enc: dict, fwd: Forward, params: dict, batch: dict, synthetic: bool) -> None:
-  """Text tower on 'text' (and 'text2' in the same call when CLS2 has a synthetic caption to match)."""
+def _encode_captions(
+  enc: dict, fwd: Forward, params: dict, batch: dict, synthetic: bool, pooled_only: bool
+) -> None:
+  """Text tower on 'text' (and 'text2' in the same call when CLS2 has a synthetic caption to match);
+  `pooled_only`: no term reads per-token outputs (`CAPTION_TOKENS`)."""
   text = batch[batch_lib.TEXT]
   b = text.shape[0]
   two_cls = synthetic and enc["student"]["cls"].shape[1] > 1 and batch_lib.TEXT2 in batch
   ids = jnp.concatenate([text, batch[batch_lib.TEXT2]], 0) if two_cls else text
-  txt_all = fwd(params, ids, train=True, method=TrainModel.encode_text)
+  txt_all = fwd(params, ids, train=True, pooled_only=pooled_only, method=TrainModel.encode_text)
   enc["caption"] = jax.tree.map(lambda x: x[:b], txt_all)
   if two_cls:
     enc["synthetic_pooled"] = txt_all["pooled"][b:]
@@ -244,21 +257,28 @@ class _Towers(NamedTuple):
 
 
 def teacher_features(
-  ctx: LossContext, f, ema: dict, frozen: dict, image: jax.Array, unmasked_pass: Optional[dict]
+  ctx: LossContext,
+  f,
+  ema: dict,
+  frozen: dict,
+  image: jax.Array,
+  unmasked_pass: Optional[dict],
+  cls_only: bool = False,
 ) -> dict:
   """The teacher's features of the unmasked view 1 (the caller stops their gradient).
 
   distill: the frozen teacher encoder; full EMA: the EMA image encoder; head-only EMA: the student
   encoder itself, reusing `unmasked_pass` (the student's pass on the unmasked view 1) when there is one.
   `f`: anything with the step's `forward` and `params` (`Features`, or the towers of `encode`).
+  `cls_only`: no term reads patch tokens, so the EMA and student passes return the CLS tokens alone.
   """
   if ctx.frozen_teacher:
     return ctx.teacher_model.apply({"params": frozen["image"]}, image)
   if "image" in ema:
-    return f.forward({**f.params, **ema}, image, method=TrainModel.encode_image)
+    return f.forward({**f.params, **ema}, image, cls_only=cls_only, method=TrainModel.encode_image)
   if unmasked_pass is not None:
     return unmasked_pass
-  return f.forward(f.params, image, method=TrainModel.encode_image)
+  return f.forward(f.params, image, cls_only=cls_only, method=TrainModel.encode_image)
 
 
 def self_distillation_metrics(ctx: LossContext, student_cls: jax.Array, step) -> dict:
@@ -281,4 +301,5 @@ def _self_distillation(ctx: LossContext, f: Features, ema: dict, frozen: dict, t
   t_heads = {k: frozen[k] for k in ("dino_head", "ibot_head") if k in frozen}
   f.teacher_params = jax.lax.stop_gradient({**f.params, **ema, **t_heads})
   f.student_cls = f.to_heads_width(f.student["cls"][:, 0])
-  f.student_patches = f.to_heads_width(f.student["patches"])
+  if "patches" in f.student:  # a term reads them (PATCH_TOKENS)
+    f.student_patches = f.to_heads_width(f.student["patches"])

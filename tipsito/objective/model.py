@@ -71,13 +71,14 @@ class TrainModel(nn.Module):
       self.distill_proj = nn.Dense(self.distill_dim, name="distill_proj")
 
   # --- methods called by the losses -------------------------------------------------------------
-  def encode_image(self, images, mask=None, train=False):
-    """Image tower: {'cls': (B,n,D), 'patches': (B,h,w,D)}."""
-    return self.image(images, mask=mask, train=train)
+  def encode_image(self, images, mask=None, train=False, cls_only=False):
+    """Image tower: {'cls': (B,n,D), 'patches': (B,h,w,D)}; {'cls'} alone with `cls_only` (its last
+    block then computes the CLS rows only: `VisionTransformer`)."""
+    return self.image(images, mask=mask, train=train, cls_only=cls_only)
 
-  def encode_text(self, ids, train=False):
-    """Text tower: {'pooled', 'tokens', 'valid'}."""
-    return self.text(ids, train=train)
+  def encode_text(self, ids, train=False, pooled_only=False):
+    """Text tower: {'pooled', 'tokens', 'valid'}; no 'tokens' with `pooled_only` (`TextEncoder`)."""
+    return self.text(ids, train=train, pooled_only=pooled_only)
 
   def project(self, x):
     """Image embedding for the contrastive loss: `image_proj` when present, identity (TIPS) otherwise."""

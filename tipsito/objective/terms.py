@@ -48,8 +48,10 @@ from tipsito.losses import teacher_targets as _targets
 from tipsito.objective.context import LossContext
 from tipsito.objective.features import (
   CAPTION,
+  CAPTION_TOKENS,
   CONTRASTIVE_VIEW,
   LOCAL_CROPS,
+  PATCH_TOKENS,
   STUDENT_MASK,
   SYNTHETIC_CAPTION,
   TEACHER,
@@ -369,7 +371,9 @@ TERMS: dict[str, Term] = {
   CLIP: _term(clip_term, (IMAGE, TEXT), (CAPTION, SYNTHETIC_CAPTION, CONTRASTIVE_VIEW)),
   SIGLIP: _term(siglip_term, (IMAGE, TEXT), (CAPTION, CONTRASTIVE_VIEW)),
   CLIP_VIEW2: _term(clip_view2_term, (IMAGE2, TEXT), (CAPTION, VIEW2, CONTRASTIVE_VIEW)),
-  FUSION: _term(fusion_term, (IMAGE, IMAGE2, TEXT), (CAPTION, VIEW2, CONTRASTIVE_VIEW)),
+  FUSION: _term(
+    fusion_term, (IMAGE, IMAGE2, TEXT), (CAPTION, VIEW2, CONTRASTIVE_VIEW, PATCH_TOKENS, CAPTION_TOKENS)
+  ),
   KOLEO: _term(koleo_term, (IMAGE,), (CONTRASTIVE_VIEW,)),
   DINO: _term(
     dino_term,
@@ -382,10 +386,10 @@ TERMS: dict[str, Term] = {
   IBOT: _term(
     ibot_term,
     (IMAGE,),
-    (TEACHER, STUDENT_MASK),
+    (TEACHER, STUDENT_MASK, PATCH_TOKENS),
     centers=("ibot",),
     batch_weight=ibot_counted_tokens,
     fields_when=((MASK, "masks_student_view"),),
   ),
-  FEATURE: _term(feature_term, (IMAGE,), (TEACHER,), batch_weight=examples),
+  FEATURE: _term(feature_term, (IMAGE,), (TEACHER, PATCH_TOKENS), batch_weight=examples),
 }
