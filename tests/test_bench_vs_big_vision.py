@@ -71,6 +71,9 @@ def test_tiny_side_by_side_rows():
   # Same towers, batch and loss, but our last blocks compute only the rows the loss reads (the CLS and EOT
   # rows; tipsito/objective/features.py), so fewer FLOPs: at this depth (2 text blocks) a third fewer.
   assert 0.5 < ours["flops"] / bv["flops"] < 1.0
+  # The time per round as a ratio to big_vision's (one round: a median, no interval); none on its own row.
+  assert ours["step_ratio_paired"]["rounds"] == 1 and ours["step_ratio_paired"]["lo"] is None
+  assert "step_ratio_paired" not in bv
   # erf's polynomial costs more than tanh's: the toggle reached big_vision's MLP blocks.
   assert bv_exact["flops"] > bv["flops"]
 
@@ -132,11 +135,33 @@ def test_timed_rows_table():
          step_s_vs_bv=1.0),
     dict(row="ito -fusion", gflop=1843.2, temp_MiB=3823.9, gflop_vs_bv=1.003, temp_MiB_vs_bv=0.874),
   ]  # fmt: skip
+  rows[0]["step_ratio_paired"] = dict(rounds=12, median=1.0151, lo=1.003, hi=1.031, level=0.9614)
+  rows[1]["step_ratio_paired"] = dict(rounds=5, median=1.0, lo=None, hi=None, level=None)
   assert bench.markdown_table(rows).splitlines()[2:] == [
-    "| ito | 1919.5 | 4037.3 | 7.540 | 2.80 | 1.044 | 0.922 | 1.015 |",
-    "| big_vision ito | 1838.5 | 4376.6 | 7.427 | - | 1.000 | 1.000 | 1.000 |",
-    "| ito -fusion | 1843.2 | 3823.9 | - | - | 1.003 | 0.874 | - |",
+    "| ito | 1919.5 | 4037.3 | 7.540 | 2.80 | 1.044 | 0.922 | 1.015 | 1.015 [1.003, 1.031] 96%, 12 rounds |",
+    "| big_vision ito | 1838.5 | 4376.6 | 7.427 | - | 1.000 | 1.000 | 1.000 | 1.000 (no interval: 5 rounds) |",
+    "| ito -fusion | 1843.2 | 3823.9 | - | - | 1.003 | 0.874 | - | - |",
   ]
+
+
+def test_paired_ratio_interval_is_the_distribution_free_interval_of_the_median():
+  """Round-by-round ratios (the two steps of a round share the machine's load), their median, and the
+  order-statistic interval of the median: ranks k and n + 1 - k with P(Binomial(n, 1/2) < k) <= 2.5 %
+  (n = 12: ranks 3 and 10, coverage 1 - 2 x 79/4096; n = 20: ranks 6 and 15); none below 6 rounds.
+  Paired: a load that slows both steps of a round cancels (ratios of medians would not see it).
+  Break check: ranks one further in (k + 1) fail the n = 12 case."""
+  ratios = np.array([1.05, 0.97, 1.01, 0.99, 1.02, 1.00, 1.03, 0.98, 1.04, 0.96, 1.06, 0.95])
+  load = np.array([1.0, 3.0, 1.0, 2.0, 1.0, 5.0, 1.0, 1.0, 2.0, 1.0, 4.0, 1.0])  # both sides alike
+  p = bench.paired_ratio_interval(ratios * load, load)
+  sorted_r = np.sort(ratios)
+  assert (p["rounds"], p["lo"], p["hi"]) == (12, sorted_r[2], sorted_r[9])
+  assert p["median"] == pytest.approx(np.median(ratios)) and p["level"] == pytest.approx(
+    1 - 2 * 79 / 4096, abs=1e-4
+  )
+  p20 = bench.paired_ratio_interval(np.arange(1.0, 21.0), np.ones(20))
+  assert (p20["lo"], p20["hi"]) == (6.0, 15.0) and p20["level"] >= 0.95
+  assert bench.paired_ratio_interval([1.0] * 5, [1.0] * 5)["lo"] is None
+  assert bench.paired_ratio_interval([1.0] * 6, [1.0] * 6)["level"] == pytest.approx(1 - 2 / 64, abs=1e-4)
 
 
 def test_bad_topology_or_batch_is_a_clear_error_before_any_compile():

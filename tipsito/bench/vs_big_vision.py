@@ -11,7 +11,10 @@ of big_vision's own model (`big_vision/models/proj/image_text/two_towers.py` wit
 synthetic batch. Each side's row: FLOPs (XLA cost analysis of the compiled step), compiled temporary memory
 (`memory_analysis().temp_size_in_bytes`), the median step time and the median system CPU time of a step;
 the steps of all rows are timed interleaved (one step of each row per round), so machine load affects them
-alike. The JSON line names the machine (processor, cores, memory): XLA:CPU's times are the processor's.
+alike, and each row's time is also given round by round as a ratio to big_vision's step of the same round,
+with the median of those ratios and its distribution-free 95 % interval (`paired_ratio_interval`): how far
+this run's rounds put a ratio from a bound such as 1.00x. The JSON line names the machine (processor,
+cores, memory): XLA:CPU's times are the processor's.
 
 big_vision is RUN, not copied: PATH is a local checkout (the directory holding the `big_vision` package;
 nothing is downloaded). Its model and optimizer modules are imported from there; the loss is read from the
@@ -57,6 +60,7 @@ import functools
 import importlib
 import importlib.util
 import json
+import math
 import pathlib
 import resource
 import sys
@@ -517,8 +521,29 @@ def time_interleaved(entries: Sequence[dict], steps: int) -> None:
       ts.append(time.perf_counter() - t)
       ss.append(resource.getrusage(resource.RUSAGE_SELF).ru_stime - s)
   for e, ts, ss in zip(entries, times, system):
+    e["times"] = ts
     e["row"]["step_s"] = round(float(np.median(ts)), 4)
     e["row"]["sys_s"] = round(float(np.median(ss)), 3)
+
+
+def paired_ratio_interval(ours: Sequence[float], ref: Sequence[float], level: float = 0.95) -> dict:
+  """The step-time ratio round by round (`ours[i] / ref[i]`: the two steps of one interleaved round saw the
+  same machine load), its median, and a distribution-free confidence interval for that median: the order
+  statistics r_(k) and r_(n+1-k) with the largest k such that P(Binomial(n, 1/2) < k) <= (1 - level) / 2,
+  whose coverage 1 - 2 P(Binomial(n, 1/2) < k) is returned as `level` (at least the one asked). Why: a bound
+  like "at most 1.00x big_vision's time" is decided by a ratio that moves about 1 % between runs on a
+  2-core machine, so the table says how far this run's rounds put it; no interval (None) below 6 rounds,
+  where even the extremes cover less than 95 %."""
+  r = np.sort(np.asarray(ours, float) / np.asarray(ref, float))
+  n = len(r)
+  out = {"rounds": n, "median": round(float(np.median(r)), 4), "lo": None, "hi": None, "level": None}
+  tail = lambda k: sum(math.comb(n, i) for i in range(k)) / 2**n  # noqa: E731  P(X < k)
+  k = 0
+  while k + 1 <= n // 2 and tail(k + 1) <= (1 - level) / 2:
+    k += 1
+  if k:
+    out.update(lo=round(float(r[k - 1]), 4), hi=round(float(r[n - k]), 4), level=round(1 - 2 * tail(k), 4))
+  return out
 
 
 def run_side_by_side(
@@ -589,11 +614,14 @@ def run_side_by_side(
   keys = (
     ("flops", "temp_MiB", "total_MiB") if topology else ("flops", "temp_MiB") + (("step_s",) if steps else ())
   )
+  times = {e["row"]["row"]: e["times"] for e in entries if "times" in e}
   for row in rows:
     ref = next(x for x in rows if x["row"] == f"big_vision {row['recipe']}")
     for k in keys:
       row[f"{k}_vs_bv"] = round(row[k] / ref[k], 3) if ref[k] else None
     row["gflop_vs_bv"] = row.pop("flops_vs_bv")
+    if row is not ref and row["row"] in times and ref["row"] in times:
+      row["step_ratio_paired"] = paired_ratio_interval(times[row["row"]], times[ref["row"]])
   return rows
 
 
@@ -620,8 +648,8 @@ def markdown_table(rows: Sequence[dict]) -> str:
     return topology_table(rows)
   lines = [
     "| row | GFLOP/step | temporaries (MiB) | step (s, median) | system CPU (s, median) | FLOPs vs big_vision "
-    "| temporaries vs big_vision | time vs big_vision |",
-    "|---|---|---|---|---|---|---|---|",
+    "| temporaries vs big_vision | time vs big_vision | time vs big_vision per round: median [CI] |",
+    "|---|---|---|---|---|---|---|---|---|",
   ]
   for r in rows:
     timed = "step_s" in r  # --steps 0: compiled only, no times
@@ -629,9 +657,18 @@ def markdown_table(rows: Sequence[dict]) -> str:
     system = f"{r['sys_s']:.2f}" if "sys_s" in r else "-"  # rows of an older --jsonl have none
     lines.append(
       f"| {r['row']} | {r['gflop']:.1f} | {r['temp_MiB']:.1f} | {step} | {system} | {r['gflop_vs_bv']:.3f} "
-      f"| {r['temp_MiB_vs_bv']:.3f} | {ratio} |"
+      f"| {r['temp_MiB_vs_bv']:.3f} | {ratio} | {paired_cell(r.get('step_ratio_paired'))} |"
     )
   return "\n".join(lines)
+
+
+def paired_cell(p: Optional[dict]) -> str:
+  """`paired_ratio_interval`'s numbers as a table cell: '0.944 [0.931, 0.957] 96%, 12 rounds'."""
+  if not p:
+    return "-"
+  if p["lo"] is None:
+    return f"{p['median']:.3f} (no interval: {p['rounds']} rounds)"
+  return f"{p['median']:.3f} [{p['lo']:.3f}, {p['hi']:.3f}] {100 * p['level']:.0f}%, {p['rounds']} rounds"
 
 
 def topology_table(rows: Sequence[dict]) -> str:
