@@ -98,6 +98,34 @@ def test_mlp_gradient_unchanged_and_memory_lower():
   assert mem(ours) < mem(today), (mem(ours), mem(today))
 
 
+@pytest.mark.parametrize("train_dropout", [False, True])
+def test_mlp_keeps_only_the_hidden_input_for_the_backward(train_dropout, monkeypatch):
+  """`layers.Mlp` with 'gelu_exact': the activation and Dense_1 run as one rematerialised `ActivationDense`
+  (same parameters), so the backward keeps one hidden-layer-sized tensor, the GELU's input, where plain
+  autodiff keeps the activation's output too (what held the TPU peak above big_vision's,
+  docs/performance.md); values and gradients bitwise those of the plain path. With dropout in training the
+  plain path runs (the dropout mask sits between the two). Break check: an empty RECOMPUTED_ACTIVATIONS
+  gives two hidden-sized residuals."""
+  from jax._src.ad_checkpoint import saved_residuals  # pylint: disable=import-outside-toplevel
+
+  mlp = layers.Mlp(64, "gelu_exact", dropout=0.5 if train_dropout else 0.0)
+  x = jnp.asarray(np.random.RandomState(0).randn(2, 5, 16), jnp.float32)
+  params = mlp.init(jax.random.PRNGKey(0), x)
+  rngs = {"dropout": jax.random.PRNGKey(1)}
+  f = lambda p, x: mlp.apply(p, x, train=train_dropout, rngs=rngs)  # noqa: E731
+  hidden = lambda: [a for a, _ in saved_residuals(f, params, x) if a.shape == (2, 5, 64)]  # noqa: E731
+  lean = hidden()
+  value_grad = jax.value_and_grad(lambda p, x: jnp.sum(jnp.sin(f(p, x))), argnums=(0, 1))
+  ours = value_grad(params, x)
+  monkeypatch.setattr(layers, "RECOMPUTED_ACTIVATIONS", ())
+  plain = layers.Mlp(64, "gelu_exact", dropout=mlp.dropout)
+  assert jax.tree.structure(plain.init(jax.random.PRNGKey(0), x)) == jax.tree.structure(params)
+  f = lambda p, x: plain.apply(p, x, train=train_dropout, rngs=rngs)  # noqa: E731
+  n_lean, n_plain = len(lean), len(hidden())
+  assert n_lean == n_plain if train_dropout else (n_lean, n_plain) == (1, 2), (n_lean, n_plain)
+  jax.tree.map(np.testing.assert_array_equal, ours, value_grad(params, x))
+
+
 @pytest.mark.parametrize("policy", ["nothing_saveable", "dots_saveable"])
 def test_openclip_tower_gradient_unchanged_under_remat_policies(policy):
   """The custom VJP inside rematerialised blocks (`model.image.remat_policy`): the OpenCLIP-style tower's
