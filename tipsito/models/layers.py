@@ -354,29 +354,20 @@ class Mlp(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array, valid: Optional[jax.Array] = None, train: bool = False) -> jax.Array:
     d = x.shape[-1]
-    act = activation_fn(self.activation)
-    h = nn.Dense(
-      self.mlp_dim,
-      dtype=self.dtype,
-      param_dtype=self.param_dtype,
-      kernel_init=nn.initializers.xavier_uniform(),
-      bias_init=nn.initializers.normal(1e-6),
-      name='Dense_0',
-    )(x)
     kw = dict(
       dtype=self.dtype,
       param_dtype=self.param_dtype,
       kernel_init=nn.initializers.xavier_uniform(),
       bias_init=nn.initializers.normal(1e-6),
-      name='Dense_1',
     )
+    h = nn.Dense(self.mlp_dim, name='Dense_0', **kw)(x)
     if self.activation in RECOMPUTED_ACTIVATIONS and valid is None and not (train and self.dropout > 0.0):
-      return nn.remat(ActivationDense)(d, activation=self.activation, **kw)(h)
-    h = act(h)
+      return nn.remat(ActivationDense)(d, activation=self.activation, name='Dense_1', **kw)(h)
+    h = activation_fn(self.activation)(h)
     if valid is not None:
       h = h * valid[..., None].astype(h.dtype)
     h = nn.Dropout(self.dropout)(h, deterministic=not train)
-    y = nn.Dense(d, **kw)(h)
+    y = nn.Dense(d, name='Dense_1', **kw)(h)
     if valid is not None:
       y = y * valid[..., None].astype(y.dtype)
     return y
