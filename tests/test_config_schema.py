@@ -29,7 +29,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # Made by tests/data/config_schema/make_snapshot.py on main 3803a2d, before the schema existed; keys added
 # since then are inserted with their default (input.microbatches = 1, exact accumulation;
 # loss_opts.ibot_visible_weight = 1.0; data.alt_text_key became a typed optional str, None drawing 'text'
-# from data.caption_keys; model.fusion.remat = False with remat_policy 'nothing_saveable', issue 43); tipsito's
+# from data.caption_keys; model.fusion.remat = False with remat_policy 'nothing_saveable', and
+# model.{image,text,fusion}.attention_recompute = True, issue 43); tipsito's
 # loss.clip_view2 is 1.0 since its pair weight carries the
 # per-caption 1/2 (tipsito/objective/terms.py: contrastive_pair_weights).
 SNAPSHOT = ROOT / "tests" / "data" / "config_schema" / "defaults_snapshot.json"

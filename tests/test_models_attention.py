@@ -204,3 +204,84 @@ def test_fusion_module_with_key_lengths_equals_the_mask(monkeypatch):
   (_, got), g_got = run(('xla',))
   jax.tree.map(np.testing.assert_array_equal, (got, g_got), (want, g_want))
   assert not np.any(np.asarray(g_got[1])[1, 2:])  # padded caption tokens: masked as keys
+
+
+def _probabilities(f, *args, shape):
+  """The residuals of `f(*args)`'s backward pass the size of attention probabilities `shape` (B, heads, T,
+  S), in whatever layout (jax's 'xla' core keeps (1, B, heads, T, S) arrays: its exp and its quotient)."""
+  from jax._src.ad_checkpoint import saved_residuals  # pylint: disable=import-outside-toplevel
+
+  return [a for a, _ in saved_residuals(f, *args) if a.size == np.prod(shape) and len(a.shape) >= 4]
+
+
+@pytest.mark.parametrize('is_causal', [False, True])
+@pytest.mark.parametrize('masking', ['none', 'mask', 'lengths'])
+def test_xla_core_recompute_keeps_no_probabilities(is_causal, masking):
+  """`attention_core(..., recompute=True)`: the backward pass keeps q, k, v and computes the probabilities
+  again, so no (B, heads, T, T) residual is saved, where the plain core saves at least one; values and
+  gradients bitwise those of the plain core (the same function, computed again). Break check: `recompute`
+  ignored saves the probabilities."""
+  q, k, v = _qkv()
+  mask = {'none': None, 'mask': _key_mask(2, 70)}.get(masking)
+  if masking == 'lengths':
+    mask = layers.key_padding(_key_mask(2, 70)[:, 0, 0, :], 'cudnn')
+
+  def loss(recompute):
+    return lambda q, k, v: jnp.sum(jnp.sin(layers.attention_core(q, k, v, mask, is_causal, 'xla', recompute)))
+
+  assert len(_probabilities(loss(False), q, k, v, shape=(2, 2, 70, 70))) >= 1
+  assert _probabilities(loss(True), q, k, v, shape=(2, 2, 70, 70)) == []
+  for a, b in zip(jax.grad(loss(True), (0, 1, 2))(q, k, v), jax.grad(loss(False), (0, 1, 2))(q, k, v)):
+    np.testing.assert_array_equal(a, b)
+  np.testing.assert_array_equal(
+    layers.attention_core(q, k, v, mask, is_causal, 'xla', True),
+    layers.attention_core(q, k, v, mask, is_causal, 'xla'),
+  )
+
+
+@pytest.mark.parametrize('tower', ['image', 'text', 'fusion'])
+def test_towers_recompute_attention_probabilities_by_default(tower):
+  """Each tower's default (`attention_recompute`, config `model.<tower>.attention_recompute`): its blocks
+  keep no attention probabilities for the backward pass, and every gradient equals the tower's with them
+  kept (`attention_recompute=False`), which keeps one per block. With `remat` the block's policy decides
+  (`layers.recomputes_attention`), so no recompute is nested in a recomputed block."""
+  from tipsito.models.vit import VisionTransformer  # pylint: disable=import-outside-toplevel
+
+  r = np.random.RandomState(2)
+  if tower == 'image':
+    module = lambda **kw: VisionTransformer(
+      patch_size=4, width=32, depth=2, num_heads=2, mlp_dim=64, posemb_grid=2, **kw
+    )  # noqa: E731
+    args = (jnp.asarray(r.randint(0, 256, (2, 8, 8, 3)), jnp.uint8),)
+    out, shape = lambda o: jnp.sum(jnp.sin(o['cls'])) + jnp.sum(o['patches'] ** 2), (2, 2, 5, 5)  # noqa: E731
+  elif tower == 'text':
+    module = lambda **kw: text.TextEncoder(
+      flavour='clip', vocab_size=32, max_len=16, width=32, depth=2, num_heads=2, mlp_dim=64, out_dim=8, **kw
+    )  # noqa: E731
+    args = (_ids(),)
+    out, shape = lambda o: jnp.sum(jnp.sin(o['tokens'])) + jnp.sum(o['pooled'] ** 2), (2, 2, 9, 9)  # noqa: E731
+  else:
+    module = lambda **kw: fusion.FusionTransformer(
+      width=32, depth=2, num_heads=2, mlp_ratio=1, max_text_len=9, **kw
+    )  # noqa: E731
+    args = tuple(jnp.asarray(r.randn(*s), jnp.float32) for s in [(2, 16), (2, 3, 3, 16), (2, 9, 16)]) + (
+      _ids() != 0,
+    )
+    out, shape = lambda o: jnp.sum(jnp.sin(o)), (2, 2, 19, 19)  # noqa: E731
+  params = module().init(jax.random.PRNGKey(0), *args)
+
+  def f(**kw):
+    return lambda p: out(module(**kw).apply(p, *args))
+
+  assert len(_probabilities(f(attention_recompute=False), params, shape=shape)) >= 2  # >= 1 per block
+  assert _probabilities(f(), params, shape=shape) == []
+  g = jax.grad(f())(params)
+  jax.tree.map(
+    lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
+    g,
+    jax.grad(f(attention_recompute=False))(params),
+  )
+  assert not layers.recomputes_attention(True, True, 'nothing_saveable')
+  assert layers.recomputes_attention(True, True, 'none') and layers.recomputes_attention(
+    True, False, 'nothing_saveable'
+  )

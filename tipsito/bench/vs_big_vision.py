@@ -50,6 +50,8 @@ Toggles (`--toggles`, each one extra row of tipsito's `clip`, one thing changed;
   fusion_chunks_K  the ITO fusion module over K groups of examples in turn, each rematerialised
                (`model.fusion.chunks`; the `ito` rows use the paper config's 2; K = 1, 4, 8; with
                `--recipes ito`)
+  keep_attention_probs  the towers' (and the fusion module's) 'xla' attention core keeps its probabilities
+               for the backward pass instead of computing them again (`model.*.attention_recompute=False`)
 """
 
 from __future__ import annotations
@@ -114,6 +116,7 @@ TOGGLES = (
   "fusion_chunks_1",
   "fusion_chunks_4",
   "fusion_chunks_8",
+  "keep_attention_probs",
 )
 REMAT_PREFIX = "remat_"
 FUSION_REMAT_PREFIX = "fusion_remat_"
@@ -417,6 +420,9 @@ def tipsito_config(
       c.model.fusion.update(dict(remat=True, remat_policy=t[len(FUSION_REMAT_PREFIX) :]))
     if t.startswith(FUSION_CHUNKS_PREFIX):  # the fusion module over K groups of examples in turn
       c.model.fusion.chunks = int(t[len(FUSION_CHUNKS_PREFIX) :])
+    if t == "keep_attention_probs":
+      for part in ("image", "text", "fusion"):
+        c.model[part].attention_recompute = False
   return c
 
 

@@ -459,6 +459,15 @@ KEYS: tuple[Key, ...] = (
     choices=ATTENTIONS,
     safe=True,
   ),
+  K(
+    "model.image.attention_recompute",
+    bool,
+    True,
+    "the xla attention core keeps only q, k, v for the backward pass and recomputes the probabilities "
+    "(B x heads x T x T per block; one more q k^T per block); off: kept. Not with remat (the policy decides)",
+    choices=BOOLS,
+    safe=True,
+  ),
   # text tower (TextEncoder kwargs)
   K("model.text.width", int, _text_preset("width"), "text tower width (variant preset)", range=_POS_INT),
   K("model.text.depth", int, _text_preset("depth"), "text tower blocks (variant preset)", range=_POS_INT),
@@ -520,6 +529,15 @@ KEYS: tuple[Key, ...] = (
     choices=ATTENTIONS,
     safe=True,
   ),
+  K(
+    "model.text.attention_recompute",
+    bool,
+    True,
+    "the xla attention core keeps only q, k, v for the backward pass and recomputes the probabilities "
+    "(B x heads x T x T per block; one more q k^T per block); off: kept. Not with remat (the policy decides)",
+    choices=BOOLS,
+    safe=True,
+  ),
   # heads and fusion
   K("model.heads.num_prototypes", int, 32768, "DINO / iBOT prototypes K", range=_POS_INT),
   K("model.heads.hidden_dim", int, 2048, "head MLP hidden width", range=_POS_INT),
@@ -557,6 +575,16 @@ KEYS: tuple[Key, ...] = (
     "xla",
     "attention core of the ITO fusion module: xla (einsum), cudnn (GPU, bf16/fp16), splash (Pallas TPU kernel)",
     choices=ATTENTIONS,
+    safe=True,
+  ),
+  K(
+    "model.fusion.attention_recompute",
+    bool,
+    True,
+    "the xla attention core keeps only q, k, v for the backward pass and recomputes the probabilities "
+    "(B x heads x T x T per block; one more q k^T per block); off: kept. Not with remat or chunks > 1 (the policy "
+    "decides)",
+    choices=BOOLS,
     safe=True,
   ),
   # --- loss weights: one key per term the recipe allows ---

@@ -75,6 +75,7 @@ class FusionTransformer(nn.Module):
   mlp_ratio: int = 4
   max_text_len: int = 64
   attention: str = 'xla'  # attention core: layers.ATTENTIONS
+  attention_recompute: bool = True  # the 'xla' core recomputes its probabilities (layers.attention_core)
   remat: bool = False  # rematerialise each block with remat_policy (gradients bitwise unchanged)
   remat_policy: str = 'nothing_saveable'  # layers.REMAT_POLICIES
   chunks: int = 1  # groups of examples run one after the other, each rematerialised (module docstring)
@@ -138,6 +139,10 @@ class FusionTransformer(nn.Module):
     key_valid = jnp.concatenate([jnp.ones((b, 1 + h * w), bool), text_valid.astype(bool)], axis=1)
     mask = layers.key_padding(key_valid, self.attention)  # [image; text]: right padding
     block_cls = layers.make_block_cls(self.remat, self.remat_policy)
+    # Groups (`chunks` > 1) are rematerialised as a whole, as blocks are with `remat`.
+    recompute = layers.recomputes_attention(
+      self.attention_recompute, self.remat or self.chunks > 1, self.remat_policy
+    )
     for i in range(self.depth):
       x = block_cls(
         num_heads=self.num_heads,
@@ -145,6 +150,7 @@ class FusionTransformer(nn.Module):
         ffn='mlp',
         activation='gelu',
         attention=self.attention,
+        attention_recompute=recompute,
         query_rows=1 if i == self.depth - 1 else 0,  # only the CLS output is read
         name=f'block_{i}',
         **kw,

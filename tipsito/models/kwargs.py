@@ -83,10 +83,10 @@ ARCHITECTURE_KEYS = {
   "image": PARAM_KEYS["image"] + ("pixel_mean", "pixel_std", "activation", "ln_eps"),
   "text": PARAM_KEYS["text"] + ("max_len", "activation", "ln_eps"),
 }
-# Module fields a tower config need not state and that are not filled: `remat` is a training-time memory
-# setting with no effect on the outputs, which the export leaves out of the image tower
-# (tipsito/export_format.py: write_export); the module's default applies when a tower is built.
-UNSTATED_FIELDS = ("remat",)
+# Module fields a tower config need not state and that are not filled: `remat` and `attention_recompute`
+# are training-time memory settings with no effect on the outputs (the export leaves `remat` out of the
+# image tower: tipsito/export_format.py write_export); the module's default applies when a tower is built.
+UNSTATED_FIELDS = ("remat", "attention_recompute")
 
 
 class TowerConfigError(ValueError):

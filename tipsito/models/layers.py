@@ -178,13 +178,34 @@ def key_padding(key_valid: jax.Array, implementation: str) -> jax.Array:
   return key_valid[:, None, None, :]
 
 
-def attention_core(q, k, v, mask, is_causal: bool, implementation: str) -> jax.Array:
+def _xla_core(q, k, v, mask, lengths, is_causal: bool, scale: float) -> jax.Array:
+  """The 'xla' core: `jax.nn.dot_product_attention`'s einsum-softmax-einsum."""
+  return jax.nn.dot_product_attention(
+    q, k, v, mask=mask, is_causal=is_causal, scale=scale, key_value_seq_lengths=lengths
+  )
+
+
+# The 'xla' core that keeps only its inputs for the backward pass (`attention_core(..., recompute=True)`).
+_xla_core_recomputed = jax.checkpoint(
+  _xla_core, policy=jax.checkpoint_policies.nothing_saveable, static_argnums=(5, 6)
+)
+
+
+def attention_core(q, k, v, mask, is_causal: bool, implementation: str, recompute: bool = False) -> jax.Array:
   """softmax(q k^T / sqrt(d) + mask) v for (B,T,H,d) q/k/v with the `implementation` asked for.
 
   `mask` is None, a boolean key mask (B,1,1,T) (the text tower's padding, the fusion module's text
   padding) or int32 key lengths (B,) (keys at positions >= length are masked; `key_padding`); 'xla' also
   takes any boolean mask broadcastable to (B,H,T,T). Errors are raised at trace time, so a wrong choice
   fails before anything is compiled.
+
+  `recompute` (the 'xla' core only): the backward pass keeps q, k and v alone and computes the
+  probabilities again from q and k, instead of keeping them from the forward pass. Why: they are the
+  largest activation of a block at short sequences (B x heads x T x T: at ViT-B/16, 197 tokens and 12
+  heads, 1.8 MiB per image and block in float32, 0.77x the MLP's hidden layer), and the flash kernels
+  ('cudnn', 'splash') never keep them either. The values and gradients are the same function; the
+  price is one more q k^T and softmax per block in the backward pass (at 197 tokens, 0.7 % of a ViT-B
+  block's FLOPs).
   """
   scale = 1.0 / (q.shape[-1] ** 0.5)
   lengths = None
@@ -193,9 +214,7 @@ def attention_core(q, k, v, mask, is_causal: bool, implementation: str) -> jax.A
       raise ValueError(f'attention: a 1-D mask must be integer key lengths (B,), got {mask.dtype}')
     lengths, mask = mask.astype(jnp.int32), None
   if implementation == 'xla':
-    return jax.nn.dot_product_attention(
-      q, k, v, mask=mask, is_causal=is_causal, scale=scale, key_value_seq_lengths=lengths
-    )
+    return (_xla_core_recomputed if recompute else _xla_core)(q, k, v, mask, lengths, is_causal, scale)
   if implementation == 'cudnn':
     if jax.default_backend() != 'gpu':
       raise ValueError(
@@ -252,6 +271,7 @@ class Attention(nn.Module):
   param_dtype: Dtype = jnp.float32
   kernel_init: Callable = nn.initializers.xavier_uniform()
   attention: str = 'xla'
+  recompute: bool = False  # the 'xla' core's probabilities recomputed in the backward (`attention_core`)
 
   @nn.compact
   def __call__(
@@ -301,14 +321,14 @@ class Attention(nn.Module):
     k = proj('key')(x)
     if (query_rows or query_index is not None) and self.attention in ('splash', 'splash_interpret'):
       q = proj('query')(x)  # its kernels tile full queries: every row, then the asked ones
-      return out(pick(attention_core(q, k, v, mask, is_causal, self.attention)))
+      return out(pick(attention_core(q, k, v, mask, is_causal, self.attention, self.recompute)))
     if query_index is not None:
       q = proj('query')(pick(x))
-      return out(attention_core(q, k, v, mask, False, self.attention))
+      return out(attention_core(q, k, v, mask, False, self.attention, self.recompute))
     if query_rows and is_causal:
       raise ValueError('attention: query_rows with is_causal would mask against the wrong positions')
     q = proj('query')(x[:, :query_rows] if query_rows else x)
-    return out(attention_core(q, k, v, mask, is_causal, self.attention))
+    return out(attention_core(q, k, v, mask, is_causal, self.attention, self.recompute))
 
 
 class ActivationDense(nn.Dense):
@@ -428,6 +448,7 @@ class Block(nn.Module):
   dropout: float = 0.0
   drop_path: float = 0.0
   attention: str = 'xla'  # ATTENTIONS
+  attention_recompute: bool = False  # `Attention.recompute` (`attention_core`)
   query_rows: int = 0
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
@@ -448,7 +469,9 @@ class Block(nn.Module):
     eps = self.ln_eps
     return (
       layer_norm('norm1', eps=eps, **kw),
-      Attention(self.num_heads, attention=self.attention, name='attn', **kw),
+      Attention(
+        self.num_heads, attention=self.attention, recompute=self.attention_recompute, name='attn', **kw
+      ),
       layer_norm('norm2', eps=eps, **kw),
       ffn,
     )
@@ -517,6 +540,13 @@ REMAT_POLICIES = {
   'dots_with_no_batch_dims_saveable': jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
   'everything_saveable': jax.checkpoint_policies.everything_saveable,
 }
+
+
+def recomputes_attention(asked: bool, remat: bool, policy: str) -> bool:
+  """Whether a tower's blocks recompute their 'xla' attention probabilities (`attention_core`): when the
+  tower asks (`attention_recompute`), unless its blocks are rematerialised, whose policy then decides what
+  they keep (a recompute inside a recomputed block would compute the probabilities a third time)."""
+  return bool(asked) and not (remat and REMAT_POLICIES.get(policy) is not None)
 
 
 def make_block_cls(remat: bool, policy: str = 'nothing_saveable', scan: bool = False):

@@ -83,6 +83,7 @@ class TextEncoder(nn.Module):
   remat_policy: str = 'nothing_saveable'  # layers.REMAT_POLICIES
   scan: bool = False  # blocks as one nn.scan, params stacked under 'blocks'
   attention: str = 'xla'  # attention core: layers.ATTENTIONS
+  attention_recompute: bool = True  # the 'xla' core recomputes its probabilities (layers.attention_core)
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
@@ -144,6 +145,9 @@ class TextEncoder(nn.Module):
       is_causal=is_causal,
       dropout=self.dropout,
       attention=self.attention,
+      attention_recompute=layers.recomputes_attention(
+        self.attention_recompute, self.remat, self.remat_policy
+      ),
       **kw,
     )
     if self.scan:

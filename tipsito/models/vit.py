@@ -92,6 +92,7 @@ class VisionTransformer(nn.Module):
   remat_policy: str = 'nothing_saveable'  # layers.REMAT_POLICIES
   scan: bool = False  # blocks as one nn.scan, params stacked under 'blocks'
   attention: str = 'xla'  # attention core: layers.ATTENTIONS
+  attention_recompute: bool = True  # the 'xla' core recomputes its probabilities (layers.attention_core)
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
   pixel_mean: Sequence[float] = (0.0, 0.0, 0.0)
@@ -223,6 +224,9 @@ class VisionTransformer(nn.Module):
       ln_eps=self.ln_eps,
       dropout=self.dropout,
       attention=self.attention,
+      attention_recompute=layers.recomputes_attention(
+        self.attention_recompute, self.remat, self.remat_policy
+      ),
       **kw,
     )
     rates = [self.stochastic_depth * i / max(self.depth - 1, 1) for i in range(self.depth)]
