@@ -200,9 +200,10 @@ def attention_core(q, k, v, mask, is_causal: bool, implementation: str, recomput
   fails before anything is compiled.
 
   `recompute` (the 'xla' core only): the backward pass keeps q, k and v alone and computes the
-  probabilities again from q and k, instead of keeping them from the forward pass. Why: they are the
-  largest activation of a block at short sequences (B x heads x T x T: at ViT-B/16, 197 tokens and 12
-  heads, 1.8 MiB per image and block in float32, 0.77x the MLP's hidden layer), and the flash kernels
+  probabilities again from q and k, instead of keeping them from the forward pass. Why: after the MLP's
+  hidden layer they are the largest activation a block keeps at short sequences (B x heads x T x T: at
+  ViT-B/16, 197 tokens and 12 heads, 1.8 MiB per image and block in float32, 0.77x the hidden layer;
+  above it from 4 x width / heads tokens on), and the flash kernels
   ('cudnn', 'splash') never keep them either. The values and gradients are the same function; the
   price is one more q k^T and softmax per block in the backward pass (at 197 tokens, 0.7 % of a ViT-B
   block's FLOPs).
