@@ -247,6 +247,21 @@ def _text_structure(k: str) -> Callable[[Ctx], Any]:
   return lambda ctx: presets.TEXT_STRUCTURE[ctx.structure][k]
 
 
+def _attention_recompute(tower: str, not_with: str) -> Key:
+  """`model.<tower>.attention_recompute` (tipsito/models/layers.py `recomputes_attention`): the same key for
+  the image tower, the text tower and the fusion module, which differ in what rematerialises their blocks."""
+  return K(
+    f"model.{tower}.attention_recompute",
+    bool,
+    True,
+    "the xla attention core keeps only q, k, v for the backward pass and recomputes the probabilities "
+    f"(B x heads x T x T per block; one more q k^T per block); off: kept. Not with {not_with} (the policy "
+    "decides)",
+    choices=BOOLS,
+    safe=True,
+  )
+
+
 _C = "the TFDS config names of tipsito.data.builders; see DATA_PRESETS in tipsito/config/defaults.py"
 
 TREES: tuple[Tree, ...] = (
@@ -459,15 +474,7 @@ KEYS: tuple[Key, ...] = (
     choices=ATTENTIONS,
     safe=True,
   ),
-  K(
-    "model.image.attention_recompute",
-    bool,
-    True,
-    "the xla attention core keeps only q, k, v for the backward pass and recomputes the probabilities "
-    "(B x heads x T x T per block; one more q k^T per block); off: kept. Not with remat (the policy decides)",
-    choices=BOOLS,
-    safe=True,
-  ),
+  _attention_recompute("image", not_with="remat"),
   # text tower (TextEncoder kwargs)
   K("model.text.width", int, _text_preset("width"), "text tower width (variant preset)", range=_POS_INT),
   K("model.text.depth", int, _text_preset("depth"), "text tower blocks (variant preset)", range=_POS_INT),
@@ -529,15 +536,7 @@ KEYS: tuple[Key, ...] = (
     choices=ATTENTIONS,
     safe=True,
   ),
-  K(
-    "model.text.attention_recompute",
-    bool,
-    True,
-    "the xla attention core keeps only q, k, v for the backward pass and recomputes the probabilities "
-    "(B x heads x T x T per block; one more q k^T per block); off: kept. Not with remat (the policy decides)",
-    choices=BOOLS,
-    safe=True,
-  ),
+  _attention_recompute("text", not_with="remat"),
   # heads and fusion
   K("model.heads.num_prototypes", int, 32768, "DINO / iBOT prototypes K", range=_POS_INT),
   K("model.heads.hidden_dim", int, 2048, "head MLP hidden width", range=_POS_INT),
@@ -577,16 +576,7 @@ KEYS: tuple[Key, ...] = (
     choices=ATTENTIONS,
     safe=True,
   ),
-  K(
-    "model.fusion.attention_recompute",
-    bool,
-    True,
-    "the xla attention core keeps only q, k, v for the backward pass and recomputes the probabilities "
-    "(B x heads x T x T per block; one more q k^T per block); off: kept. Not with remat or chunks > 1 (the policy "
-    "decides)",
-    choices=BOOLS,
-    safe=True,
-  ),
+  _attention_recompute("fusion", not_with="remat or chunks > 1"),
   # --- loss weights: one key per term the recipe allows ---
   *(
     K(
