@@ -6,6 +6,8 @@ tower's key padding (with and without the causal mask of the 'clip' flavour) and
 text padding. Lengths that are not multiples of 128 exercise the padding to the kernel's blocks.
 """
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -204,6 +206,59 @@ def test_fusion_module_with_key_lengths_equals_the_mask(monkeypatch):
   (_, got), g_got = run(('xla',))
   jax.tree.map(np.testing.assert_array_equal, (got, g_got), (want, g_want))
   assert not np.any(np.asarray(g_got[1])[1, 2:])  # padded caption tokens: masked as keys
+
+
+def _dot_ranks(f, *args) -> set:
+  """The ranks of the results of every dot_general in the lowered forward and backward of `f`."""
+  text = jax.jit(jax.grad(f, argnums=tuple(range(len(args))))).lower(*args).as_text()
+  return {r.count('x') for r in re.findall(r'stablehlo\.dot_general.*-> tensor<((?:\d+x)+)', text)}
+
+
+@pytest.mark.parametrize('dtype', ['float32', 'bfloat16'])
+@pytest.mark.parametrize(
+  'masking, is_causal',
+  [
+    ('none', False),
+    ('none', True),
+    ('mask', False),
+    ('mask', True),
+    ('lengths', False),
+    ('lengths', True),
+    ('one_query', False),
+  ],  # one query row (Block.query_rows) against every key: never causal
+)
+def test_xla_core_is_jax_nn_attention_without_the_group_vmap(dtype, masking, is_causal):
+  """The 'xla' core (`layers._xla_core`) computes `jax.nn.dot_product_attention(implementation='xla')`:
+  the forward bitwise at head dimension 64 (the towers'), to float32 rounding at 16, gradients to
+  rounding; with 4-D dot products only, where jax.nn's vmap over query groups lowers 5-D ones (the reason
+  the core is ours: docs/performance.md). Break check: `_xla_core` calling jax.nn fails the rank check."""
+  q, k, v = (x.astype(dtype) for x in _qkv())
+  if masking == 'one_query':
+    q = q[:, :1]
+  mask = _key_mask(2, 70) if masking in ('mask', 'one_query') else None
+  lengths = jnp.asarray([50, 10], jnp.int32) if masking == 'lengths' else None
+  scale = 1.0 / 8.0
+
+  def ours(q, k, v):
+    return layers._xla_core(q, k, v, mask, lengths, is_causal, scale)
+
+  def theirs(q, k, v):
+    return jax.nn.dot_product_attention(
+      q, k, v, mask=mask, is_causal=is_causal, scale=scale, key_value_seq_lengths=lengths
+    )
+
+  def loss(f):
+    return lambda q, k, v: jnp.sum(jnp.sin(f(q, k, v).astype(jnp.float32)))
+
+  np.testing.assert_array_equal(ours(q, k, v), theirs(q, k, v))
+  tol = dict(rtol=1e-5, atol=1e-6) if dtype == 'float32' else dict(rtol=2e-2, atol=2e-2)
+  for a, b in zip(jax.grad(loss(ours), (0, 1, 2))(q, k, v), jax.grad(loss(theirs), (0, 1, 2))(q, k, v)):
+    np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), **tol)
+  assert _dot_ranks(loss(ours), q, k, v) == {4}
+  assert 5 in _dot_ranks(loss(theirs), q, k, v)
+  if dtype == 'float32':  # another head dimension: equal to rounding
+    q16, k16, v16 = (x[..., :16] for x in (q, k, v))
+    np.testing.assert_allclose(ours(q16, k16, v16), theirs(q16, k16, v16), rtol=1e-6, atol=1e-6)
 
 
 def _probabilities(f, *args, shape):

@@ -179,10 +179,31 @@ def key_padding(key_valid: jax.Array, implementation: str) -> jax.Array:
 
 
 def _xla_core(q, k, v, mask, lengths, is_causal: bool, scale: float) -> jax.Array:
-  """The 'xla' core: `jax.nn.dot_product_attention`'s einsum-softmax-einsum."""
-  return jax.nn.dot_product_attention(
-    q, k, v, mask=mask, is_causal=is_causal, scale=scale, key_value_seq_lengths=lengths
-  )
+  """The 'xla' core: softmax(q k^T * scale, masked) v, einsum-softmax-einsum on (B,T,H,d) as they come.
+
+  The computation of `jax.nn.dot_product_attention(implementation='xla')`, step for step: the logits in
+  float32 (bfloat16 inputs multiplied at BF16_BF16_F32), scaled after the product, masked keys (boolean
+  `mask`, key `lengths`, causal) set to -0.7 x float32's maximum, the softmax in float32, the probabilities
+  cast to v's dtype; equal to that function to float32 rounding, bitwise at the towers' head dimension 64
+  (tests/test_models_attention.py). Why not call it: jax.nn runs its core under a `vmap` over the query groups of grouped-query attention, which with one
+  group per key head still leaves 5-D dot products whose layouts cost XLA:CPU 1.27x the time of these
+  4-D ones for the forward and backward of a ViT-B/16 block's attention (docs/performance.md).
+  """
+  precision = jax.lax.DotAlgorithmPreset.BF16_BF16_F32 if q.dtype == jnp.bfloat16 else None
+  logits = jnp.einsum('BTNH,BSNH->BNTS', q, k, precision=precision, preferred_element_type=jnp.float32)
+  logits = logits * jnp.float32(scale)
+  t, s = logits.shape[2], logits.shape[3]
+  keep = None if mask is None else mask.astype(bool)
+  if lengths is not None:
+    keys = (jnp.arange(s)[None, :] < lengths[:, None])[:, None, None, :]
+    keep = keys if keep is None else keep & keys
+  if is_causal:
+    causal = jnp.tril(jnp.ones((t, s), bool))
+    keep = causal if keep is None else keep & causal
+  if keep is not None:
+    logits = jnp.where(keep, logits, jnp.float32(-0.7 * float(jnp.finfo(jnp.float32).max)))
+  probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+  return jnp.einsum('BNTS,BSNH->BTNH', probs, v)
 
 
 # The 'xla' core that keeps only its inputs for the backward pass (`attention_core(..., recompute=True)`).
