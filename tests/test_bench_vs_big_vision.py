@@ -249,3 +249,24 @@ def test_fusion_remat_toggles_set_the_fusion_policy_only():
     assert (c.model.fusion.remat, c.model.fusion.remat_policy) == (True, policy)
     c.model.fusion.update(dict(remat=base.model.fusion.remat, remat_policy=base.model.fusion.remat_policy))
     assert c.to_dict() == base.to_dict()
+
+
+def test_jax_nn_attention_toggle_swaps_the_core_while_the_step_is_traced():
+  """`--toggles jax_nn_attention`: tipsito's step traced with jax.nn's attention (5-D dot products under
+  its vmap over query groups) instead of `layers._xla_core` (4-D only), and the core restored after."""
+  import re  # pylint: disable=import-outside-toplevel
+
+  from tipsito.models import layers  # pylint: disable=import-outside-toplevel
+
+  def dot_ranks(toggles):
+    config = bench.tipsito_config("clip", "tiny/16", 4, toggles=toggles)
+    with bench._attention_of(toggles):
+      fn = lambda q, k, v: layers.attention_core(q, k, v, None, False, "xla", True)  # noqa: E731
+      q = jnp.ones((2, 5, 2, int(config.model.text.width) // 2))
+      text = jax.jit(jax.grad(lambda q: jnp.sum(fn(q, q, q)))).lower(q).as_text()
+    return {r.count("x") for r in re.findall(r"stablehlo\.dot_general.*-> tensor<((?:\d+x)+)", text)}
+
+  saved = layers._xla_core, layers._xla_core_recomputed
+  assert dot_ranks(["jax_nn_attention"]) >= {5}
+  assert (layers._xla_core, layers._xla_core_recomputed) == saved
+  assert dot_ranks([]) == {4}

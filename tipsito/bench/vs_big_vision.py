@@ -52,6 +52,9 @@ Toggles (`--toggles`, each one extra row of tipsito's `clip`, one thing changed;
                `--recipes ito`)
   keep_attention_probs  the towers' (and the fusion module's) 'xla' attention core keeps its probabilities
                for the backward pass instead of computing them again (`model.*.attention_recompute=False`)
+  jax_nn_attention  the 'xla' attention core is `jax.nn.dot_product_attention` itself (what
+               `layers._xla_core` computes, under jax.nn's vmap over grouped-query groups; not a config
+               value: the core is swapped while the step is traced)
 """
 
 from __future__ import annotations
@@ -87,6 +90,7 @@ from tipsito.config import paper
 from tipsito.config import validation as config_validation
 from tipsito.data import batch as batch_lib
 from tipsito.data.synthetic import synthetic_batch
+from tipsito.models import layers
 from tipsito.studies import provenance
 from tipsito.train import assembly
 from tipsito.train import sharding
@@ -117,6 +121,7 @@ TOGGLES = (
   "fusion_chunks_4",
   "fusion_chunks_8",
   "keep_attention_probs",
+  "jax_nn_attention",
 )
 REMAT_PREFIX = "remat_"
 FUSION_REMAT_PREFIX = "fusion_remat_"
@@ -316,6 +321,29 @@ def _gelu_of(bv, exact_gelu: bool):
     yield
   finally:
     bv.vit.nn = saved_nn
+
+
+def _jax_nn_core(q, k, v, mask, lengths, is_causal: bool, scale: float):
+  """`layers._xla_core`'s computation as jax.nn runs it (toggle jax_nn_attention)."""
+  return jax.nn.dot_product_attention(
+    q, k, v, mask=mask, is_causal=is_causal, scale=scale, key_value_seq_lengths=lengths
+  )
+
+
+@contextlib.contextmanager
+def _attention_of(toggles: Sequence[str]):
+  """tipsito's 'xla' attention core as `jax.nn.dot_product_attention` while a step is traced (toggle
+  jax_nn_attention), restored after."""
+  saved = layers._xla_core, layers._xla_core_recomputed
+  if "jax_nn_attention" in toggles:
+    layers._xla_core = _jax_nn_core
+    layers._xla_core_recomputed = jax.checkpoint(
+      _jax_nn_core, policy=jax.checkpoint_policies.nothing_saveable, static_argnums=(5, 6)
+    )
+  try:
+    yield
+  finally:
+    layers._xla_core, layers._xla_core_recomputed = saved
 
 
 def big_vision_entry(bv, config, batch: dict, *, exact_gelu: bool = False) -> dict:
@@ -587,10 +615,11 @@ def run_side_by_side(
     log(f"compiled {name}: {entry['row']}")
     entries.append(entry)
 
-  def ours(config) -> tuple[dict, Optional[dict]]:
-    if topology:
-      return {"compiled": tipsito_topology_compile(config, devices)}, None
-    return tipsito_entry(config)
+  def ours(config, toggles: Sequence[str] = ()) -> tuple[dict, Optional[dict]]:
+    with _attention_of(toggles):
+      if topology:
+        return {"compiled": tipsito_topology_compile(config, devices)}, None
+      return tipsito_entry(config)
 
   def theirs(config, host, exact_gelu=False) -> dict:
     if topology:
@@ -613,7 +642,7 @@ def run_side_by_side(
       if t == "bv_exact_gelu":
         add("big_vision", f"big_vision {r} +exact_gelu", theirs(config, host, exact_gelu=True), r)
       else:
-        add("tipsito", f"{r} {t}", ours(tipsito_config(r, variant, batch, toggles=[t], scan=scan))[0], r)
+        add("tipsito", f"{r} {t}", ours(tipsito_config(r, variant, batch, toggles=[t], scan=scan), [t])[0], r)
   if not topology and steps:
     time_interleaved(entries, steps)
   rows = [e["row"] for e in entries]
