@@ -186,7 +186,7 @@ def _xla_core(q, k, v, mask, lengths, is_causal: bool, scale: float) -> jax.Arra
   `mask`, key `lengths`, causal) set to -0.7 x float32's maximum, the softmax in float32, the probabilities
   cast to v's dtype; equal to that function to float32 rounding, bitwise at the towers' head dimension 64
   (tests/test_models_attention.py). Why not call it: jax.nn runs its core under a `vmap` over the query groups of grouped-query attention, which with one
-  group per key head still leaves 5-D dot products whose layouts cost XLA:CPU 1.27x the time of these
+  group per key head still leaves 5-D dot products whose layouts cost XLA:CPU 1.28x the time of these
   4-D ones for the forward and backward of a ViT-B/16 block's attention (docs/performance.md).
   """
   precision = jax.lax.DotAlgorithmPreset.BF16_BF16_F32 if q.dtype == jnp.bfloat16 else None
