@@ -337,9 +337,7 @@ def _attention_of(toggles: Sequence[str]):
   saved = layers._xla_core, layers._xla_core_recomputed
   if "jax_nn_attention" in toggles:
     layers._xla_core = _jax_nn_core
-    layers._xla_core_recomputed = jax.checkpoint(
-      _jax_nn_core, policy=jax.checkpoint_policies.nothing_saveable, static_argnums=(5, 6)
-    )
+    layers._xla_core_recomputed = layers.recomputed_core(_jax_nn_core)
   try:
     yield
   finally:

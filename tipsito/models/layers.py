@@ -185,9 +185,10 @@ def _xla_core(q, k, v, mask, lengths, is_causal: bool, scale: float) -> jax.Arra
   float32 (bfloat16 inputs multiplied at BF16_BF16_F32), scaled after the product, masked keys (boolean
   `mask`, key `lengths`, causal) set to -0.7 x float32's maximum, the softmax in float32, the probabilities
   cast to v's dtype; equal to that function to float32 rounding, bitwise at the towers' head dimension 64
-  (tests/test_models_attention.py). Why not call it: jax.nn runs its core under a `vmap` over the query groups of grouped-query attention, which with one
-  group per key head still leaves 5-D dot products whose layouts cost XLA:CPU 1.28x the time of these
-  4-D ones for the forward and backward of a ViT-B/16 block's attention (docs/performance.md).
+  (tests/test_models_attention.py). Why not call it: jax.nn runs its core under a `vmap` over the query
+  groups of grouped-query attention, which with one group per key head still leaves 5-D dot products
+  whose layouts cost XLA:CPU 1.28x the time of these 4-D ones for the forward and backward of a ViT-B/16
+  block's attention (docs/performance.md).
   """
   precision = jax.lax.DotAlgorithmPreset.BF16_BF16_F32 if q.dtype == jnp.bfloat16 else None
   logits = jnp.einsum('BTNH,BSNH->BNTS', q, k, precision=precision, preferred_element_type=jnp.float32)
@@ -206,10 +207,13 @@ def _xla_core(q, k, v, mask, lengths, is_causal: bool, scale: float) -> jax.Arra
   return jnp.einsum('BNTS,BSNH->BTNH', probs, v)
 
 
-# The 'xla' core that keeps only its inputs for the backward pass (`attention_core(..., recompute=True)`).
-_xla_core_recomputed = jax.checkpoint(
-  _xla_core, policy=jax.checkpoint_policies.nothing_saveable, static_argnums=(5, 6)
-)
+def recomputed_core(core: Callable) -> Callable:
+  """`core` (the signature of `_xla_core`) keeping only its inputs for the backward pass, which computes
+  the probabilities again (`attention_core(..., recompute=True)`)."""
+  return jax.checkpoint(core, policy=jax.checkpoint_policies.nothing_saveable, static_argnums=(5, 6))
+
+
+_xla_core_recomputed = recomputed_core(_xla_core)
 
 
 def attention_core(q, k, v, mask, is_causal: bool, implementation: str, recompute: bool = False) -> jax.Array:
