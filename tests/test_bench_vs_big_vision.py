@@ -259,7 +259,7 @@ def test_jax_nn_attention_toggle_swaps_the_core_while_the_step_is_traced():
   from tipsito.models import layers  # pylint: disable=import-outside-toplevel
 
   def dot_ranks(toggles):
-    with bench._swapped_while_traced(toggles):
+    with bench._attention_of(toggles):
       fn = lambda q: jnp.sum(layers.attention_core(q, q, q, None, False, "xla", True))  # noqa: E731
       text = jax.jit(jax.grad(fn)).lower(jnp.ones((2, 5, 2, 8))).as_text()
     return {r.count("x") for r in re.findall(r"stablehlo\.dot_general.*-> tensor<((?:\d+x)+)", text)}
@@ -268,25 +268,3 @@ def test_jax_nn_attention_toggle_swaps_the_core_while_the_step_is_traced():
   assert dot_ranks(["jax_nn_attention"]) >= {5}
   assert (layers._xla_core, layers._xla_core_recomputed) == saved
   assert dot_ranks([]) == {4}
-
-
-def test_checkpointed_gelu_toggle_evaluates_the_erfc_expansion_again_while_the_step_is_traced():
-  """`--toggles checkpointed_gelu`: the exact-GELU MLP's Dense_1 as a `jax.checkpoint` of the GELU and the
-  product (two erfc expansions in forward and backward, the form before `layers.gelu_exact_dot_general`,
-  which has one), the same values, and `layers.ACTIVATION_DOTS` restored after."""
-  from tipsito.models import layers  # pylint: disable=import-outside-toplevel
-
-  mlp = layers.Mlp(16, "gelu_exact")
-  x = jnp.linspace(-3.0, 3.0, 2 * 3 * 8).reshape(2, 3, 8)
-  params = mlp.init(jax.random.PRNGKey(0), x)
-
-  def erfc_and_value(toggles):
-    with bench._swapped_while_traced(toggles):
-      loss = lambda p: jnp.sum(jnp.sin(mlp.apply(p, x)))  # noqa: E731
-      return str(jax.make_jaxpr(jax.grad(loss))(params)).count("erfc"), jax.jit(loss)(params)
-
-  saved = dict(layers.ACTIVATION_DOTS)
-  (n_toggled, toggled), (n_code, code) = erfc_and_value(["checkpointed_gelu"]), erfc_and_value([])
-  assert layers.ACTIVATION_DOTS == saved
-  assert (n_toggled, n_code) == (2, 1), (n_toggled, n_code)
-  np.testing.assert_array_equal(np.asarray(toggled), np.asarray(code))

@@ -55,9 +55,6 @@ Toggles (`--toggles`, each one extra row of tipsito's `clip`, one thing changed;
   jax_nn_attention  the 'xla' attention core is `jax.nn.dot_product_attention` itself (what
                `layers._xla_core` computes, under jax.nn's vmap over grouped-query groups; not a config
                value: the core is swapped while the step is traced)
-  checkpointed_gelu  the exact-GELU MLPs' second matmul over a `jax.checkpoint` of the GELU and the product
-               (before `layers.gelu_exact_dot_general`: the erfc expansion evaluated again in the backward
-               pass; swapped while the step is traced)
 """
 
 from __future__ import annotations
@@ -125,7 +122,6 @@ TOGGLES = (
   "fusion_chunks_8",
   "keep_attention_probs",
   "jax_nn_attention",
-  "checkpointed_gelu",
 )
 REMAT_PREFIX = "remat_"
 FUSION_REMAT_PREFIX = "fusion_remat_"
@@ -334,39 +330,18 @@ def _jax_nn_core(q, k, v, mask, lengths, is_causal: bool, scale: float):
   )
 
 
-def _checkpointed_gelu_dot(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
-  """Dense_1 of the exact-GELU MLP as before `layers.gelu_exact_dot_general`: a `jax.checkpoint` of the GELU
-  and the product, whose backward evaluates the GELU's erfc expansion again (toggle checkpointed_gelu)."""
-
-  def gelu_then_dot(lhs, rhs):
-    return jax.lax.dot_general(
-      layers.gelu_exact(lhs),
-      rhs,
-      dimension_numbers,
-      precision=precision,
-      preferred_element_type=preferred_element_type,
-    )
-
-  return jax.checkpoint(gelu_then_dot)(lhs, rhs)
-
-
 @contextlib.contextmanager
-def _swapped_while_traced(toggles: Sequence[str]):
-  """tipsito's internals that toggles swap while a step is traced, restored after: the 'xla' attention
-  core as `jax.nn.dot_product_attention` (jax_nn_attention), the exact GELU's Dense_1 as a checkpoint
-  (checkpointed_gelu)."""
-  saved = layers._xla_core, layers._xla_core_recomputed, dict(layers.ACTIVATION_DOTS)
+def _attention_of(toggles: Sequence[str]):
+  """tipsito's 'xla' attention core as `jax.nn.dot_product_attention` while a step is traced (toggle
+  jax_nn_attention), restored after."""
+  saved = layers._xla_core, layers._xla_core_recomputed
   if "jax_nn_attention" in toggles:
     layers._xla_core = _jax_nn_core
     layers._xla_core_recomputed = layers.recomputed_core(_jax_nn_core)
-  if "checkpointed_gelu" in toggles:
-    layers.ACTIVATION_DOTS["gelu_exact"] = _checkpointed_gelu_dot
   try:
     yield
   finally:
-    layers._xla_core, layers._xla_core_recomputed = saved[:2]
-    layers.ACTIVATION_DOTS.clear()
-    layers.ACTIVATION_DOTS.update(saved[2])
+    layers._xla_core, layers._xla_core_recomputed = saved
 
 
 def big_vision_entry(bv, config, batch: dict, *, exact_gelu: bool = False) -> dict:
@@ -639,7 +614,7 @@ def run_side_by_side(
     entries.append(entry)
 
   def ours(config, toggles: Sequence[str] = ()) -> tuple[dict, Optional[dict]]:
-    with _swapped_while_traced(toggles):
+    with _attention_of(toggles):
       if topology:
         return {"compiled": tipsito_topology_compile(config, devices)}, None
       return tipsito_entry(config)

@@ -17,7 +17,6 @@ is the Pallas TPU splash-attention kernel (tipsito/models/splash.py).
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any, Callable, Optional
 
@@ -74,77 +73,17 @@ def _gelu_exact_fwd(x):
   return gelu_exact(x), x
 
 
-def _gelu_exact_parts(x2: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """Phi(x) as 0.5 (1 + erf(x / sqrt 2)) and its derivative phi(x), for the backward passes (`gelu_exact`
-  has why the erf form)."""
-  c = lambda v: jnp.asarray(v, x2.dtype)  # noqa: E731
+def _gelu_exact_bwd(x, ct):
+  shape = x.shape
+  x2 = x.reshape(-1, shape[-1]) if x.ndim > 2 else x
+  g2 = ct.reshape(x2.shape)
+  c = lambda v: jnp.asarray(v, x.dtype)  # noqa: E731
   cdf = c(0.5) + c(0.5) * jax.lax.erf(x2 * c(_SQRT_HALF))
   pdf = c(_INV_SQRT_2PI) * jnp.exp(c(-0.5) * x2 * x2)
-  return cdf, pdf
-
-
-def _rows(x: jax.Array) -> jax.Array:
-  """x as a 2-D (rows, features) view, the layout of the matmul around it (`gelu_exact` has why)."""
-  return x.reshape(-1, x.shape[-1]) if x.ndim > 2 else x
-
-
-def _gelu_exact_bwd(x, ct):
-  x2 = _rows(x)
-  cdf, pdf = _gelu_exact_parts(x2)
-  return ((ct.reshape(x2.shape) * (cdf + x2 * pdf)).reshape(x.shape),)
+  return ((g2 * (cdf + x2 * pdf)).reshape(shape),)
 
 
 gelu_exact.defvjp(_gelu_exact_fwd, _gelu_exact_bwd)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
-def _gelu_exact_dot(h, kernel, dimension_numbers, precision, preferred_element_type):
-  return jax.lax.dot_general(
-    gelu_exact(h),
-    kernel,
-    dimension_numbers,
-    precision=precision,
-    preferred_element_type=preferred_element_type,
-  )
-
-
-def _gelu_exact_dot_fwd(h, kernel, dimension_numbers, precision, preferred_element_type):
-  out = _gelu_exact_dot(h, kernel, dimension_numbers, precision, preferred_element_type)
-  return out, (h, kernel)
-
-
-def _gelu_exact_dot_bwd(dimension_numbers, precision, preferred_element_type, residuals, ct):
-  h, kernel = residuals
-  h2 = _rows(h)
-  cdf, pdf = _gelu_exact_parts(h2)
-
-  def dot(a, k):
-    return jax.lax.dot_general(
-      a, k, dimension_numbers, precision=precision, preferred_element_type=preferred_element_type
-    )
-
-  d_act, d_kernel = jax.vjp(dot, (h2 * cdf).reshape(h.shape), kernel)[1](ct)
-  return (_rows(d_act) * (cdf + h2 * pdf)).reshape(h.shape), d_kernel
-
-
-_gelu_exact_dot.defvjp(_gelu_exact_dot_fwd, _gelu_exact_dot_bwd)
-
-
-def gelu_exact_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
-  """`lax.dot_general(gelu_exact(lhs), rhs, ...)` whose backward pass keeps only `lhs` (and `rhs`): the
-  `dot_general` of `Mlp`'s second `nn.Dense` with the exact GELU (`ACTIVATION_DOTS`).
-
-  The forward is bitwise the activation followed by the product. Why one function with its own VJP: the
-  product's weight gradient needs gelu(lhs), the GELU's backward needs Phi(lhs); keeping gelu(lhs) from
-  the forward pass costs a hidden-layer-sized tensor per block, recomputing it (a `jax.checkpoint` of the
-  two) costs a second erfc expansion in the backward. Here the backward computes Phi once, in the erf form
-  `gelu_exact`'s backward uses, and takes both from it: gelu(lhs) = lhs Phi(lhs) for the weight gradient
-  (equal to the forward's erfc form to float32 rounding, at most 2.4e-7 x |lhs| apart) and
-  Phi + lhs phi for the input gradient. The product's own gradients are autodiff's (`jax.vjp` of the same
-  `dot_general`). On XLA:CPU that makes a ViT-B/16 block's forward and backward about 3 % faster than the
-  recompute (docs/performance.md), at the same memory.
-  """
-  return _gelu_exact_dot(lhs, rhs, dimension_numbers, precision, preferred_element_type)
 
 
 _TANH_K = math.sqrt(2.0 / math.pi)
@@ -418,9 +357,19 @@ class Attention(nn.Module):
     return out(attention_core(q, k, v, mask, is_causal, self.attention, self.recompute))
 
 
-# The activations `Mlp` runs inside its second matmul's `dot_general`, whose VJP keeps the hidden layer's
-# input alone (`gelu_exact_dot_general` has why).
-ACTIVATION_DOTS = {'gelu_exact': gelu_exact_dot_general}
+class ActivationDense(nn.Dense):
+  """`Dense(act(h))`: the activation and the matmul that reads it, as one module with `nn.Dense`'s
+  parameters (`Mlp` wraps it in `nn.remat` under the name Dense_1; see there)."""
+
+  activation: str = 'gelu_exact'
+
+  @nn.compact
+  def __call__(self, inputs: jax.Array) -> jax.Array:
+    return super().__call__(activation_fn(self.activation)(inputs))
+
+
+# The activations whose output `Mlp` recomputes from its input in the backward pass instead of keeping it.
+RECOMPUTED_ACTIVATIONS = ('gelu_exact',)
 
 
 class Mlp(nn.Module):
@@ -432,14 +381,14 @@ class Mlp(nn.Module):
   given, the hidden and output activations are multiplied by it, exactly as
   the official TIPS text MLP does (keeps padded positions at zero FFN output).
 
-  With 'gelu_exact' (ACTIVATION_DOTS), unmasked and without dropout, the activation runs inside Dense_1's
-  `dot_general` (`gelu_exact_dot_general`; same parameters, bitwise the same values): the backward pass
-  then keeps only the hidden layer's input, from which it computes both the activation (Dense_1's weight
-  gradient) and the GELU's derivative. Why: otherwise autodiff keeps the activation's output too, a second
-  hidden-layer-sized tensor per block. On the TPU compiler (float32 B/16 CLIP, 64 images per chip,
-  unscanned) that kept our step's peak 5 % above big_vision's, whose tanh GELU the compiler recomputes on
-  its own (docs/performance.md). A `jax.checkpoint` of the activation and Dense_1 (before) kept as little
-  but evaluated the GELU's erfc expansion a second time in the backward pass.
+  With 'gelu_exact' (RECOMPUTED_ACTIVATIONS), unmasked and without dropout, the activation and Dense_1 run
+  as one rematerialised `ActivationDense` (same parameters, bitwise the same values): the backward pass
+  then keeps only the hidden layer's input, which the GELU's own backward needs (`gelu_exact`), and
+  recomputes the activation for Dense_1's weight gradient. Why: otherwise autodiff keeps the activation's
+  output too, a second hidden-layer-sized tensor per block. On the TPU compiler (float32 B/16 CLIP, 64
+  images per chip, unscanned) that kept our step's peak 5 % above big_vision's, whose tanh GELU the
+  compiler recomputes on its own; recomputed, 6.4 % below (docs/performance.md). The cost is one more
+  forward of the activation, 0.5 % of the step's FLOPs.
   """
 
   mlp_dim: int
@@ -458,8 +407,8 @@ class Mlp(nn.Module):
       bias_init=nn.initializers.normal(1e-6),
     )
     h = nn.Dense(self.mlp_dim, name='Dense_0', **kw)(x)
-    if self.activation in ACTIVATION_DOTS and valid is None and not (train and self.dropout > 0.0):
-      return nn.Dense(d, dot_general=ACTIVATION_DOTS[self.activation], name='Dense_1', **kw)(h)
+    if self.activation in RECOMPUTED_ACTIVATIONS and valid is None and not (train and self.dropout > 0.0):
+      return nn.remat(ActivationDense)(d, activation=self.activation, name='Dense_1', **kw)(h)
     h = activation_fn(self.activation)(h)
     if valid is not None:
       h = h * valid[..., None].astype(h.dtype)
