@@ -67,6 +67,8 @@ def test_tiny_side_by_side_rows():
   ours, bv, bv_exact = by["clip"], by["big_vision clip"], by["big_vision clip +exact_gelu"]
   for r in rows:
     assert r["step_s"] > 0 and r["temp_MiB"] > 0 and r["flops"] > 0 and r["sys_s"] >= 0
+    # No loop in either step: XLA's count is the matmuls' plus the element-wise work, so at least this one.
+    assert 0.5 * r["flops"] < r["matmul_gflop"] * 1e9 <= r["flops"], r
   assert bv["gflop_vs_bv"] == bv["temp_MiB_vs_bv"] == bv["step_s_vs_bv"] == 1.0
   # Same towers, batch and loss, but our last blocks compute only the rows the loss reads (the CLS and EOT
   # rows; tipsito/objective/features.py), so fewer FLOPs: at this depth (2 text blocks) a third fewer.
@@ -137,11 +139,44 @@ def test_timed_rows_table():
   ]  # fmt: skip
   rows[0]["step_ratio_paired"] = dict(rounds=12, median=1.0151, lo=1.003, hi=1.031, level=0.9614)
   rows[1]["step_ratio_paired"] = dict(rounds=5, median=1.0, lo=None, hi=None, level=None)
+  rows[0]["matmul_gflop_vs_bv"], rows[1]["matmul_gflop_vs_bv"] = 1.1049, 1.0  # the last row: an older --jsonl
   assert bench.markdown_table(rows).splitlines()[2:] == [
-    "| ito | 1919.5 | 4037.3 | 7.540 | 2.80 | 1.044 | 0.922 | 1.015 | 1.015 [1.003, 1.031] 96%, 12 rounds |",
-    "| big_vision ito | 1838.5 | 4376.6 | 7.427 | - | 1.000 | 1.000 | 1.000 | 1.000 (no interval: 5 rounds) |",
-    "| ito -fusion | 1843.2 | 3823.9 | - | - | 1.003 | 0.874 | - | - |",
+    "| ito | 1919.5 | 4037.3 | 7.540 | 2.80 | 1.044 | 1.105 | 0.922 | 1.015 | 1.015 [1.003, 1.031] 96%, 12 rounds |",
+    "| big_vision ito | 1838.5 | 4376.6 | 7.427 | - | 1.000 | 1.000 | 1.000 | 1.000 | 1.000 (no interval: 5 rounds) |",
+    "| ito -fusion | 1843.2 | 3823.9 | - | - | 1.003 | - | 0.874 | - | - |",
   ]
+
+
+def test_executed_matmul_flops_count_loops_and_recomputes_that_xla_counts_once():
+  """`executed_matmul_flops` of a traced step: a `scan` of matmuls counts its body times its length, where
+  XLA's cost analysis counts the body once (why the bench has the column); the gradient of a
+  rematerialised matmul chain counts the recompute; a value never used counts nothing (XLA drops it too); a
+  `cond` its costliest branch; a convolution 2 x outputs x window x input features."""
+  m, k, n = 8, 16, 32
+  x, w = jnp.ones((m, k)), jnp.ones((k, k))
+  mm = 2.0 * m * k * k
+
+  def loop(x, w):
+    return jax.lax.scan(lambda c, _: (jnp.tanh(c @ w), None), x, None, length=5)[0]
+
+  traced = jax.jit(loop).trace(x, w)
+  assert bench.executed_matmul_flops(traced.jaxpr) == 5 * mm
+  xla = traced.lower().compile().cost_analysis()
+  xla = (xla[0] if isinstance(xla, (list, tuple)) else xla)["flops"]
+  assert xla < 2 * mm  # one body's worth (its matmul and tanh), not five
+  chain = lambda x, w: jnp.sum(jax.checkpoint(lambda x: jnp.sin(x @ w) @ w)(x))  # noqa: E731
+  # forward 2 matmuls; backward: the first again (the recompute of sin(x w), the second's operand) and 2 per
+  # matmul (input and weight gradients)
+  assert bench.executed_matmul_flops(jax.jit(jax.value_and_grad(chain, (0, 1))).trace(x, w).jaxpr) == 7 * mm
+  dead = lambda x: (x @ w @ w, jnp.sum(x @ w))[0]  # noqa: E731  the second value is never used
+  assert bench.executed_matmul_flops(jax.jit(dead).trace(x).jaxpr) == 2 * mm
+  branches = lambda p, x: jax.lax.cond(p, lambda x: x @ w @ w, lambda x: x @ w, x)  # noqa: E731
+  assert bench.executed_matmul_flops(jax.jit(branches).trace(True, x).jaxpr) == 2 * mm
+  img, kernel = jnp.ones((2, 8, 8, 3)), jnp.ones((4, 4, 3, n))
+  conv = lambda i: jax.lax.conv_general_dilated(
+    i, kernel, (4, 4), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC")
+  )  # noqa: E731
+  assert bench.executed_matmul_flops(jax.jit(conv).trace(img).jaxpr) == 2.0 * (2 * 2 * 2 * n) * (4 * 4 * 3)
 
 
 def test_paired_ratio_interval_is_the_distribution_free_interval_of_the_median():

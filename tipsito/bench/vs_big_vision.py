@@ -8,8 +8,10 @@ of big_vision's own model (`big_vision/models/proj/image_text/two_towers.py` wit
 `text_transformer` text towers), its softmax contrastive loss (`softmax_loss` of
 `big_vision/trainers/proj/image_text/_deprecated_contrastive.py`, the CLIP trainer) and its optimizer
 (`big_vision/optax.py: make` with `big_vision.scale_by_adafactor`), at the same shapes, float32, on the same
-synthetic batch. Each side's row: FLOPs (XLA cost analysis of the compiled step), compiled temporary memory
-(`memory_analysis().temp_size_in_bytes`), the median step time and the median system CPU time of a step;
+synthetic batch. Each side's row: FLOPs (XLA cost analysis of the compiled step), the matmul FLOPs the step
+executes (`executed_matmul_flops`, from its jaxpr: XLA counts a loop's body once, which makes the FLOPs of
+rows with a `scan` inside, marked `*` in docs/performance.md, no measure of the work), compiled temporary
+memory (`memory_analysis().temp_size_in_bytes`), the median step time and the median system CPU time of a step;
 the steps of all rows are timed interleaved (one step of each row per round), so machine load affects them
 alike, and each row's time is also given round by round as a ratio to big_vision's step of the same round,
 with the median of those ratios and its distribution-free 95 % interval (`paired_ratio_interval`): how far
@@ -80,6 +82,8 @@ import numpy as np
 import optax
 from absl import app
 from absl import flags
+from jax._src.interpreters import partial_eval  # dce_jaxpr: no public name in JAX 0.10.2
+from jax.extend import core as jex_core
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
@@ -358,9 +362,8 @@ def big_vision_entry(bv, config, batch: dict, *, exact_gelu: bool = False) -> di
     tx = _big_vision_optimizer(bv, config, params, images.shape[0])
     opt = jax.jit(tx.init)(params)
     mesh = Mesh(np.asarray(jax.devices()[:1]), ("batch",))
-    compiled = (
-      _big_vision_step(bv, model, tx, mesh, two_views).lower(params, opt, images, images2, text).compile()
-    )
+    traced = _big_vision_step(bv, model, tx, mesh, two_views).trace(params, opt, images, images2, text)
+    compiled = traced.lower().compile()
   carry = {"state": (params, opt)}
 
   def run():
@@ -369,7 +372,7 @@ def big_vision_entry(bv, config, batch: dict, *, exact_gelu: bool = False) -> di
     carry["state"] = (p, s)
     return loss
 
-  return dict(compiled=compiled, run=run)
+  return dict(compiled=compiled, run=run, matmul_flops=executed_matmul_flops(traced.jaxpr))
 
 
 def big_vision_topology_compile(bv, config, devices: list, *, exact_gelu: bool = False, scan: bool = False):
@@ -463,17 +466,59 @@ def tipsito_entry(config) -> tuple[dict, dict]:
   batch = sharding.global_batch(host, setup.mesh)
   frozen = setup.frozen()
   carry = {"state": setup.init_state()}
-  compiled = step_lib.jit_train_step(setup).lower(carry["state"], batch, frozen).compile()
+  traced = step_lib.jit_train_step(setup).trace(carry["state"], batch, frozen)
+  compiled = traced.lower().compile()
 
   def run():
     carry["state"], metrics = compiled(carry["state"], batch, frozen)
     return metrics
 
-  return dict(compiled=compiled, run=run), host
+  return dict(compiled=compiled, run=run, matmul_flops=executed_matmul_flops(traced.jaxpr)), host
 
 
 # ---------------------------------------------------------------------------------------------------------
 # measuring
+
+
+def executed_matmul_flops(closed_jaxpr) -> float:
+  """2 x the multiply-adds of every `dot_general` and convolution a traced step runs, from its jaxpr after
+  dead-code elimination (values the step computes and never uses, which XLA drops too): a `scan` body
+  times its length, a `cond` by its costliest branch, every other nested jaxpr (jit, shard_map, a
+  rematerialised body wherever its recompute appears in the backward pass) once each.
+
+  Why: XLA's cost analysis counts a loop's body once, so the FLOPs it gives a step that runs the ITO
+  fusion module in groups (a scan) or scanned towers are not what the step executes, and their ratio to
+  big_vision's cannot be set against a time ratio (issue 43's bound `ito` time <= FLOP ratio;
+  docs/performance.md). Only matmuls, on both sides: the element-wise work XLA also counts is left out.
+  Counted before XLA's own simplifications (a recompute that XLA:CPU merges with the forward's value counts
+  twice here); a `while` of unknown trip count counts once."""
+  jaxpr = closed_jaxpr.jaxpr
+  live, _ = partial_eval.dce_jaxpr(jaxpr, [True] * len(jaxpr.outvars))
+  return _matmul_flops(live)
+
+
+def _matmul_flops(jaxpr) -> float:
+  """`executed_matmul_flops` of one (nested) jaxpr."""
+  total = 0.0
+  for eqn in getattr(jaxpr, "jaxpr", jaxpr).eqns:
+    name, params = eqn.primitive.name, eqn.params
+    if name == "dot_general":
+      (_, rhs_contract), (_, rhs_batch) = params["dimension_numbers"]
+      lhs, rhs = (v.aval.shape for v in eqn.invars)
+      rhs_free = [n for i, n in enumerate(rhs) if i not in rhs_contract and i not in rhs_batch]
+      total += 2.0 * math.prod(lhs) * math.prod(rhs_free)
+    elif name == "conv_general_dilated":
+      rhs = eqn.invars[1].aval.shape
+      per_output = math.prod(rhs) / rhs[params["dimension_numbers"].rhs_spec[0]]  # window x inputs per group
+      total += 2.0 * math.prod(eqn.outvars[0].aval.shape) * per_output
+    elif name == "cond":
+      total += max(_matmul_flops(b) for b in params["branches"])
+    else:
+      times = params["length"] if name == "scan" else 1
+      for v in params.values():
+        if isinstance(v, (jex_core.Jaxpr, jex_core.ClosedJaxpr)):
+          total += times * _matmul_flops(v)
+  return total
 
 
 def compiled_numbers(compiled) -> dict[str, Any]:
@@ -608,6 +653,8 @@ def run_side_by_side(
   def add(side: str, name: str, entry: dict, recipe: str) -> None:
     numbers = topology_numbers if topology else compiled_numbers
     entry["row"] = dict(side=side, row=name, recipe=recipe, **numbers(entry["compiled"]))
+    if "matmul_flops" in entry:  # rows run on this machine: the matmul FLOPs the step executes
+      entry["row"]["matmul_gflop"] = round(entry["matmul_flops"] / 1e9, 2)
     if topology:
       entry["row"].update(topology=topology, batch_per_chip=batch // len(devices))
     log(f"compiled {name}: {entry['row']}")
@@ -645,7 +692,9 @@ def run_side_by_side(
     time_interleaved(entries, steps)
   rows = [e["row"] for e in entries]
   keys = (
-    ("flops", "temp_MiB", "total_MiB") if topology else ("flops", "temp_MiB") + (("step_s",) if steps else ())
+    ("flops", "temp_MiB", "total_MiB")
+    if topology
+    else ("flops", "matmul_gflop", "temp_MiB") + (("step_s",) if steps else ())
   )
   times = {e["row"]["row"]: e["times"] for e in entries if "times" in e}
   for row in rows:
@@ -681,16 +730,18 @@ def markdown_table(rows: Sequence[dict]) -> str:
     return topology_table(rows)
   lines = [
     "| row | GFLOP/step | temporaries (MiB) | step (s, median) | system CPU (s, median) | FLOPs vs big_vision "
-    "| temporaries vs big_vision | time vs big_vision | time vs big_vision per round: median [CI] |",
-    "|---|---|---|---|---|---|---|---|---|",
+    "| executed matmul FLOPs vs big_vision | temporaries vs big_vision | time vs big_vision "
+    "| time vs big_vision per round: median [CI] |",
+    "|---|---|---|---|---|---|---|---|---|---|",
   ]
   for r in rows:
     timed = "step_s" in r  # --steps 0: compiled only, no times
     step, ratio = (f"{r['step_s']:.3f}", f"{r['step_s_vs_bv']:.3f}") if timed else ("-", "-")
     system = f"{r['sys_s']:.2f}" if "sys_s" in r else "-"  # rows of an older --jsonl have none
+    matmul = f"{r['matmul_gflop_vs_bv']:.3f}" if "matmul_gflop_vs_bv" in r else "-"  # nor these
     lines.append(
       f"| {r['row']} | {r['gflop']:.1f} | {r['temp_MiB']:.1f} | {step} | {system} | {r['gflop_vs_bv']:.3f} "
-      f"| {r['temp_MiB_vs_bv']:.3f} | {ratio} | {paired_cell(r.get('step_ratio_paired'))} |"
+      f"| {matmul} | {r['temp_MiB_vs_bv']:.3f} | {ratio} | {paired_cell(r.get('step_ratio_paired'))} |"
     )
   return "\n".join(lines)
 
