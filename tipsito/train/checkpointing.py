@@ -630,6 +630,17 @@ class _ClosedLoopTolerantEventLoop(asyncio.SelectorEventLoop):
         return _close_coroutines(callback, args)
       raise
 
+  def close(self):
+    """Closes the coroutines that callbacks still queued here would have started (a task created just
+    before Orbax closed the loop after a failed restore, whose first step never ran), which would otherwise
+    be reported 'coroutine ... was never awaited' when collected."""
+    for handle in list(self._ready):  # asyncio's queue of callbacks due to run
+      task = getattr(handle._callback, "__self__", None)
+      if isinstance(task, asyncio.Task) and not task.done():
+        task.get_coro().close()
+      _close_coroutines(handle._callback, handle._args)
+    super().close()
+
   def call_exception_handler(self, context):
     """Drops '... exception was never retrieved' for Orbax's sibling tasks of a failed restore or save.
 
@@ -646,7 +657,7 @@ class _ClosedLoopTolerantEventLoop(asyncio.SelectorEventLoop):
 def _is_orbax_sibling_failure(context) -> bool:
   """An unretrieved failure of Orbax's: a task running Orbax's code, or a future without a coroutine whose
   exception was raised in Orbax (the `_GatheringFuture` of its `asyncio.gather` over the arrays) or is a
-  TensorStore read or write error (the futures of the array reads themselves, which carry no Python
+  TensorStore open, read or write error (the futures of the array reads themselves, which carry no Python
   frame: 'FAILED_PRECONDITION: Error reading "params..." in OCDBT database ...')."""
   if not str(context.get("message", "")).endswith("exception was never retrieved"):
     return False
@@ -656,7 +667,7 @@ def _is_orbax_sibling_failure(context) -> bool:
     return "orbax" in code.co_filename
   exc = context.get("exception")
   return _raised_in_orbax(exc) or bool(
-    isinstance(exc, ValueError) and re.match(r"[A-Z_]+: Error (reading|writing) ", str(exc))
+    isinstance(exc, ValueError) and re.match(r"[A-Z_]+: Error (reading|writing|opening) ", str(exc))
   )
 
 
