@@ -83,7 +83,6 @@ import optax
 from absl import app
 from absl import flags
 from jax._src.interpreters import partial_eval  # dce_jaxpr: no public name in JAX 0.10.2
-from jax.extend import core as jex_core
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
@@ -97,6 +96,7 @@ from tipsito.data.synthetic import synthetic_batch
 from tipsito.models import layers
 from tipsito.studies import provenance
 from tipsito.train import assembly
+from tipsito.train import observability
 from tipsito.train import sharding
 from tipsito.train import step as step_lib
 
@@ -494,31 +494,7 @@ def executed_matmul_flops(closed_jaxpr) -> float:
   twice here); a `while` of unknown trip count counts once."""
   jaxpr = closed_jaxpr.jaxpr
   live, _ = partial_eval.dce_jaxpr(jaxpr, [True] * len(jaxpr.outvars))
-  return _matmul_flops(live)
-
-
-def _matmul_flops(jaxpr) -> float:
-  """`executed_matmul_flops` of one (nested) jaxpr."""
-  total = 0.0
-  for eqn in getattr(jaxpr, "jaxpr", jaxpr).eqns:
-    name, params = eqn.primitive.name, eqn.params
-    if name == "dot_general":
-      (_, rhs_contract), (_, rhs_batch) = params["dimension_numbers"]
-      lhs, rhs = (v.aval.shape for v in eqn.invars)
-      rhs_free = [n for i, n in enumerate(rhs) if i not in rhs_contract and i not in rhs_batch]
-      total += 2.0 * math.prod(lhs) * math.prod(rhs_free)
-    elif name == "conv_general_dilated":
-      rhs = eqn.invars[1].aval.shape
-      per_output = math.prod(rhs) / rhs[params["dimension_numbers"].rhs_spec[0]]  # window x inputs per group
-      total += 2.0 * math.prod(eqn.outvars[0].aval.shape) * per_output
-    elif name == "cond":
-      total += max(_matmul_flops(b) for b in params["branches"])
-    else:
-      times = params["length"] if name == "scan" else 1
-      for v in params.values():
-        if isinstance(v, (jex_core.Jaxpr, jex_core.ClosedJaxpr)):
-          total += times * _matmul_flops(v)
-  return total
+  return observability.matmul_flops(live)[0]  # the train loop's count, on the live equations
 
 
 def compiled_numbers(compiled) -> dict[str, Any]:
