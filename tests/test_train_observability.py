@@ -346,6 +346,19 @@ def test_scan_flops_counted_per_iteration():
   assert fwd["scan_correction"] == 9 * 2 * 64 * 256 * 256  # the nine matmuls XLA did not count
 
 
+def test_a_scan_whose_result_is_unused_adds_no_flops():
+  """JAX drops dead code before XLA counts, so the scan correction must not count a dead scan's trips."""
+
+  def f(x, ws):
+    _scan_fn(x, ws)  # traced, never used
+    return (x @ ws[0]).sum()
+
+  x, ws = jnp.ones((64, 256)), jnp.ones((10, 256, 256))
+  out = ob.step_flops(jax.jit(f), (x, ws))
+  assert out["scan_correction"] == 0
+  assert out["flops"] == out["xla_flops"] == pytest.approx(2 * 64 * 256 * 256, rel=0.01)
+
+
 def test_matmul_flops_of_a_convolution_and_a_while_loop():
   img, k = jnp.ones((2, 8, 8, 3)), jnp.ones((3, 3, 3, 5))
   conv = lambda a, b: jax.lax.conv_general_dilated(

@@ -82,7 +82,6 @@ import numpy as np
 import optax
 from absl import app
 from absl import flags
-from jax._src.interpreters import partial_eval  # dce_jaxpr: no public name in JAX 0.10.2
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
@@ -492,9 +491,7 @@ def executed_matmul_flops(closed_jaxpr) -> float:
   docs/performance.md). Only matmuls, on both sides: the element-wise work XLA also counts is left out.
   Counted before XLA's own simplifications (a recompute that XLA:CPU merges with the forward's value counts
   twice here); a `while` of unknown trip count counts once."""
-  jaxpr = closed_jaxpr.jaxpr
-  live, _ = partial_eval.dce_jaxpr(jaxpr, [True] * len(jaxpr.outvars))
-  return observability.matmul_flops(live)[0]  # the train loop's count, on the live equations
+  return observability.matmul_flops(observability.live_jaxpr(closed_jaxpr))[0]  # the train loop's count
 
 
 def compiled_numbers(compiled) -> dict[str, Any]:

@@ -37,6 +37,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 import jax
 import numpy as np
 from absl import logging
+from jax._src.interpreters import partial_eval  # dce_jaxpr: no public name in JAX 0.10.2 (setup.py pins it)
 
 # Libraries whose INFO lines (about 60 per Orbax checkpoint) bury the training metrics. Their WARNING and
 # ERROR lines always show; `--verbosity=1` (absl's flag) shows everything again.
@@ -257,12 +258,24 @@ def matmul_flops(jaxpr, *, scan_trip_counts: bool = True) -> tuple[float, bool]:
   return total, has_while
 
 
+def live_jaxpr(closed_jaxpr):
+  """The jaxpr of a traced step with dead code eliminated: the equations whose values reach an output.
+
+  Why: JAX drops values a jitted function computes and never uses before XLA sees them, so XLA's cost
+  analysis never counts them; a count of the traced jaxpr itself would (a `scan` whose result is unused
+  would add its trip count's matmuls to the scan correction of `step_flops`)."""
+  jaxpr = getattr(closed_jaxpr, "jaxpr", closed_jaxpr)
+  live, _ = partial_eval.dce_jaxpr(jaxpr, [True] * len(jaxpr.outvars))
+  return live
+
+
 def step_flops(jitted: Callable, args: Sequence[Any]) -> dict[str, Any]:
   """FLOPs of one call of `jitted(*args)` for the whole global batch (all devices together).
 
   Returns {'flops': float or None, 'xla_flops': XLA's count, 'scan_correction': FLOPs added for scan
-  iterations XLA counts once, 'while_loops': True when a while loop's trip count is unknown (its body is
-  counted once: the total is a lower bound)}. Lowering only: nothing is compiled or run.
+  iterations XLA counts once (of the scans whose values are used: `live_jaxpr`), 'while_loops': True when
+  a while loop's trip count is unknown (its body is counted once: the total is a lower bound)}. Lowering
+  only: nothing is compiled or run.
   """
   traced = jitted.trace(*args)
   out: dict[str, Any] = {"flops": None, "xla_flops": None, "scan_correction": 0.0, "while_loops": False}
@@ -273,8 +286,9 @@ def step_flops(jitted: Callable, args: Sequence[Any]) -> dict[str, Any]:
   except Exception as e:  # pylint: disable=broad-except
     logging.warning("XLA cost analysis unavailable (%s): no FLOP utilisation", e)
     xla = None
-  full, has_while = matmul_flops(traced.jaxpr, scan_trip_counts=True)
-  once, _ = matmul_flops(traced.jaxpr, scan_trip_counts=False)
+  live = live_jaxpr(traced.jaxpr)  # what XLA's count covers (`live_jaxpr`)
+  full, has_while = matmul_flops(live, scan_trip_counts=True)
+  once, _ = matmul_flops(live, scan_trip_counts=False)
   out.update(xla_flops=xla, scan_correction=full - once, while_loops=has_while)
   if xla is not None:
     out["flops"] = xla + full - once
