@@ -78,6 +78,14 @@ def test_tiny_side_by_side_rows():
   assert "step_ratio_paired" not in bv
   # erf's polynomial costs more than tanh's: the toggle reached big_vision's MLP blocks.
   assert bv_exact["flops"] > bv["flops"]
+  # Our rows are also timed against the exact-GELU row, round by round (one round: the ratio itself).
+  assert ours["step_ratio_paired_exact_gelu"]["median"] == pytest.approx(
+    ours["step_s"] / bv_exact["step_s"], rel=1e-3
+  )
+  assert not any("step_ratio_paired_exact_gelu" in r for r in (bv, bv_exact))
+  header, _, *lines = bench.markdown_table(rows).splitlines()
+  assert header.endswith("| time vs big_vision +exact_gelu per round: median [CI] |")
+  assert all(line.count("|") == header.count("|") for line in lines)
 
 
 def test_remat_toggles_set_both_towers_policy():

@@ -44,7 +44,9 @@ Toggles (`--toggles`, each one extra row of tipsito's `clip`, one thing changed;
   no_ln_pre    no `norm_pre` (OpenCLIP's ln_pre) in the image tower
   tips_image   the TIPS / big_vision-style image tower (tanh GELU, no ln_pre, patch bias, eps 1e-6)
   adamw        AdamW instead of Adafactor
-  bv_exact_gelu  big_vision's rows with exact-erf GELU (its towers' `nn.gelu(approximate=False)`)
+  bv_exact_gelu  big_vision's rows with exact-erf GELU (its towers' `nn.gelu(approximate=False)`); tipsito's
+               rows of that recipe are then also timed round by round against it (the GELU ours must
+               have, OpenCLIP's, on both sides: the rest of the step compared like for like)
   remat_P      both towers' blocks rematerialised with policy P (`model.{image,text}.remat_policy`:
                nothing_saveable, dots_saveable, dots_with_no_batch_dims_saveable; tipsito/models/layers.py)
   fusion_remat_P  the ITO fusion module's blocks rematerialised with policy P (`model.fusion.remat_policy`;
@@ -677,6 +679,13 @@ def run_side_by_side(
     row["gflop_vs_bv"] = row.pop("flops_vs_bv")
     if row is not ref and row["row"] in times and ref["row"] in times:
       row["step_ratio_paired"] = paired_ratio_interval(times[row["row"]], times[ref["row"]])
+  # With toggle bv_exact_gelu, tipsito's rows are also timed against big_vision's towers with the exact GELU
+  # that ours must have (OpenCLIP's): the rest of the step compared like for like (docs/performance.md).
+  exact = {x["recipe"]: x for x in rows if x["row"] == f"big_vision {x['recipe']} +exact_gelu"}
+  for row in rows:
+    ref = exact.get(row["recipe"])
+    if row["side"] == "tipsito" and ref and row["row"] in times and ref["row"] in times:
+      row["step_ratio_paired_exact_gelu"] = paired_ratio_interval(times[row["row"]], times[ref["row"]])
   return rows
 
 
@@ -701,11 +710,13 @@ def markdown_table(rows: Sequence[dict]) -> str:
   """The rows as a markdown table (docs/performance.md); rows compiled for a topology get the per-chip one."""
   if rows and "topology" in rows[0]:
     return topology_table(rows)
+  exact = any("step_ratio_paired_exact_gelu" in r for r in rows)  # toggle bv_exact_gelu, timed
   lines = [
     "| row | GFLOP/step | temporaries (MiB) | step (s, median) | system CPU (s, median) | FLOPs vs big_vision "
     "| executed matmul FLOPs vs big_vision | temporaries vs big_vision | time vs big_vision "
-    "| time vs big_vision per round: median [CI] |",
-    "|---|---|---|---|---|---|---|---|---|---|",
+    "| time vs big_vision per round: median [CI] |"
+    + (" time vs big_vision +exact_gelu per round: median [CI] |" if exact else ""),
+    "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if exact else ""),
   ]
   for r in rows:
     timed = "step_s" in r  # --steps 0: compiled only, no times
@@ -715,6 +726,7 @@ def markdown_table(rows: Sequence[dict]) -> str:
     lines.append(
       f"| {r['row']} | {r['gflop']:.1f} | {r['temp_MiB']:.1f} | {step} | {system} | {r['gflop_vs_bv']:.3f} "
       f"| {matmul} | {r['temp_MiB_vs_bv']:.3f} | {ratio} | {paired_cell(r.get('step_ratio_paired'))} |"
+      + (f" {paired_cell(r.get('step_ratio_paired_exact_gelu'))} |" if exact else "")
     )
   return "\n".join(lines)
 
