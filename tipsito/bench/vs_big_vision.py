@@ -672,20 +672,19 @@ def run_side_by_side(
     else ("flops", "matmul_gflop", "temp_MiB") + (("step_s",) if steps else ())
   )
   times = {e["row"]["row"]: e["times"] for e in entries if "times" in e}
+  by_name = {x["row"]: x for x in rows}
   for row in rows:
-    ref = next(x for x in rows if x["row"] == f"big_vision {row['recipe']}")
+    ref = by_name[f"big_vision {row['recipe']}"]
     for k in keys:
       row[f"{k}_vs_bv"] = round(row[k] / ref[k], 3) if ref[k] else None
     row["gflop_vs_bv"] = row.pop("flops_vs_bv")
     if row is not ref and row["row"] in times and ref["row"] in times:
       row["step_ratio_paired"] = paired_ratio_interval(times[row["row"]], times[ref["row"]])
-  # With toggle bv_exact_gelu, tipsito's rows are also timed against big_vision's towers with the exact GELU
-  # that ours must have (OpenCLIP's): the rest of the step compared like for like (docs/performance.md).
-  exact = {x["recipe"]: x for x in rows if x["row"] == f"big_vision {x['recipe']} +exact_gelu"}
-  for row in rows:
-    ref = exact.get(row["recipe"])
-    if row["side"] == "tipsito" and ref and row["row"] in times and ref["row"] in times:
-      row["step_ratio_paired_exact_gelu"] = paired_ratio_interval(times[row["row"]], times[ref["row"]])
+    # With toggle bv_exact_gelu, tipsito's rows are also timed against big_vision's towers with the exact
+    # GELU that ours must have (OpenCLIP's): the rest of the step compared like for like (docs/performance.md).
+    exact = by_name.get(f"big_vision {row['recipe']} +exact_gelu")
+    if row["side"] == "tipsito" and exact and row["row"] in times and exact["row"] in times:
+      row["step_ratio_paired_exact_gelu"] = paired_ratio_interval(times[row["row"]], times[exact["row"]])
   return rows
 
 
