@@ -313,3 +313,78 @@ def test_jax_nn_attention_toggle_swaps_the_core_while_the_step_is_traced():
   assert dot_ranks(["jax_nn_attention"]) >= {5}
   assert (layers._xla_core, layers._xla_core_recomputed) == saved
   assert dot_ranks([]) == {4}
+
+
+def test_reference_fusion_is_our_fusion_module():
+  """`ReferenceFusion` (toggle bv_fusion: ITO's fusion written from flax's stock layers, every row computed)
+  runs our `FusionTransformer`'s parameters unchanged and computes the same unit vectors and gradients, so
+  the big_vision row with it times the same function as ours. Padded text keys change the output (the mask
+  reaches both)."""
+  from tipsito.models import fusion  # pylint: disable=import-outside-toplevel
+
+  rs = np.random.RandomState(0)
+  b, side, di, length, dt = 3, 3, 24, 6, 16
+  cls, patches = rs.normal(size=(b, di)), rs.normal(size=(b, side, side, di))
+  tokens = rs.normal(size=(b, length, dt))
+  valid = np.arange(length)[None, :] < np.array([[2], [6], [4]])
+  cls, patches, tokens = (jnp.asarray(x, jnp.float32) for x in (cls, patches, tokens))
+  ours = fusion.FusionTransformer(width=32, depth=2, num_heads=4, mlp_ratio=2, max_text_len=8)
+  params = ours.init(jax.random.PRNGKey(0), cls, patches, tokens, valid)["params"]
+  ref = bench.ReferenceFusion(width=32, depth=2, num_heads=4, mlp_ratio=2, max_text_len=8)
+  image_tokens = jnp.concatenate([cls[:, None], patches.reshape(b, side * side, di)], axis=1)
+  assert jax.tree.structure(ref.init(jax.random.PRNGKey(0), image_tokens, tokens, valid)["params"]) == (
+    jax.tree.structure(params)
+  )
+
+  def loss(apply, p, *inputs):
+    return jnp.sum(apply({"params": p}, *inputs) * jnp.arange(32.0))
+
+  want, want_grads = jax.value_and_grad(loss, argnums=(1, 2, 3))(
+    ours.apply, params, cls, patches, tokens, valid
+  )
+  got, got_grads = jax.value_and_grad(loss, argnums=(1, 2))(ref.apply, params, image_tokens, tokens, valid)
+  np.testing.assert_allclose(got, want, rtol=1e-5)
+  np.testing.assert_allclose(
+    ref.apply({"params": params}, image_tokens, tokens, valid),
+    ours.apply({"params": params}, cls, patches, tokens, valid),
+    atol=2e-6,
+  )
+  scale = max(float(np.max(np.abs(w))) for w in jax.tree.leaves(want_grads[0]))
+  for g, w in zip(jax.tree.leaves(got_grads[0]), jax.tree.leaves(want_grads[0])):
+    np.testing.assert_allclose(g, w, atol=1e-5 * scale)  # float rounding of the largest gradient
+  np.testing.assert_allclose(got_grads[1][:, 0], want_grads[1], atol=1e-5)
+  np.testing.assert_allclose(got_grads[1][:, 1:], want_grads[2].reshape(b, side * side, di), atol=1e-5)
+  all_valid = ref.apply({"params": params}, image_tokens, tokens, np.ones_like(valid))
+  assert not np.allclose(
+    all_valid[0], ref.apply({"params": params}, image_tokens, tokens, valid)[0], atol=1e-4
+  )
+
+
+def test_bv_fusion_toggle_needs_timed_ito():
+  for recipes, kw in ((["clip"], {}), (["ito"], dict(topology="v5e:1x1")), (["ito"], dict(steps=0))):
+    with pytest.raises(app.UsageError, match="--toggles=bv_fusion"):
+      bench.run_side_by_side("/nonexistent", recipes, toggles=["bv_fusion"], **kw)
+
+
+@needs_big_vision
+def test_tiny_ito_rows_against_big_vision_with_the_reference_fusion():
+  """Toggle bv_fusion: a big_vision `ito` row with ITO's fusion loss (`ReferenceFusion`), which adds the
+  module's matmuls to big_vision's step; our `ito` rows carry their FLOPs and times as ratios to it."""
+  rows = bench.run_side_by_side(
+    BIG_VISION, ["ito"], variant="tiny/16", batch=4, steps=1, toggles=["bv_fusion"], log=lambda s: None
+  )
+  by = {r["row"]: r for r in rows}
+  assert list(by) == ["ito", "big_vision ito", "ito -fusion", bench.FUSION_ROW]
+  fused, bv = by[bench.FUSION_ROW], by["big_vision ito"]
+  assert fused["matmul_gflop"] > bv["matmul_gflop"]
+  # Our `ito` computes the module's last block for the CLS row only, so fewer of its matmuls: between the
+  # towers alone and big_vision with the whole module.
+  assert by["ito -fusion"]["matmul_gflop"] < by["ito"]["matmul_gflop"] < fused["matmul_gflop"] + 1e-9
+  for name in ("ito", "ito -fusion"):
+    r = by[name]
+    assert r["matmul_gflop_vs_bv_fusion"] == round(r["matmul_gflop"] / fused["matmul_gflop"], 3)
+    assert r["step_ratio_paired_bv_fusion"]["rounds"] == 1
+  assert not any("step_ratio_paired_bv_fusion" in r for r in (bv, fused))
+  header, _, *lines = bench.markdown_table(rows).splitlines()
+  assert header.endswith(f"| time vs {bench.FUSION_ROW} per round: median [CI] |")
+  assert all(line.count("|") == header.count("|") for line in lines)

@@ -47,6 +47,10 @@ Toggles (`--toggles`, each one extra row of tipsito's `clip`, one thing changed;
   bv_exact_gelu  big_vision's rows with exact-erf GELU (its towers' `nn.gelu(approximate=False)`); tipsito's
                rows of that recipe are then also timed round by round against it (the GELU ours must
                have, OpenCLIP's, on both sides: the rest of the step compared like for like)
+  bv_fusion    (with `--recipes ito`, timed on this machine) a big_vision `ito` row with exact-erf GELU
+               towers and ITO's fusion loss through `ReferenceFusion`, the same fusion function written
+               from flax's stock layers; tipsito's `ito` rows get their executed matmul FLOPs and their
+               time round by round as ratios to it as well
   remat_P      both towers' blocks rematerialised with policy P (`model.{image,text}.remat_policy`:
                nothing_saveable, dots_saveable, dots_with_no_batch_dims_saveable; tipsito/models/layers.py)
   fusion_remat_P  the ITO fusion module's blocks rematerialised with policy P (`model.fusion.remat_policy`;
@@ -77,6 +81,7 @@ import time
 import types
 from typing import Any, Callable, Optional, Sequence
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections as mlc
@@ -94,6 +99,8 @@ from tipsito.config import paper
 from tipsito.config import validation as config_validation
 from tipsito.data import batch as batch_lib
 from tipsito.data.synthetic import synthetic_batch
+from tipsito.losses import contrastive
+from tipsito.models import fusion as fusion_lib
 from tipsito.models import layers
 from tipsito.studies import provenance
 from tipsito.train import assembly
@@ -116,6 +123,7 @@ TOGGLES = (
   "tips_image",
   "adamw",
   "bv_exact_gelu",
+  "bv_fusion",
   "remat_nothing_saveable",
   "remat_dots_saveable",
   "remat_dots_with_no_batch_dims_saveable",
@@ -131,6 +139,7 @@ TOGGLES = (
 REMAT_PREFIX = "remat_"
 FUSION_REMAT_PREFIX = "fusion_remat_"
 FUSION_CHUNKS_PREFIX = "fusion_chunks_"
+FUSION_ROW = "big_vision ito +exact_gelu +fusion"  # toggle bv_fusion
 # big_vision's Adafactor settings (`big_vision/optax.py: scale_by_adafactor` defaults), given to both sides.
 ADAFACTOR = dict(momentum=0.9, momentum_dtype="bfloat16", decay_rate=0.8, beta2_cap=0.999, eps=1e-30)
 # The modules big_vision's model/optimizer files import that this tool may replace by stubs when they are
@@ -281,17 +290,31 @@ def _big_vision_optimizer(bv, config, params, batch_size: int):
   return tx
 
 
-def _big_vision_step(bv, model, tx, mesh: Mesh, two_views: bool):
+def _big_vision_step(bv, model, tx, mesh: Mesh, two_views: bool, fusion: Optional[dict] = None):
   """big_vision's CLIP trainer `update_fn` under `shard_map` over `mesh` (axis 'batch'), jitted, with params
-  and optimizer state donated."""
+  and optimizer state donated. `fusion` (toggle bv_fusion, `ito`): {'module': a `ReferenceFusion`,
+  'weight': ITO's lambda}; params are then {'towers': big_vision's, 'fusion': the module's} and the loss
+  adds lambda x ITO's NT-Xent between the two views' fused embeddings (tipsito/losses/contrastive.py
+  `ntxent_loss`, the loss our `ito` rows run)."""
 
   def update_fn(params, opt, images, images2, text):
     def loss_fn(params):
-      zimg, ztxt, extras = model.apply({"params": params}, images, text, train=True)
+      towers = params["towers"] if fusion else params
+      zimg, ztxt, extras = model.apply({"params": towers}, images, text, train=True)
       loss, _ = bv.softmax_loss(zimg, ztxt, extras["t"])
       if images2 is not None:  # ITO's L_align: the mean over the two views
-        zimg2, _, _ = model.apply({"params": params}, images2, None, train=True)
+        zimg2, _, extras2 = model.apply({"params": towers}, images2, None, train=True)
         loss = 0.5 * loss + 0.5 * bv.softmax_loss(zimg2, ztxt, extras["t"])[0]
+        if fusion:  # ITO's L_fusion: [view 1; view 2], each with the caption's tokens
+          tokens, valid = extras["txt/transformed"], text != 0
+          z = fusion["module"].apply(
+            {"params": params["fusion"]},
+            jnp.concatenate([extras["img/encoded"], extras2["img/encoded"]]),
+            jnp.concatenate([tokens, tokens]),
+            jnp.concatenate([valid, valid]),
+          )
+          z1, z2 = jnp.split(z, 2)
+          loss = loss + fusion["weight"] * contrastive.ntxent_loss(z1, z2, extras["t"])
       return loss, {"t": extras["t"], "train/nimg": jnp.mean(extras["img/norm"])}
 
     (loss, measurements), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
@@ -314,6 +337,69 @@ def _big_vision_step(bv, model, tx, mesh: Mesh, two_views: bool):
     ),
     donate_argnums=(0, 1),
   )
+
+
+class _ReferenceMlp(nn.Module):
+  """Dense -> flax's tanh GELU -> Dense (the fusion module's MLP, tipsito/models/fusion.py)."""
+
+  mlp_dim: int
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dense(x.shape[-1], name="Dense_1")(nn.gelu(nn.Dense(self.mlp_dim, name="Dense_0")(x)))
+
+
+class _ReferenceBlock(nn.Module):
+  """Pre-LN block of flax's stock layers: x += MHA(LN x, key mask); x += MLP(LN x); every row computed."""
+
+  num_heads: int
+  mlp_dim: int
+
+  @nn.compact
+  def __call__(self, x, mask):
+    y = nn.LayerNorm(name="norm1")(x)
+    x = x + nn.MultiHeadDotProductAttention(num_heads=self.num_heads, name="attn")(y, mask=mask)
+    return x + _ReferenceMlp(self.mlp_dim, name="mlp")(nn.LayerNorm(name="norm2")(x))
+
+
+class ReferenceFusion(nn.Module):
+  """ITO's fusion module, the function of tipsito/models/fusion.py, written plainly from flax's stock layers
+  as a big_vision user would next to its towers (toggle bv_fusion): `nn.Dense` projections to `width`,
+  the same fixed sin-cos position embedding (zero at the image CLS) and learned text one, pre-LN blocks of
+  `nn.LayerNorm`, `nn.MultiHeadDotProductAttention` with the text padding as a key mask and a
+  Dense-GELU-Dense MLP, a final LayerNorm, the CLS row L2-normalised. Every row of every block is computed,
+  all examples in one group, nothing rematerialised. The parameter names are ours, so our module's
+  parameters run here unchanged (tests/test_bench_vs_big_vision.py holds the outputs equal).
+
+  Why: big_vision has no fusion module, so issue 43's `ito` bound sets our step against big_vision's
+  towers at the executed FLOP ratio, which assumes the module runs as fast per FLOP as the towers do. At
+  its shapes (width 512, 274 tokens at B/16) it need not on any implementation; this row runs the same
+  function on big_vision's side, so our module is timed against a plain one instead of against that
+  assumption (docs/performance.md)."""
+
+  width: int = 512
+  depth: int = 2
+  num_heads: int = 8
+  mlp_ratio: int = 4
+  max_text_len: int = 77
+
+  @nn.compact
+  def __call__(self, image_tokens: jax.Array, text_tokens: jax.Array, text_valid: jax.Array) -> jax.Array:
+    """(B, 1 + h w, D_i) [CLS; patches], (B, L, D_t), (B, L) bool -> (B, width) unit norm."""
+    b, n, _ = image_tokens.shape
+    side = math.isqrt(n - 1)
+    pos = np.concatenate(
+      [np.zeros((1, self.width), np.float32), fusion_lib.sincos_2d(side, side, self.width)]
+    )
+    img = nn.Dense(self.width, name="image_proj")(image_tokens) + pos[None]
+    tpos = self.param("text_posemb", nn.initializers.normal(0.02), (self.max_text_len, self.width))
+    txt = nn.Dense(self.width, name="text_proj")(text_tokens) + tpos[: text_tokens.shape[1]]
+    x = jnp.concatenate([img, txt], axis=1)
+    mask = jnp.concatenate([jnp.ones((b, n), bool), text_valid], axis=1)[:, None, None, :]
+    for i in range(self.depth):
+      x = _ReferenceBlock(self.num_heads, self.mlp_ratio * self.width, name=f"block_{i}")(x, mask)
+    z = nn.LayerNorm(name="norm")(x)[:, 0]
+    return z * jax.lax.rsqrt(jnp.maximum(jnp.sum(z * z, axis=-1, keepdims=True), 1e-12))
 
 
 @contextlib.contextmanager
@@ -349,8 +435,17 @@ def _attention_of(toggles: Sequence[str]):
     layers._xla_core, layers._xla_core_recomputed = saved
 
 
-def big_vision_entry(bv, config, batch: dict, *, exact_gelu: bool = False) -> dict:
-  """big_vision's CLIP trainer step (its update_fn) for the shapes of tipsito's `config`, compiled."""
+def reference_fusion(config) -> ReferenceFusion:
+  """`ReferenceFusion` with the shapes of `config.model.fusion` (toggle bv_fusion)."""
+  f = fusion_lib.FusionTransformer(**config.model.fusion)  # the module our step builds (its defaults too)
+  return ReferenceFusion(
+    width=f.width, depth=f.depth, num_heads=f.num_heads, mlp_ratio=f.mlp_ratio, max_text_len=f.max_text_len
+  )
+
+
+def big_vision_entry(bv, config, batch: dict, *, exact_gelu: bool = False, fusion: bool = False) -> dict:
+  """big_vision's CLIP trainer step (its update_fn) for the shapes of tipsito's `config`, compiled;
+  `fusion` (toggle bv_fusion, two views): with ITO's fusion loss through a `ReferenceFusion`."""
   model = _big_vision_model(bv, config)
   two_views = batch_lib.IMAGE2 in batch
   images = jnp.asarray(
@@ -360,10 +455,26 @@ def big_vision_entry(bv, config, batch: dict, *, exact_gelu: bool = False) -> di
   text = jnp.asarray(batch[batch_lib.TEXT])
   with _gelu_of(bv, exact_gelu):
     params = jax.jit(lambda: model.init(jax.random.PRNGKey(0), images[:1], text[:1])["params"])()
+    head = None
+    if fusion:
+      head = {"module": reference_fusion(config), "weight": float(config.loss.fusion)}
+      img, txt = config.model.image, config.model.text
+      tokens = 1 + (images.shape[1] // img.patch_size) ** 2
+      params = {
+        "towers": params,
+        "fusion": jax.jit(
+          lambda: head["module"].init(
+            jax.random.PRNGKey(1),
+            jnp.zeros((1, tokens, img.width)),
+            jnp.zeros((1, text.shape[1], txt.width)),
+            jnp.ones((1, text.shape[1]), bool),
+          )["params"]
+        )(),
+      }
     tx = _big_vision_optimizer(bv, config, params, images.shape[0])
     opt = jax.jit(tx.init)(params)
     mesh = Mesh(np.asarray(jax.devices()[:1]), ("batch",))
-    traced = _big_vision_step(bv, model, tx, mesh, two_views).trace(params, opt, images, images2, text)
+    traced = _big_vision_step(bv, model, tx, mesh, two_views, head).trace(params, opt, images, images2, text)
     compiled = traced.lower().compile()
   carry = {"state": (params, opt)}
 
@@ -621,6 +732,11 @@ def run_side_by_side(
   for t in toggles:
     if t not in TOGGLES:
       raise app.UsageError(f"--toggles: {t!r} is not one of {TOGGLES}")
+  if "bv_fusion" in toggles and ("ito" not in recipes or topology or not steps):
+    raise app.UsageError(
+      "--toggles=bv_fusion: a big_vision `ito` row timed on this machine; give it with --recipes "
+      "including ito, --steps > 0 and no --topology"
+    )
   devices = topology_devices(topology, batch) if topology else None
   bv = import_big_vision(big_vision_root(bv_path))
   entries = []
@@ -641,10 +757,10 @@ def run_side_by_side(
         return {"compiled": tipsito_topology_compile(config, devices)}, None
       return tipsito_entry(config)
 
-  def theirs(config, host, exact_gelu=False) -> dict:
+  def theirs(config, host, exact_gelu=False, fusion=False) -> dict:
     if topology:
       return {"compiled": big_vision_topology_compile(bv, config, devices, exact_gelu=exact_gelu, scan=scan)}
-    return big_vision_entry(bv, config, host, exact_gelu=exact_gelu)
+    return big_vision_entry(bv, config, host, exact_gelu=exact_gelu, fusion=fusion)
 
   for r in recipes:
     config = tipsito_config(r, variant, batch, scan=scan)
@@ -658,7 +774,11 @@ def run_side_by_side(
         ours(tipsito_config(r, variant, batch, toggles=["no_fusion"], scan=scan))[0],
         r,
       )
+      if "bv_fusion" in toggles:
+        add("big_vision", FUSION_ROW, theirs(config, host, exact_gelu=True, fusion=True), r)
     for t in toggles if r == recipes[0] else ():
+      if t == "bv_fusion":
+        continue  # the `ito` row above
       if t == "bv_exact_gelu":
         add("big_vision", f"big_vision {r} +exact_gelu", theirs(config, host, exact_gelu=True), r)
       else:
@@ -685,6 +805,12 @@ def run_side_by_side(
     exact = by_name.get(f"big_vision {row['recipe']} +exact_gelu")
     if row["side"] == "tipsito" and exact and row["row"] in times and exact["row"] in times:
       row["step_ratio_paired_exact_gelu"] = paired_ratio_interval(times[row["row"]], times[exact["row"]])
+    # With toggle bv_fusion, tipsito's `ito` rows are also set against big_vision's step that has ITO's
+    # fusion loss too (`ReferenceFusion`): FLOPs executed and time, both sides running the same function.
+    fused = by_name.get(FUSION_ROW)
+    if row["side"] == "tipsito" and row["recipe"] == "ito" and fused:
+      row["matmul_gflop_vs_bv_fusion"] = round(row["matmul_gflop"] / fused["matmul_gflop"], 3)
+      row["step_ratio_paired_bv_fusion"] = paired_ratio_interval(times[row["row"]], times[fused["row"]])
   return rows
 
 
@@ -710,12 +836,18 @@ def markdown_table(rows: Sequence[dict]) -> str:
   if rows and "topology" in rows[0]:
     return topology_table(rows)
   exact = any("step_ratio_paired_exact_gelu" in r for r in rows)  # toggle bv_exact_gelu, timed
+  fused = any("step_ratio_paired_bv_fusion" in r for r in rows)  # toggle bv_fusion
   lines = [
     "| row | GFLOP/step | temporaries (MiB) | step (s, median) | system CPU (s, median) | FLOPs vs big_vision "
     "| executed matmul FLOPs vs big_vision | temporaries vs big_vision | time vs big_vision "
     "| time vs big_vision per round: median [CI] |"
-    + (" time vs big_vision +exact_gelu per round: median [CI] |" if exact else ""),
-    "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if exact else ""),
+    + (" time vs big_vision +exact_gelu per round: median [CI] |" if exact else "")
+    + (
+      f" executed matmul FLOPs vs {FUSION_ROW} | time vs {FUSION_ROW} per round: median [CI] |"
+      if fused
+      else ""
+    ),
+    "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if exact else "") + ("---|---|" if fused else ""),
   ]
   for r in rows:
     timed = "step_s" in r  # --steps 0: compiled only, no times
@@ -726,6 +858,13 @@ def markdown_table(rows: Sequence[dict]) -> str:
       f"| {r['row']} | {r['gflop']:.1f} | {r['temp_MiB']:.1f} | {step} | {system} | {r['gflop_vs_bv']:.3f} "
       f"| {matmul} | {r['temp_MiB_vs_bv']:.3f} | {ratio} | {paired_cell(r.get('step_ratio_paired'))} |"
       + (f" {paired_cell(r.get('step_ratio_paired_exact_gelu'))} |" if exact else "")
+      + (
+        f" {r['matmul_gflop_vs_bv_fusion']:.3f} | {paired_cell(r['step_ratio_paired_bv_fusion'])} |"
+        if "step_ratio_paired_bv_fusion" in r
+        else " - | - |"
+        if fused
+        else ""
+      )
     )
   return "\n".join(lines)
 
