@@ -398,8 +398,7 @@ class ReferenceFusion(nn.Module):
     mask = jnp.concatenate([jnp.ones((b, n), bool), text_valid], axis=1)[:, None, None, :]
     for i in range(self.depth):
       x = _ReferenceBlock(self.num_heads, self.mlp_ratio * self.width, name=f"block_{i}")(x, mask)
-    z = nn.LayerNorm(name="norm")(x)[:, 0]
-    return z * jax.lax.rsqrt(jnp.maximum(jnp.sum(z * z, axis=-1, keepdims=True), 1e-12))
+    return layers.l2_normalize(nn.LayerNorm(name="norm")(x)[:, 0])
 
 
 @contextlib.contextmanager
@@ -793,6 +792,7 @@ def run_side_by_side(
   )
   times = {e["row"]["row"]: e["times"] for e in entries if "times" in e}
   by_name = {x["row"]: x for x in rows}
+  fused = by_name.get(FUSION_ROW)  # toggle bv_fusion
   for row in rows:
     ref = by_name[f"big_vision {row['recipe']}"]
     for k in keys:
@@ -807,7 +807,6 @@ def run_side_by_side(
       row["step_ratio_paired_exact_gelu"] = paired_ratio_interval(times[row["row"]], times[exact["row"]])
     # With toggle bv_fusion, tipsito's `ito` rows are also set against big_vision's step that has ITO's
     # fusion loss too (`ReferenceFusion`): FLOPs executed and time, both sides running the same function.
-    fused = by_name.get(FUSION_ROW)
     if row["side"] == "tipsito" and row["recipe"] == "ito" and fused:
       row["matmul_gflop_vs_bv_fusion"] = round(row["matmul_gflop"] / fused["matmul_gflop"], 3)
       row["step_ratio_paired_bv_fusion"] = paired_ratio_interval(times[row["row"]], times[fused["row"]])
@@ -851,6 +850,13 @@ def markdown_table(rows: Sequence[dict]) -> str:
   ]
   for r in rows:
     timed = "step_s" in r  # --steps 0: compiled only, no times
+    fusion_cells = ""
+    if fused:  # big_vision's own rows have no ratio to the fused row
+      fusion_cells = " - | - |"
+      if "step_ratio_paired_bv_fusion" in r:
+        fusion_cells = (
+          f" {r['matmul_gflop_vs_bv_fusion']:.3f} | {paired_cell(r['step_ratio_paired_bv_fusion'])} |"
+        )
     step, ratio = (f"{r['step_s']:.3f}", f"{r['step_s_vs_bv']:.3f}") if timed else ("-", "-")
     system = f"{r['sys_s']:.2f}" if "sys_s" in r else "-"  # rows of an older --jsonl have none
     matmul = f"{r['matmul_gflop_vs_bv']:.3f}" if "matmul_gflop_vs_bv" in r else "-"  # nor these
@@ -858,13 +864,7 @@ def markdown_table(rows: Sequence[dict]) -> str:
       f"| {r['row']} | {r['gflop']:.1f} | {r['temp_MiB']:.1f} | {step} | {system} | {r['gflop_vs_bv']:.3f} "
       f"| {matmul} | {r['temp_MiB_vs_bv']:.3f} | {ratio} | {paired_cell(r.get('step_ratio_paired'))} |"
       + (f" {paired_cell(r.get('step_ratio_paired_exact_gelu'))} |" if exact else "")
-      + (
-        f" {r['matmul_gflop_vs_bv_fusion']:.3f} | {paired_cell(r['step_ratio_paired_bv_fusion'])} |"
-        if "step_ratio_paired_bv_fusion" in r
-        else " - | - |"
-        if fused
-        else ""
-      )
+      + fusion_cells
     )
   return "\n".join(lines)
 
