@@ -209,6 +209,25 @@ def test_paired_ratio_interval_is_the_distribution_free_interval_of_the_median()
   assert bench.paired_ratio_interval([1.0] * 6, [1.0] * 6)["level"] == pytest.approx(1 - 2 / 64, abs=1e-4)
 
 
+def test_warmup_runs_the_row_with_most_temporaries_first_then_rounds_in_row_order():
+  """The warm-up step of each row runs in order of decreasing temporaries (under jemalloc with freed memory
+  retained, the later rows then reuse the largest row's memory instead of each mapping its own: the 4-row
+  `--toggles bv_fusion` run held 22-23 GiB in the rows' order); the timed rounds keep the rows' order,
+  and each row's median is its own steps'. Break check: warming up in the rows' order fails it."""
+  calls = []
+
+  def entry(name, temp):
+    return {"row": {"row": name, "temp_MiB": temp}, "run": lambda: calls.append(name) or jnp.zeros(())}
+
+  entries = [entry("ito", 4037.3), entry("big_vision ito", 4376.6), entry("ito -fusion", 3604.4)]
+  entries.append(entry(bench.FUSION_ROW, 5548.6))
+  bench.time_interleaved(entries, steps=2)
+  warm = [bench.FUSION_ROW, "big_vision ito", "ito", "ito -fusion"]
+  rows = [e["row"]["row"] for e in entries]
+  assert calls == warm + rows + rows
+  assert all(len(e["times"]) == 2 and e["row"]["step_s"] >= 0 for e in entries)
+
+
 def test_bad_topology_or_batch_is_a_clear_error_before_any_compile():
   """An unknown chip generation, or a global batch the chips do not divide, is refused naming the flag
   (from tipsito/planning/pod.py's topology check; without libtpu the error says how to install it)."""

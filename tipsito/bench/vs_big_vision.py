@@ -671,8 +671,14 @@ def time_interleaved(entries: Sequence[dict], steps: int) -> None:
   step's temporaries at every call, and where the allocator maps them afresh (glibc, for allocations this
   large) the kernel's providing of those pages on first touch is system time that moves with the allocator
   and the machine more than the compute does (docs/performance.md has the measurement); a row whose time
-  moves between runs shows here whether that is where it moved."""
-  for e in entries:
+  moves between runs shows here whether that is where it moved.
+
+  The warm-up steps run the entry with the most temporaries first: under an allocator that keeps freed
+  memory mapped for reuse (jemalloc with `dirty_decay_ms:-1`, docs/performance.md), each step's temporaries
+  then fit in the memory the largest one freed, where in the rows' own order every row larger than all
+  before it maps its temporaries anew, and the process ends up holding about the sum of the rows'
+  temporaries instead of the largest."""
+  for e in sorted(entries, key=lambda e: -e.get("row", {}).get("temp_MiB", 0.0)):
     jax.block_until_ready(e["run"]())
   times: list[list[float]] = [[] for _ in entries]
   system: list[list[float]] = [[] for _ in entries]
