@@ -16,7 +16,9 @@ the steps of all rows are timed interleaved (one step of each row per round), so
 alike, and each row's time is also given round by round as a ratio to big_vision's step of the same round,
 with the median of those ratios and its distribution-free 95 % interval (`paired_ratio_interval`): how far
 this run's rounds put a ratio from a bound such as 1.00x. The JSON line names the machine (processor,
-cores, memory): XLA:CPU's times are the processor's.
+cores, memory) and the allocator the process runs under: XLA:CPU's times are the processor's, and the
+allocator's (docs/performance.md: glibc faults a step's temporaries in at every call, jemalloc with freed
+memory retained does not).
 
 big_vision is RUN, not copied: PATH is a local checkout (the directory holding the `big_vision` package;
 nothing is downloaded). Its model and optimizer modules are imported from there; the loss is read from the
@@ -945,7 +947,12 @@ def main(argv: Sequence[str]) -> None:
       for r in rows:
         f.write(json.dumps(r) + "\n")
   machine = provenance.machine()  # times on XLA:CPU are the processor's: the same code differs by machine
-  print(f"machine: {machine['processor']['model']}, {machine['cores']} cores, {machine['memory_gib']} GiB")
+  alloc = machine["allocator"]
+  alloc_text = f"{alloc['name']} allocator" + (f" (MALLOC_CONF={alloc['conf']})" if alloc["conf"] else "")
+  print(
+    f"machine: {machine['processor']['model']}, {machine['cores']} cores, {machine['memory_gib']} GiB, "
+    f"{alloc_text}"
+  )
   print(markdown_table(rows))
   print(
     json.dumps(
