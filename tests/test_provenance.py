@@ -16,7 +16,8 @@ import pytest
 _PRINT_ALLOCATOR = (
   "import json; from tipsito.studies import provenance; print(json.dumps(provenance.allocator()))"
 )
-_JEMALLOC = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
+_DEBIAN_JEMALLOC = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
+_JEMALLOC = _DEBIAN_JEMALLOC if os.path.exists(_DEBIAN_JEMALLOC) else ctypes.util.find_library("jemalloc")
 
 
 def _allocator_of_a_process(**env) -> dict:
@@ -37,12 +38,8 @@ def test_a_plain_process_runs_the_c_library_allocator():
   assert _allocator_of_a_process() == {"name": "libc", "conf": None}
 
 
-@pytest.mark.skipif(
-  not (os.path.exists(_JEMALLOC) or ctypes.util.find_library("jemalloc")),
-  reason="needs Debian's libjemalloc2 (.ci/run installs it)",
-)
+@pytest.mark.skipif(not _JEMALLOC, reason="needs Debian's libjemalloc2 (.ci/run installs it)")
 def test_a_process_under_preloaded_jemalloc_says_so_with_its_settings():
   """Break check: a record that ignores the mapped libraries (always 'libc') fails here."""
   conf = "retain:true,dirty_decay_ms:-1,muzzy_decay_ms:-1"
-  lib = _JEMALLOC if os.path.exists(_JEMALLOC) else ctypes.util.find_library("jemalloc")
-  assert _allocator_of_a_process(LD_PRELOAD=lib, MALLOC_CONF=conf) == {"name": "jemalloc", "conf": conf}
+  assert _allocator_of_a_process(LD_PRELOAD=_JEMALLOC, MALLOC_CONF=conf) == {"name": "jemalloc", "conf": conf}

@@ -680,7 +680,7 @@ def time_interleaved(entries: Sequence[dict], steps: int) -> None:
   then fit in the memory the largest one freed, where in the rows' own order every row larger than all
   before it maps its temporaries anew, and the process ends up holding about the sum of the rows'
   temporaries instead of the largest."""
-  for e in sorted(entries, key=lambda e: -e.get("row", {}).get("temp_MiB", 0.0)):
+  for e in sorted(entries, key=lambda e: -e["row"]["temp_MiB"]):
     jax.block_until_ready(e["run"]())
   times: list[list[float]] = [[] for _ in entries]
   system: list[list[float]] = [[] for _ in entries]

@@ -84,13 +84,11 @@ def allocator() -> dict[str, str | None]:
   20-25 % faster under the second (docs/performance.md). A step time means little without it."""
   try:
     with open("/proc/self/maps", encoding="utf-8") as f:
-      libraries = {
-        os.path.basename(line.split()[-1]) for line in f if line.rstrip().endswith(".so") or ".so." in line
-      }
+      maps = f.read()
   except OSError:
     return {"name": None, "conf": None}
   for prefix, name in _ALLOCATORS.items():
-    if any(lib.startswith(prefix) for lib in libraries):
+    if f"/{prefix}" in maps:  # a mapped file's path: .../libjemalloc.so.2
       return {"name": name, "conf": os.environ.get("MALLOC_CONF") if name == "jemalloc" else None}
   return {"name": "libc", "conf": None}
 
